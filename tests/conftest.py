@@ -1,0 +1,16 @@
+"""Shared pytest set-up: hypothesis profiles and the interpreter switch for Triton kernels."""
+import os
+
+# Triton must see TRITON_INTERPRET before it is first imported, so kernels run on CPU tensors in CI.
+if not os.environ.get("KVREF_GPU"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hypothesis import HealthCheck, settings
+
+# `ci`: quick and deterministic (the default under CI); `dev`: a little more; `soak`: long runs by hand.
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.register_profile("soak", max_examples=20_000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
