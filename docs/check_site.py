@@ -1,0 +1,94 @@
+"""Check the built site in headless Chromium, the way a reader meets it.
+
+Serves the site on 127.0.0.1 and, for every page: HTTP 200, one H1, no page errors, every internal link (and
+its #anchor) resolves, and no request leaves 127.0.0.1 unless allow-listed. Saves a screenshot of the front
+page. Usage: `python docs/check_site.py [--site _site] [--screenshot _build/front-page.png]`.
+"""
+from __future__ import annotations
+
+import argparse, functools, http.server, sys, threading
+from pathlib import Path
+from urllib.parse import urldefrag, urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+ALLOWED_SCHEMES = {"data", "blob", "about"}  # never leave the machine
+ALLOWED_HOSTS: set[str] = set()              # the explicit allow-list of outside hosts: empty
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+SKIP_PAGES = {"genindex.html", "search.html", "py-modindex.html"}  # Sphinx's own pages have no chapter H1
+
+
+def serve(site: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    "Serve `site` on a free port of 127.0.0.1 in a background thread."
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args): pass
+    handler = functools.partial(Quiet, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}/"
+
+
+def check(site: Path, screenshot: Path) -> list[str]:
+    "Visit every page of `site`; returns the problems found (empty when the site passes)."
+    from playwright.sync_api import sync_playwright
+    server, base = serve(site)
+    pages = sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html")
+                   if not p.relative_to(site).as_posix().startswith("_"))
+    problems: list[str] = []
+    ids: dict[str, set[str]] = {}
+    links: list[tuple[str, str]] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        current = {"name": ""}
+
+        def route(r):
+            url = urlparse(r.request.url)
+            if url.scheme in ALLOWED_SCHEMES or url.hostname == "127.0.0.1" or url.hostname in ALLOWED_HOSTS:
+                return r.continue_()
+            problems.append(f"{current['name']}: request leaves 127.0.0.1: {r.request.url}")
+            r.abort()
+        page.route("**/*", route)
+        page.on("pageerror", lambda e: problems.append(f"{current['name']}: page error: {e}"))
+        for name in pages:
+            current["name"] = name
+            response = page.goto(base + name, wait_until="load")
+            if response is None or response.status != 200:
+                problems.append(f"{name}: HTTP {response.status if response else 'no response'}")
+                continue
+            ids[name] = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
+            if name not in SKIP_PAGES:
+                h1 = page.eval_on_selector_all("article h1", "els => els.map(e => e.textContent.trim())")
+                if len(h1) != 1: problems.append(f"{name}: expected one H1 in the article, found {h1}")
+            for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
+                if href.startswith(base): links.append((name, href[len(base):]))
+            if name == "index.html":
+                screenshot.parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(screenshot), full_page=False)
+        current["name"] = "search.html"
+        page.goto(base + "search.html?q=block", wait_until="load")
+        try: page.wait_for_selector("#search-results li", timeout=15_000)
+        except Exception: problems.append("search.html: searching for 'block' found nothing")
+        browser.close()
+    server.shutdown()
+    for origin, target in links:
+        path, anchor = urldefrag(target)
+        path = path.split("?")[0] or "index.html"
+        if path.endswith("/"): path += "index.html"
+        if not (site / path).is_file(): problems.append(f"{origin}: broken link to {target}")
+        elif anchor and path in ids and anchor not in ids[path]:
+            problems.append(f"{origin}: link to missing anchor {target}")
+    print(f"site check: {len(pages)} pages, {len(links)} internal links, {len(problems)} problems")
+    return problems
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--site", type=Path, default=ROOT / "_site")
+    parser.add_argument("--screenshot", type=Path, default=ROOT / "_build" / "front-page.png")
+    args = parser.parse_args()
+    if not (args.site / "index.html").exists(): sys.exit(f"site check: no site at {args.site}; build it first")
+    found = check(args.site, args.screenshot)
+    for problem in found: print("  " + problem)
+    sys.exit(1 if found else 0)
