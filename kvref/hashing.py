@@ -7,6 +7,7 @@ Docs: https://kvref.github.io/kvref/hashing.html.md"""
 # %% ../nbs/01_hashing.ipynb #2f110631
 from __future__ import annotations
 import bisect, hashlib, json, os, pickle, sys
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -165,16 +166,16 @@ def _check_block_size(block_size) -> None:
     if type(block_size) is not int or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
 
-def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[int, ...]:
-    "`token_ids[start:stop]` as a tuple of Python ints >= 0, or a clear error naming the first bad one."
+def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> list[int]:
+    "`token_ids[start:stop]` as Python ints in [0, 2**64), or a clear error naming the first bad one."
     span = token_ids[start:stop]
-    tokens = tuple(span.tolist()) if isinstance(span, np.ndarray) and span.dtype.kind in "iu" else tuple(span)
-    if tokens and (set(map(type, tokens)) != {int} or min(tokens) < 0):
-        for i, token in enumerate(tokens, start):
-            if type(token) is not int:
-                raise TypeError(f"token_ids[{i}] is {token!r} ({type(token).__name__}); token ids must be ints >= 0")
-            if token < 0: raise ValueError(f"token_ids[{i}] is {token}; token ids must be ints >= 0")
-    return tokens
+    try: return array("Q", span).tolist()  # one C pass: checks type and range, and turns numpy ints into ints
+    except (TypeError, OverflowError): pass
+    for i, token in enumerate(span, start):
+        if not hasattr(token, "__index__") or isinstance(token, (bool, np.bool_)):
+            raise TypeError(f"token_ids[{i}] is {token!r} ({type(token).__name__}); token ids must be ints >= 0")
+        if not 0 <= token < 1 << 64: raise ValueError(f"token_ids[{i}] is {token}; token ids must be ints in [0, 2**64)")
+    raise TypeError(f"token_ids[{start}:{stop}] cannot be read as token ids")
 
 def _checked_mm_items(mm_items: Sequence[MultiModalItem], num_tokens: int) -> list[MultiModalItem]:
     "`mm_items` sorted by offset, after checking each lies inside the tokens and none overlaps another."
@@ -199,12 +200,10 @@ def _cbor_head(major: int, n: int) -> bytes:
         if n < 1 << (8 * width): return bytes([major << 5 | info]) + n.to_bytes(width, "big")
     raise ValueError(f"CBOR cannot encode {n} in one head (it must be < 2**64)")
 
-def _cbor_token_blocks(tokens: tuple[int, ...], block_size: int) -> list[bytes]:
-    "Canonical CBOR of each full block of `tokens` (ints >= 0) as an array, encoded with numpy in one pass."
+def _cbor_token_blocks(tokens: list[int], block_size: int) -> list[bytes]:
+    "Canonical CBOR of each full block of `tokens` (ints in [0, 2**64)) as an array, encoded with numpy in one pass."
     if not tokens: return []
-    if max(tokens) >= 1 << 64:  # CBOR bignums: rare enough to leave to cbor2
-        return [cbor2.dumps(tokens[s:s + block_size]) for s in range(0, len(tokens), block_size)]
-    values = np.fromiter(tokens, np.uint64, len(tokens))
+    values = np.frombuffer(array("Q", tokens), np.uint64)
     width = 1 + (values >= 24) + (values >= 1 << 8) + 2 * (values >= 1 << 16) + 4 * (values >= 1 << 32)
     ends = np.cumsum(width)
     begins = ends - width
@@ -229,14 +228,27 @@ _CBOR_DIGESTS: dict[str, Callable[[bytes], bytes]] = {
 def _hash_blocks_cbor(algo: str, parent: bytes, blocks: list[bytes], extra_keys: list | None) -> list[bytes]:
     "Chain the CBOR algorithm `algo` over pre-encoded token blocks: same bytes as `cbor2.dumps(tuple)`."
     digest, hashes, heads = _CBOR_DIGESTS[algo], [], {}
+    last_keys, encoded_keys = None, b"\xf6"  # consecutive blocks often share one keys tuple: encode it once
     for i, block in enumerate(blocks):
         head = heads.get(len(parent)) or heads.setdefault(len(parent), b"\x83" + _cbor_head(2, len(parent)))
-        keys = b"\xf6" if extra_keys is None else cbor2.dumps(extra_keys[i], canonical=True)
-        parent = digest(b"".join((head, parent, block, keys)))
+        if extra_keys is not None and extra_keys[i] is not last_keys:
+            last_keys = extra_keys[i]
+            encoded_keys = cbor2.dumps(last_keys, canonical=True)
+        parent = digest(b"".join((head, parent, block, encoded_keys)))
         hashes.append(parent)
     return hashes
 
-# %% ../nbs/01_hashing.ipynb #ea5b416b
+# %% ../nbs/01_hashing.ipynb #83dc1cde
+def _extra_keys_per_block(start: int, stop: int, block_size: int, **request) -> list[tuple | None]:
+    "`generate_block_hash_extra_keys` of each block in `[start, stop)`; one shared tuple when nothing varies per block."
+    if request["mm_items"] or request["prompt_embeds"] is not None:
+        return [generate_block_hash_extra_keys(s, s + block_size, **request) for s in range(start, stop, block_size)]
+    later = generate_block_hash_extra_keys(max(start, block_size), max(start, block_size) + block_size, **request)
+    keys = [later] * ((stop - start) // block_size)  # without mm or embeddings, only block 0 (the salt) differs
+    if start == 0: keys[0] = generate_block_hash_extra_keys(0, block_size, **request)
+    return keys
+
+# %% ../nbs/01_hashing.ipynb #728dd0e5
 def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: prompt, then generated
                         block_size: int,  # tokens per block
                         algo: str = "sha256",  # see `HASH_FUNCTIONS`
@@ -267,17 +279,17 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
     if not isinstance(parent, bytes): raise TypeError(f"known_hashes must hold bytes, got {type(parent).__name__}")
     extra_keys = None
     if lora is not None or items or prompt_embeds is not None or (cache_salt and first == 0):
-        extra_keys = [generate_block_hash_extra_keys(s, s + block_size, lora=lora, mm_items=items,
-                                                     cache_salt=cache_salt, prompt_embeds=prompt_embeds)
-                      for s in range(start, stop, block_size)]
+        extra_keys = _extra_keys_per_block(start, stop, block_size, lora=lora, mm_items=items,
+                                           cache_salt=cache_salt, prompt_embeds=prompt_embeds)
     if algo in _CBOR_DIGESTS:
         return hashes + _hash_blocks_cbor(algo, parent, _cbor_token_blocks(tokens, block_size), extra_keys)
+    ids = tuple(tokens)  # slices of a tuple are the tuples vLLM hashes
     for i, s in enumerate(range(0, stop - start, block_size)):
-        parent = hash_fn((parent, tokens[s:s + block_size], extra_keys[i] if extra_keys else None))
+        parent = hash_fn((parent, ids[s:s + block_size], extra_keys[i] if extra_keys else None))
         hashes.append(parent)
     return hashes
 
-# %% ../nbs/01_hashing.ipynb #5c740ae5
+# %% ../nbs/01_hashing.ipynb #5a7f87a3
 def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
                        ) -> int:
     "The 64-bit block id vLLM publishes in KV events: the digest's last 8 bytes, big-endian, unsigned."
@@ -285,7 +297,7 @@ def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
     if len(h) < 8: raise ValueError(f"block hash must have at least 8 bytes, got {len(h)}")
     return int.from_bytes(h[-8:], "big")
 
-# %% ../nbs/01_hashing.ipynb #fd93c7be
+# %% ../nbs/01_hashing.ipynb #55487edb
 def _vector_request(entry: dict) -> dict:
     "The `hash_request_tokens` keyword arguments of one vector-file entry."
     if not isinstance(entry, dict): raise ValueError(f"a vector must be a JSON object, got {type(entry).__name__}")
@@ -316,7 +328,7 @@ def load_vectors(path: str | Path) -> list[dict]:
         except ValueError as e: raise ValueError(f"{path}: vector {i}: {e}") from None
     return vectors
 
-# %% ../nbs/01_hashing.ipynb #727c3e59
+# %% ../nbs/01_hashing.ipynb #6803d82d
 @dataclass(frozen=True)
 class VectorMismatch:
     "The first place where kvref's hashes differ from a vector file's."
@@ -345,7 +357,7 @@ def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | No
                     if w != g: return count, VectorMismatch(str(path), i, b, w, g)
     return count, None
 
-# %% ../nbs/01_hashing.ipynb #60472f22
+# %% ../nbs/01_hashing.ipynb #1e87db2d
 def _read_token_file(path: str) -> list[int]:
     "Token ids from a JSON list or whitespace/comma-separated integers ('-' reads stdin)."
     text = sys.stdin.read() if path == "-" else Path(path).read_text()
@@ -369,7 +381,7 @@ def _parse_lora(spec: str) -> LoRARequest:
     if not sep or not name: raise ValueError(f"--lora {spec!r}: expected NAME:PATH")
     return LoRARequest(name, path)
 
-# %% ../nbs/01_hashing.ipynb #2783b09a
+# %% ../nbs/01_hashing.ipynb #f23b9fd1
 def hash_main(argv: list[str] | None = None) -> int:
     "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
     from kvref.cli import CommandParser
