@@ -10,15 +10,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 STAMP="$VENV/.kvref-installed"
+# pip, minus this machine's notices about local package folders that do not exist.
+pip_quiet() { "$VENV/bin/pip" -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; return "${PIPESTATUS[0]}"; }
 WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "setup: installing kvref and its dev extra into $VENV (first run takes a few minutes)"
   # Install torch first and alone: a CPU build (2.13.0 lies on these machines' disk). Left to resolve
   # `torch>=2.4` by itself, pip would fetch a multi-GB CUDA build.
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    "$VENV/bin/pip" install -q --disable-pip-version-check "${KVREF_TORCH:-torch==2.13.0}"
+    pip_quiet install "${KVREF_TORCH:-torch==2.13.0}"
   fi
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev]"
+  pip_quiet install -e "$ROOT[dev]"
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
