@@ -1,0 +1,79 @@
+"""`follow` against vLLM 0.33.0's recorded decisions, and the SVG renderer on every golden trace."""
+import io
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from kvref.pictures import follow, load_jsonl, progress, step_svg, write_svgs
+
+GOLDEN = Path(__file__).parent.parent / "golden" / "conformance"
+TRACES = sorted(p.name[:-len(".vllm.jsonl")] for p in GOLDEN.glob("*.vllm.jsonl"))
+
+
+def golden(name):
+    return load_jsonl(GOLDEN / f"{name}.jsonl"), load_jsonl(GOLDEN / f"{name}.vllm.jsonl")
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_follow_agrees_with_vllms_hits_and_evictions(name):
+    "Every block vLLM reports as a hit holds the key of the request's block; evicted blocks were free and hashed."
+    ops, decisions = golden(name)
+    bs, tokens, prev = ops[0]["block_size"], {}, None
+    for op, step in zip(ops, follow(ops, decisions)):
+        if op["op"] == "add": tokens[op["id"]] = list(op["prompt"])
+        if op["op"] == "append": tokens[op["id"]] += op["tokens"]
+        if prev is not None:
+            for j, b in enumerate(step.hit_blocks):
+                # the hit block was hashed, and with exactly the tokens of the request's j-th block
+                assert b in prev.cached, (step.index, b)
+                assert step.key_tokens[prev.cached[b]] == tuple(tokens[op["id"]][j * bs:(j + 1) * bs])
+            for b in step.new_blocks:
+                assert b in prev.free_queue, (step.index, b)
+                assert (b in prev.cached) == (b in step.evicted)
+        held = {b for t in step.tables.values() for b in t}
+        assert not held & set(step.free_queue), step.index
+        assert set(step.cached) == {b for bs in step.cache_map.values() for b in bs}
+        assert 0 not in held | set(step.cached)  # vLLM's null block never holds data
+        prev = step
+
+
+def test_design_doc_time_7():
+    ops, decisions = golden("design-doc-example")
+    last = list(follow(ops, decisions))[-1]
+    assert (last.hit_blocks, last.new_blocks, last.evicted) == ([1, 2, 3], [7, 5, 8, 9, 4], [4])
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_every_step_renders_well_formed_svg(name):
+    ops, decisions = golden(name)
+    for step in list(follow(ops, decisions))[::3] + [list(follow(ops, decisions))[-1]]:
+        svg = step_svg(step)
+        root = ET.fromstring(svg)
+        assert root.tag.endswith("svg")
+        assert f"op {step.index}:" in svg
+        for b in step.evicted: assert f"block {b}" in svg
+
+
+def test_write_svgs_is_deterministic(tmp_path):
+    ops, decisions = golden("design-doc-example")
+    a = write_svgs(ops, decisions, tmp_path / "a", token_names=lambda t: chr(65 + t) if t < 26 else str(t))
+    b = write_svgs(ops, decisions, tmp_path / "b", token_names=lambda t: chr(65 + t) if t < 26 else str(t))
+    assert [p.name for p in a] == [f"step-{i:04d}.svg" for i in range(len(ops))]
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+    assert "[ABCD]" in a[-1].read_text()
+
+
+def test_progress_bar_only_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self): return True
+    tty, pipe = Tty(), io.StringIO()
+    assert list(progress(range(5), 5, "svg", stream=tty)) == list(range(5))
+    assert list(progress(range(5), 5, "svg", stream=pipe)) == list(range(5))
+    assert "5/5" in tty.getvalue() and pipe.getvalue() == ""
+
+
+def test_mismatched_decisions_are_refused(tmp_path):
+    ops, decisions = golden("design-doc-example")
+    with pytest.raises(ValueError, match="op 0: trace has 'config'"): list(follow(ops, decisions[1:]))
+    with pytest.raises(ValueError, match="13 ops but 12 decisions"): write_svgs(ops, decisions[:-1], tmp_path)

@@ -1,0 +1,106 @@
+"""Workload generators: determinism, trace well-formedness, admission rules (`after`, `max_live`)."""
+import json
+from collections import Counter
+
+import pytest
+from hypothesis import given, strategies as st
+
+from kvref.workloads import (WORKLOADS, RequestSpec, Workload, adversarial_tiny_pool, lora_mix, multi_turn_chat,
+                             salted_tenants, shared_system_prompts, to_trace, write_trace)
+
+SMALL = dict(shared_system_prompts=dict(num_prompts=3, num_users=4, system_len=20, user_len=5, output_len=3),
+             multi_turn_chat=dict(num_conversations=3, num_turns=3, turn_len=7, output_len=4),
+             long_documents=dict(num_documents=2, questions_per_document=3, document_len=50, question_len=4, output_len=2),
+             adversarial_tiny_pool=dict(num_requests=10),
+             salted_tenants=dict(num_tenants=3, requests_per_tenant=2, system_len=20, user_len=4, output_len=2),
+             lora_mix=dict(num_adapters=2, num_requests=7, system_len=20, user_len=4, output_len=2))
+
+
+def check_trace(workload: Workload, ops: list[dict], max_live: int):
+    "Every request: add, then schedule/append pairs, then free; appends emit its scripted output; live <= max_live."
+    assert ops[0] == {"op": "config", **workload.config}
+    specs = {r.id: r for r in workload.requests}
+    live, freed, emitted = set(), [], {r: [] for r in specs}
+    for op in ops[1:]:
+        rid = op["id"]
+        if op["op"] == "add":
+            assert rid not in live and rid not in freed
+            spec = specs[rid]
+            assert op["prompt"] == spec.prompt and op["cache_salt"] == spec.cache_salt and op["lora"] == spec.lora
+            assert spec.after is None or spec.after in freed, f"{rid} admitted before {spec.after} finished"
+            live.add(rid)
+            assert len(live) <= max_live
+        else:
+            assert rid in live, f"{op} for a request that is not live"
+            if op["op"] == "append": emitted[rid].extend(op["tokens"])
+            if op["op"] == "free": live.remove(rid); freed.append(rid)
+    assert not live and sorted(freed) == sorted(specs)
+    assert all(emitted[r] == specs[r].output for r in specs)
+    kinds = Counter(op["op"] for op in ops)
+    assert kinds["schedule"] == kinds["append"] == sum(len(r.output) for r in workload.requests)
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_generator_traces_are_well_formed(name):
+    w = WORKLOADS[name](**SMALL[name])
+    for max_live in (1, 3, 100):
+        check_trace(w, to_trace(w, max_live=max_live), max_live)
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_generators_are_deterministic_in_the_seed(name):
+    a, b, c = (WORKLOADS[name](**SMALL[name], seed=s) for s in (1, 1, 2))
+    assert a == b and a != c
+
+
+def test_shared_prompts_share_exactly_the_system_prompt():
+    w = shared_system_prompts(num_prompts=2, num_users=3, system_len=10, user_len=3)
+    by_prompt = {}
+    for r in w.requests: by_prompt.setdefault(r.id[:2], []).append(r.prompt)
+    assert {tuple(p[:10]) for p in by_prompt["p0"]} == {tuple(by_prompt["p0"][0][:10])}
+    assert by_prompt["p0"][0][:10] != by_prompt["p1"][0][:10]
+
+
+def test_multi_turn_prompts_extend_the_previous_turn_and_its_answer():
+    w = multi_turn_chat(num_conversations=2, num_turns=4, turn_len=3, output_len=2)
+    specs = {r.id: r for r in w.requests}
+    for r in w.requests:
+        if r.after:
+            prev = specs[r.after]
+            assert r.prompt[:len(prev.prompt) + 2] == prev.prompt + prev.output
+
+
+def test_tenants_and_adapters():
+    assert len({r.cache_salt for r in salted_tenants(num_tenants=5).requests}) == 5
+    names = [r.lora["name"] if r.lora else None for r in lora_mix(num_adapters=2, num_requests=6).requests]
+    assert names == [None, "adapter-0", "adapter-1"] * 2
+
+
+def test_tiny_pool_is_tiny():
+    w = adversarial_tiny_pool(num_requests=5, num_blocks=4, block_size=2)
+    assert w.config["num_blocks"] == 4 and all(1 <= len(r.prompt) <= 12 for r in w.requests)
+
+
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 4), st.booleans()), min_size=1, max_size=12),
+       st.integers(1, 5))
+def test_to_trace_with_random_chains(shape, max_live):
+    reqs = []
+    for i, (plen, olen, chain) in enumerate(shape):
+        after = f"r{i - 1}" if chain and i else None
+        reqs.append(RequestSpec(f"r{i}", list(range(plen)), list(range(100, 100 + olen)), after=after))
+    w = Workload("random", reqs, {"num_blocks": 8, "block_size": 2})
+    check_trace(w, to_trace(w, max_live=max_live), max_live)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="num_users must be >= 1"): shared_system_prompts(num_users=0)
+    with pytest.raises(TypeError, match="max_live must be an int"): to_trace(shared_system_prompts(), max_live=None)
+    with pytest.raises(ValueError, match="block_size must be >= 1"): lora_mix(block_size=0)
+    loop = [RequestSpec("a", [1], [2], after="b"), RequestSpec("b", [1], [2], after="a")]
+    with pytest.raises(ValueError, match="waits for"): to_trace(Workload("loop", loop))
+
+
+def test_write_trace_roundtrip(tmp_path):
+    ops = to_trace(salted_tenants(**SMALL["salted_tenants"]))
+    path = write_trace(ops, tmp_path / "t.jsonl")
+    assert [json.loads(l) for l in path.read_text().splitlines()] == ops
