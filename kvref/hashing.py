@@ -317,7 +317,7 @@ def _vector_request(entry: dict) -> dict:
 
 def load_vectors(path: str | Path) -> list[dict]:
     "The vectors of a vector file, each checked for shape; errors name the file and the entry."
-    try: data = json.loads(Path(path).read_text())
+    try: data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e: raise ValueError(f"{path}: cannot read: {e}") from None
     vectors = data.get("vectors") if isinstance(data, dict) else None
     if not isinstance(vectors, list): raise ValueError(f"{path}: no 'vectors' list at the top level")
@@ -360,7 +360,7 @@ def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | No
 # %% ../nbs/01_hashing.ipynb #1e87db2d
 def _read_token_file(path: str) -> list[int]:
     "Token ids from a JSON list or whitespace/comma-separated integers ('-' reads stdin)."
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
         try: return json.loads(text)
         except json.JSONDecodeError as e: raise ValueError(f"{path}: not a JSON list of token ids: {e}") from None
@@ -397,10 +397,12 @@ def hash_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", help="NONE_HASH seed (default: PYTHONHASHSEED, else vLLM's default for the algorithm)")
     parser.add_argument("--format", choices=("hex", "int64", "json"), default="hex", help="output format (default hex)")
     parser.add_argument("--check", nargs="+", metavar="FILE", help="verify vector files instead of hashing")
-    args = parser.parse_args(argv)
+    try: args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error already printed as one line
+        return exit_.code if isinstance(exit_.code, int) else 2
     try:
         if args.check:
-            if args.tokens or args.file: parser.error("--check takes no token ids")
+            if args.tokens or args.file: raise ValueError("--check takes no token ids")
             count, mismatch = check_vectors(args.check)
             if mismatch:
                 m = mismatch
@@ -408,8 +410,8 @@ def hash_main(argv: list[str] | None = None) -> int:
                 return 1
             print(f"{count} vectors, {count} match")
             return 0
-        if args.file and args.tokens: parser.error("give token ids or --file, not both")
-        if not args.file and not args.tokens: parser.error("give token ids, --file or --check")
+        if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
+        if not args.file and not args.tokens: raise ValueError("give token ids, --file or --check")
         tokens = _read_token_file(args.file) if args.file else _parse_ints(args.tokens, "tokens")
         hashes = hash_request_tokens(tokens, args.block_size, args.algo, cache_salt=args.salt, seed=args.seed,
                                      lora=_parse_lora(args.lora) if args.lora else None,

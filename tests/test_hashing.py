@@ -1,0 +1,290 @@
+"""Properties of kvref.hashing: a naive model of vLLM 0.33's block hasher, prefix/salt/LoRA properties,
+incremental == batch (a state machine), the CBOR fast path, errors and the `kvref hash` command."""
+from __future__ import annotations
+import hashlib, json, pickle, re
+
+import cbor2
+import numpy as np
+import pytest
+from hypothesis import assume, given, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from kvref import hashing as H
+from kvref.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, generate_block_hash_extra_keys,
+                           get_hash_fn_by_name, hash_block_tokens, hash_main, hash_request_tokens, init_none_hash)
+
+xxhash = pytest.importorskip("xxhash")
+SEED = "vllm-none-hash"
+ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+
+# --- a deliberately naive model, written from the issue's description, one block at a time --------------------
+def _serialize(algo, obj):
+    return pickle.dumps(obj, protocol=5) if algo in ("sha256", "xxhash") else cbor2.dumps(obj, canonical=True)
+
+def _digest(algo, data):
+    return hashlib.sha256(data).digest() if algo.startswith("sha256") else xxhash.xxh3_128_digest(data)
+
+def naive_hashes(tokens, block_size, algo="sha256", salt=None, lora=None, mm=(), embeds=None, seed=SEED):
+    H_ = lambda obj: _digest(algo, _serialize(algo, obj))
+    parent, out = H_(seed), []
+    for b in range(len(tokens) // block_size):
+        start, end = b * block_size, (b + 1) * block_size
+        keys = []
+        if lora is not None: keys.append(("lora", lora.name, lora.path))
+        for item in sorted(mm, key=lambda m: m.offset):
+            if item.offset < end and item.offset + item.length > start:
+                keys.append(("mm", item.identifier, item.offset - start))
+        if b == 0 and salt: keys.append(("cache_salt", salt))
+        if embeds is not None:
+            keys.append(("prompt_embeds", hashlib.sha256(np.ascontiguousarray(embeds[start:end]).tobytes()).digest()))
+        parent = H_((parent, tuple(tokens[start:end]), tuple(keys) if keys else None))
+        out.append(parent)
+    return out
+
+
+# --- strategies -----------------------------------------------------------------------------------------------
+token = st.one_of(st.integers(0, 200_000), st.sampled_from([0, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32,
+                                                             2**63, 2**64 - 1]))
+tokens_st = st.lists(token, max_size=120)
+block_sizes = st.integers(1, 32)
+salts = st.one_of(st.none(), st.text(max_size=6))
+loras = st.one_of(st.none(), st.builds(LoRARequest, st.text(max_size=4), st.text(max_size=6)))
+
+@st.composite
+def mm_items_for(draw, num_tokens):
+    "Disjoint placeholder ranges inside `num_tokens` tokens, in random order."
+    items, cursor = [], draw(st.integers(0, 3))
+    for k in range(draw(st.integers(0, 4))):
+        length = draw(st.integers(1, 20))
+        if cursor + length > num_tokens: break
+        items.append(MultiModalItem(f"img{k}-{draw(st.integers(0, 9))}", cursor, length))
+        cursor += length + draw(st.integers(0, 5))
+    return draw(st.permutations(items))
+
+@st.composite
+def requests(draw, algos=ALGOS, embeds=True):
+    toks = draw(tokens_st)
+    req = dict(token_ids=toks, block_size=draw(block_sizes), algo=draw(st.sampled_from(algos)),
+               cache_salt=draw(salts), lora=draw(loras), mm_items=draw(mm_items_for(len(toks))), seed=SEED)
+    if embeds and draw(st.booleans()):
+        req["prompt_embeds"] = np.arange(len(toks) * 3, dtype=np.float32).reshape(len(toks), 3) * draw(st.integers(1, 9))
+    return req
+
+def naive_of(req):
+    return naive_hashes(req["token_ids"], req["block_size"], req["algo"], req["cache_salt"], req["lora"],
+                        req["mm_items"], req.get("prompt_embeds"), req["seed"])
+
+
+# --- differential: kvref equals the naive model -----------------------------------------------------------------
+@given(requests())
+def test_matches_naive_model(req):
+    assert hash_request_tokens(**req) == naive_of(req)
+
+@given(requests(embeds=False), st.data())
+def test_hash_block_tokens_chain_matches_request(req, data):
+    fn, bs, toks = get_hash_fn_by_name(req["algo"]), req["block_size"], req["token_ids"]
+    items = sorted(req["mm_items"], key=lambda m: m.offset)
+    parent, chain = None, []
+    for s in range(0, len(toks) - bs + 1, bs):
+        keys = generate_block_hash_extra_keys(s, s + bs, lora=req["lora"], mm_items=items, cache_salt=req["cache_salt"])
+        parent = hash_block_tokens(fn, parent, toks[s:s + bs], keys, init_none_hash(req["algo"], SEED))
+        chain.append(parent)
+    assert chain == hash_request_tokens(**req)
+
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=80), block_sizes)
+def test_cbor_fast_path_is_cbor2(toks, bs):
+    toks = toks[:len(toks) // bs * bs] or toks[:0]
+    expected = [cbor2.dumps(tuple(toks[s:s + bs]), canonical=True) for s in range(0, len(toks), bs)]
+    assert H._cbor_token_blocks(toks, bs) == expected
+
+
+# --- properties the issue names ---------------------------------------------------------------------------------
+@given(st.sampled_from(("sha256", "sha256_cbor")), block_sizes, st.integers(0, 4), st.lists(token, max_size=40),
+       st.lists(token, max_size=40), st.data())
+def test_prefix_property(algo, bs, k, tail_a, tail_b, data):
+    prefix = data.draw(st.lists(token, min_size=k * bs, max_size=k * bs))
+    a, b = prefix + tail_a, prefix + tail_b
+    # the prompts share exactly k full blocks: block k (if both have it) differs
+    if len(a) >= (k + 1) * bs and len(b) >= (k + 1) * bs:
+        assume(a[k * bs:(k + 1) * bs] != b[k * bs:(k + 1) * bs])
+    ha, hb = hash_request_tokens(a, bs, algo), hash_request_tokens(b, bs, algo)
+    assert ha[:k] == hb[:k]
+    assert len(set(ha) & set(hb)) == min(k, len(ha), len(hb))
+
+@given(st.sampled_from(ALGOS), block_sizes, st.lists(token, min_size=1, max_size=100), st.text(min_size=1, max_size=5),
+       st.text(min_size=1, max_size=5), loras)
+def test_distinct_salts_share_no_block(algo, bs, toks, s1, s2, lora):
+    assume(s1 != s2)
+    h1 = hash_request_tokens(toks, bs, algo, cache_salt=s1, lora=lora, seed=SEED)
+    h2 = hash_request_tokens(toks, bs, algo, cache_salt=s2, lora=lora, seed=SEED)
+    h0 = hash_request_tokens(toks, bs, algo, lora=lora, seed=SEED)
+    assert not set(h1) & set(h2) and not set(h1) & set(h0)
+
+@given(st.sampled_from(ALGOS), block_sizes, st.lists(token, min_size=1, max_size=100), st.text(max_size=5), st.text(max_size=8))
+def test_lora_name_never_collides_with_salt(algo, bs, toks, name, path):
+    assume(name)  # an empty salt is no salt
+    by_lora = hash_request_tokens(toks, bs, algo, lora=LoRARequest(name, path), seed=SEED)
+    by_salt = hash_request_tokens(toks, bs, algo, cache_salt=name, seed=SEED)
+    assert not set(by_lora) & set(by_salt)
+
+def test_untagged_keys_would_collide():
+    "The reason for the tags: vLLM's old bare keys make LoRA 'X' and salt 'X' the same block."
+    fn, none = H.sha256, init_none_hash("sha256", SEED)
+    assert hash_block_tokens(fn, None, [1, 2], ("X",), none) == hash_block_tokens(fn, None, [1, 2], ("X",), none)
+    assert hash_request_tokens([1, 2], 2, lora=LoRARequest("X", "/x")) != hash_request_tokens([1, 2], 2, cache_salt="X")
+
+@given(requests(), st.lists(st.integers(1, 40), max_size=8))
+def test_incremental_equals_batch(req, arrivals):
+    toks, cuts = req.pop("token_ids"), []
+    n = max((m.offset + m.length for m in req["mm_items"]), default=0)  # the prompt holds every placeholder
+    for step in arrivals:
+        n = min(len(toks), n + step)
+        cuts.append(n)
+    known: list[bytes] = []
+    for n in cuts + [len(toks)]:
+        known = hash_request_tokens(toks[:n], known_hashes=known, **req)
+        assert known == hash_request_tokens(toks[:n], **req)
+
+
+class DecodingRequest(RuleBasedStateMachine):
+    "A request whose tokens grow in random steps; its incrementally kept hashes always equal a fresh hash."
+    @initialize(req=requests(embeds=False))
+    def start(self, req):
+        self.req = req
+        self.tokens = list(req.pop("token_ids"))
+        self.hashes = hash_request_tokens(self.tokens, **req)
+
+    @rule(new=st.lists(token, min_size=1, max_size=20))
+    def decode(self, new):
+        self.tokens += new
+        self.hashes = hash_request_tokens(self.tokens, known_hashes=self.hashes, **self.req)
+
+    @rule()
+    def nothing_new(self):
+        assert hash_request_tokens(self.tokens, known_hashes=self.hashes, **self.req) == self.hashes
+
+    @invariant()
+    def equals_batch(self):
+        assert self.hashes == hash_request_tokens(self.tokens, **self.req)
+        assert len(self.hashes) == len(self.tokens) // self.req["block_size"]
+
+TestDecodingRequest = DecodingRequest.TestCase
+
+
+# --- the 64-bit id and NONE_HASH ------------------------------------------------------------------------------
+@given(st.binary(min_size=8, max_size=40))
+def test_int64_is_last_8_bytes_big_endian(h):
+    assert block_hash_to_int64(h) == int.from_bytes(h, "big") % 2**64
+    assert 0 <= block_hash_to_int64(h) < 2**64
+
+def test_none_hash_rules(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert init_none_hash("sha256") == H.sha256("vllm-none-hash")
+    assert init_none_hash("sha256_cbor") == H.sha256_cbor("vllm-none-hash")
+    assert init_none_hash("xxhash") == init_none_hash("xxhash") != H.xxhash("vllm-none-hash")
+    assert init_none_hash("sha256", seed="7") == H.sha256("7")
+    monkeypatch.setenv("PYTHONHASHSEED", "123")
+    assert init_none_hash("sha256") == H.sha256("123") and init_none_hash("xxhash") == H.xxhash("123")
+    assert init_none_hash("xxhash", seed="9") == H.xxhash("9")
+
+def test_hash_block_tokens_defaults_to_none_hash(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert hash_block_tokens(H.sha256, None, [1, 2]) == H.sha256((H.sha256(SEED), (1, 2), None))
+    with pytest.raises(ValueError, match="none_hash="):
+        hash_block_tokens(lambda obj: b"x", None, [1])
+
+def test_numpy_token_ids_hash_like_ints():
+    toks = list(range(1000, 1040))
+    assert hash_request_tokens(np.array(toks), 8) == hash_request_tokens(toks, 8)
+    assert hash_request_tokens([np.int64(t) for t in toks], 8) == hash_request_tokens(toks, 8)
+
+def test_torch_prompt_embeds_hash_their_raw_bytes():
+    torch = pytest.importorskip("torch")
+    rows = torch.arange(24, dtype=torch.float32).reshape(8, 3)
+    assert hash_request_tokens([0] * 8, 4, prompt_embeds=rows) == hash_request_tokens([0] * 8, 4, prompt_embeds=rows.numpy())
+    bf16 = rows.to(torch.bfloat16)
+    assert hash_request_tokens([0] * 8, 4, prompt_embeds=bf16) != hash_request_tokens([0] * 8, 4, prompt_embeds=rows)
+
+
+# --- errors -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: hash_request_tokens([1, -2], 1), ValueError, r"token_ids\[1\] is -2"),
+    (lambda: hash_request_tokens([1, "2"], 1), TypeError, r"token_ids\[1\] is '2' \(str\)"),
+    (lambda: hash_request_tokens([1.5, 2], 1), TypeError, r"token_ids\[0\] is 1.5 \(float\)"),
+    (lambda: hash_request_tokens([2**64], 1), ValueError, r"token_ids\[0\]"),
+    (lambda: hash_request_tokens([1], 0), ValueError, "block_size must be an int >= 1, got 0"),
+    (lambda: hash_request_tokens([1], 2.0), ValueError, "block_size"),
+    (lambda: hash_request_tokens([1], 1, "sha1"), ValueError, "valid names: sha256, sha256_cbor, xxhash, xxhash_cbor, builtin"),
+    (lambda: get_hash_fn_by_name(None), ValueError, "unknown hash algorithm None"),
+    (lambda: hash_request_tokens([1], 1, cache_salt=b"s"), TypeError, "cache_salt must be a str or None, got bytes"),
+    (lambda: hash_request_tokens([1], 1, lora=("a", "b")), TypeError, "lora must be a LoRARequest"),
+    (lambda: hash_request_tokens([1, 2], 1, mm_items=[MultiModalItem("i", 1, 2)]), ValueError, r"covers tokens \[1, 3\) but the prompt has only 2"),
+    (lambda: hash_request_tokens([1] * 9, 1, mm_items=[MultiModalItem("a", 4, 2), MultiModalItem("b", 0, 5)]), ValueError, "overlap"),
+    (lambda: hash_request_tokens([1], 1, mm_items=[("a", 0, 1)]), TypeError, "MultiModalItem"),
+    (lambda: hash_request_tokens([1, 2], 1, known_hashes=[b"a", b"b", b"c"]), ValueError, "known_hashes has 3 hashes"),
+    (lambda: hash_request_tokens([1, 2], 1, known_hashes=["ab"]), TypeError, "known_hashes must hold bytes"),
+    (lambda: hash_request_tokens([1, 2], 1, prompt_embeds=[[0.0]] * 2), TypeError, "prompt_embeds must be a numpy array"),
+    (lambda: init_none_hash("sha256", seed=5), TypeError, "seed must be a str"),
+    (lambda: MultiModalItem("i", 0, 0), ValueError, "length must be an int >= 1"),
+    (lambda: MultiModalItem(3, 0, 1), TypeError, "identifier must be a str"),
+    (lambda: LoRARequest("a", None), TypeError, "LoRARequest.path must be a str"),
+    (lambda: block_hash_to_int64(b"1234567"), ValueError, "at least 8 bytes"),
+    (lambda: block_hash_to_int64("ab" * 8), TypeError, "must be bytes"),
+])
+def test_bad_input_is_named(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+def test_xxhash_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(H, "_xxhash", None)
+    for name in ("xxhash", "xxhash_cbor"):
+        with pytest.raises(ValueError, match=r"needs the optional package xxhash"):
+            hash_request_tokens([1, 2], 1, name, seed="s")
+
+
+# --- kvref hash ---------------------------------------------------------------------------------------------------
+def run_cli(capsys, *argv):
+    code = hash_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+def test_cli_prints_one_hash_per_full_block(capsys):
+    code, out, err = run_cli(capsys, *map(str, range(10)), "--block-size", "4", "--seed", SEED)
+    assert code == 0 and err == ""
+    assert out.split() == [h.hex() for h in hash_request_tokens(list(range(10)), 4, seed=SEED)]
+
+def test_cli_extra_keys_and_formats(capsys, tmp_path):
+    toks = list(range(100, 140))
+    expected = hash_request_tokens(toks, 8, "sha256_cbor", cache_salt="t", lora=LoRARequest("sql", "/a:b"),
+                                   mm_items=[MultiModalItem("img:1", 3, 9), MultiModalItem("img2", 20, 2)], seed="s")
+    (tmp_path / "t.json").write_text(json.dumps(toks))
+    (tmp_path / "t.txt").write_text(", ".join(map(str, toks)))
+    common = ["--block-size", "8", "--algo", "sha256_cbor", "--salt", "t", "--lora", "sql:/a:b",
+              "--mm", "img:1:3:9", "--mm", "img2:20:2", "--seed", "s"]
+    for source in (["--file", str(tmp_path / "t.json")], ["--file", str(tmp_path / "t.txt")], list(map(str, toks))):
+        code, out, _ = run_cli(capsys, *source, *common)
+        assert code == 0 and out.split() == [h.hex() for h in expected]
+    code, out, _ = run_cli(capsys, *map(str, toks), *common, "--format", "int64")
+    assert [int(x) for x in out.split()] == [block_hash_to_int64(h) for h in expected]
+    code, out, _ = run_cli(capsys, *map(str, toks), *common, "--format", "json")
+    doc = json.loads(out)
+    assert doc["block_hashes"] == [h.hex() for h in expected] and doc["block_ids_int64"] == [block_hash_to_int64(h) for h in expected]
+
+@pytest.mark.parametrize("argv, message", [
+    (["1", "x"], "token ids must be integers, got 'x'"),
+    (["1", "-2", "--block-size", "1"], r"token_ids\[1\] is -2"),
+    (["1", "2", "--block-size", "0"], "block_size must be an int >= 1"),
+    (["1", "2", "--algo", "md5"], "valid names"),
+    (["1", "2", "--mm", "img:0"], "ID:OFFSET:LENGTH"),
+    (["1", "2", "--mm", "img:1:5"], "but the prompt has only 2 tokens"),
+    (["1", "2", "--lora", "nopath"], "NAME:PATH"),
+    (["--file", "/nonexistent/tokens.json"], "No such file"),
+    ([], "give token ids, --file or --check"),
+    (["--format", "xml", "1"], "invalid choice"),
+])
+def test_cli_bad_input_is_one_line_exit_2(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("kvref hash: error:"), err
+    assert re.search(message, err), err
