@@ -166,10 +166,11 @@ def _check_block_size(block_size) -> None:
     if type(block_size) is not int or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
 
-def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> list[int]:
-    "`token_ids[start:stop]` as Python ints in [0, 2**64), or a clear error naming the first bad one."
+def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> array:
+    "`token_ids[start:stop]` as an unsigned 64-bit array, or a clear error naming the first bad token id."
     span = token_ids[start:stop]
-    try: return array("Q", span).tolist()  # one C pass: checks type and range, and turns numpy ints into ints
+    if isinstance(span, np.ndarray) and span.dtype.kind in "iu": span = span.tolist()
+    try: return array("Q", span)  # one C pass: each must be an int (or have __index__) in [0, 2**64)
     except (TypeError, OverflowError): pass
     for i, token in enumerate(span, start):
         if not hasattr(token, "__index__") or isinstance(token, (bool, np.bool_)):
@@ -200,10 +201,10 @@ def _cbor_head(major: int, n: int) -> bytes:
         if n < 1 << (8 * width): return bytes([major << 5 | info]) + n.to_bytes(width, "big")
     raise ValueError(f"CBOR cannot encode {n} in one head (it must be < 2**64)")
 
-def _cbor_token_blocks(tokens: list[int], block_size: int) -> list[bytes]:
-    "Canonical CBOR of each full block of `tokens` (ints in [0, 2**64)) as an array, encoded with numpy in one pass."
+def _cbor_token_blocks(tokens: array, block_size: int) -> list[bytes]:
+    "Canonical CBOR of each full block of `tokens` (an unsigned 64-bit array) as an array, in one numpy pass."
     if not tokens: return []
-    values = np.frombuffer(array("Q", tokens), np.uint64)
+    values = np.frombuffer(tokens, np.uint64)
     width = 1 + (values >= 24) + (values >= 1 << 8) + 2 * (values >= 1 << 16) + 4 * (values >= 1 << 32)
     ends = np.cumsum(width)
     begins = ends - width
@@ -260,6 +261,7 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
                         known_hashes: Sequence[bytes] = (),  # hashes of the first blocks, already computed
                        ) -> list[bytes]:
     "Hashes of all full blocks of `token_ids`; only the blocks after `known_hashes` are computed."
+    # when no block is new, a `known_hashes` list is returned as is (no copy): the decode step stays O(1)
     hash_fn = get_hash_fn_by_name(algo)
     _check_block_size(block_size)
     if cache_salt is not None and not isinstance(cache_salt, str):
@@ -271,10 +273,11 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
     if first > last:
         raise ValueError(f"known_hashes has {first} hashes but {len(token_ids)} tokens fill only {last} "
                          f"blocks of {block_size}")
-    hashes = list(known_hashes)
-    if first == last: return hashes
+    if first == last:  # the common decode step: no block completed, nothing to hash
+        return known_hashes if type(known_hashes) is list else list(known_hashes)
     start, stop = first * block_size, last * block_size
     tokens = _checked_tokens(token_ids, start, stop)
+    hashes = list(known_hashes)
     parent = hashes[-1] if first else init_none_hash(algo, seed)
     if not isinstance(parent, bytes): raise TypeError(f"known_hashes must hold bytes, got {type(parent).__name__}")
     extra_keys = None
@@ -283,7 +286,7 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
                                            cache_salt=cache_salt, prompt_embeds=prompt_embeds)
     if algo in _CBOR_DIGESTS:
         return hashes + _hash_blocks_cbor(algo, parent, _cbor_token_blocks(tokens, block_size), extra_keys)
-    ids = tuple(tokens)  # slices of a tuple are the tuples vLLM hashes
+    ids = tuple(tokens.tolist())  # Python ints, as vLLM hashes them; slices of a tuple are tuples
     for i, s in enumerate(range(0, stop - start, block_size)):
         parent = hash_fn((parent, ids[s:s + block_size], extra_keys[i] if extra_keys else None))
         hashes.append(parent)

@@ -2,6 +2,7 @@
 incremental == batch (a state machine), the CBOR fast path, errors and the `kvref hash` command."""
 from __future__ import annotations
 import hashlib, json, pickle, re
+from array import array
 
 import cbor2
 import numpy as np
@@ -96,7 +97,7 @@ def test_hash_block_tokens_chain_matches_request(req, data):
 def test_cbor_fast_path_is_cbor2(toks, bs):
     toks = toks[:len(toks) // bs * bs] or toks[:0]
     expected = [cbor2.dumps(tuple(toks[s:s + bs]), canonical=True) for s in range(0, len(toks), bs)]
-    assert H._cbor_token_blocks(toks, bs) == expected
+    assert H._cbor_token_blocks(array("Q", toks), bs) == expected
 
 
 # --- properties the issue names ---------------------------------------------------------------------------------
