@@ -292,7 +292,7 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
         hashes.append(parent)
     return hashes
 
-# %% ../nbs/01_hashing.ipynb #5a7f87a3
+# %% ../nbs/01_hashing.ipynb #0af2690a
 def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
                        ) -> int:
     "The 64-bit block id vLLM publishes in KV events: the digest's last 8 bytes, big-endian, unsigned."
@@ -300,7 +300,7 @@ def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
     if len(h) < 8: raise ValueError(f"block hash must have at least 8 bytes, got {len(h)}")
     return int.from_bytes(h[-8:], "big")
 
-# %% ../nbs/01_hashing.ipynb #55487edb
+# %% ../nbs/01_hashing.ipynb #27e27cce
 def _vector_request(entry: dict) -> dict:
     "The `hash_request_tokens` keyword arguments of one vector-file entry."
     if not isinstance(entry, dict): raise ValueError(f"a vector must be a JSON object, got {type(entry).__name__}")
@@ -331,7 +331,7 @@ def load_vectors(path: str | Path) -> list[dict]:
         except ValueError as e: raise ValueError(f"{path}: vector {i}: {e}") from None
     return vectors
 
-# %% ../nbs/01_hashing.ipynb #6803d82d
+# %% ../nbs/01_hashing.ipynb #e64600a3
 @dataclass(frozen=True)
 class VectorMismatch:
     "The first place where kvref's hashes differ from a vector file's."
@@ -360,7 +360,7 @@ def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | No
                     if w != g: return count, VectorMismatch(str(path), i, b, w, g)
     return count, None
 
-# %% ../nbs/01_hashing.ipynb #1e87db2d
+# %% ../nbs/01_hashing.ipynb #7d0cdb91
 def _read_token_file(path: str) -> list[int]:
     "Token ids from a JSON list or whitespace/comma-separated integers ('-' reads stdin)."
     text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -384,7 +384,7 @@ def _parse_lora(spec: str) -> LoRARequest:
     if not sep or not name: raise ValueError(f"--lora {spec!r}: expected NAME:PATH")
     return LoRARequest(name, path)
 
-# %% ../nbs/01_hashing.ipynb #f23b9fd1
+# %% ../nbs/01_hashing.ipynb #7744dbbb
 def hash_main(argv: list[str] | None = None) -> int:
     "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
     from kvref.cli import CommandParser
