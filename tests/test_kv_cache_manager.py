@@ -18,6 +18,7 @@ def step(m, r, n=None, lookahead=0):
     hits, num_hit = m.get_computed_blocks(r) if r.num_computed_tokens == 0 else ([], 0)
     todo = r.num_tokens - r.num_computed_tokens - num_hit
     n = todo if n is None else min(n, todo)
+    if n == 0: return []
     got = m.allocate_slots(r, n, num_hit, hits, num_lookahead_tokens=lookahead)
     if got is not None: r.num_computed_tokens += num_hit + n
     return got
@@ -148,6 +149,8 @@ def test_bad_input():
     for kw in ({"num_new_tokens": -1}, {"num_new_tokens": 1, "num_lookahead_tokens": -2}, {"num_new_tokens": 1.5}):
         with pytest.raises(ValueError, match="must be an int >= 0"):
             m.allocate_slots(r, **kw)
+    with pytest.raises(ValueError, match="request 'r7': num_new_tokens must be > 0"):
+        m.allocate_slots(r, 0, num_lookahead_tokens=2)
     with pytest.raises(ValueError, match="num_new_computed_tokens=4 but 0 hit blocks"):
         m.allocate_slots(r, 1, 4, [])
     with pytest.raises(ValueError, match="block_size must be an int >= 1, got 0"):
@@ -361,19 +364,26 @@ class NaiveAllocator:
         return True
 
 
-def naive_replay(ops, behavior):
-    reqs, out = {}, []
-    for op in ops:
-        d = {"op": op["op"]}
+class NaiveReplayer:
+    "Plays trace ops on the naive allocator, op by op, producing decisions in the recorded format."
+    def __init__(self, behavior):
+        self.behavior, self.reqs, self.a = behavior, {}, None
+
+    def pending(self, rid):
+        r = self.reqs[rid]
+        return len(r["tokens"]) - r["computed"]
+
+    def apply(self, op):
+        a, d = self.a, {"op": op["op"]}
         if "id" in op: d["id"] = op["id"]
         if op["op"] == "config":
-            a = NaiveAllocator(op["num_blocks"], op["block_size"], behavior, op.get("enable_caching", True))
+            a = self.a = NaiveAllocator(op["num_blocks"], op["block_size"], self.behavior, op.get("enable_caching", True))
         elif op["op"] == "add":
             lora = op.get("lora")
-            reqs[op["id"]] = {"tokens": list(op["prompt"]), "computed": 0, "salt": op.get("cache_salt"),
-                              "lora": (lora["name"], lora["path"]) if lora else None}
+            self.reqs[op["id"]] = {"tokens": list(op["prompt"]), "computed": 0, "salt": op.get("cache_salt"),
+                                   "lora": (lora["name"], lora["path"]) if lora else None}
         elif op["op"] == "schedule":
-            r = reqs[op["id"]]
+            r = self.reqs[op["id"]]
             hits = a.hits(r) if r["computed"] == 0 else []
             n = len(r["tokens"]) - r["computed"] - len(hits) * a.bs
             if op.get("budget") is not None: n = min(n, op["budget"])
@@ -382,23 +392,24 @@ def naive_replay(ops, behavior):
             d.update(hit_tokens=len(hits) * a.bs, num_new_tokens=n, allocated=ok,
                      block_ids=list(a.tables.get(op["id"], [])))
         elif op["op"] == "append":
-            reqs[op["id"]]["tokens"] += op["tokens"]
+            self.reqs[op["id"]]["tokens"] += op["tokens"]
         elif op["op"] == "preempt":
-            a.free(op["id"]); reqs[op["id"]]["computed"] = 0
+            a.free(op["id"]); self.reqs[op["id"]]["computed"] = 0
         elif op["op"] == "free":
-            a.free(op["id"]); reqs.pop(op["id"], None)
+            a.free(op["id"]); self.reqs.pop(op["id"], None)
         elif op["op"] == "reset_prefix_cache":
             d["ok"] = a.reset()
         d.update(free_queue=list(a.queue), num_free=len(a.queue))
-        out.append(d)
-    return out
+        return d
 
 
-def random_trace(rng: random.Random, num_ops: int = 40) -> list[dict]:
-    "A random trace over a tiny pool: shared prefixes, salts, LoRA, budgets, preemption, frees, resets."
+def random_trace(rng: random.Random, behavior: str, num_ops: int = 40) -> tuple[list[dict], list[dict]]:
+    "A random trace over a tiny pool (shared prefixes, salts, LoRA, budgets, preemption, frees, resets) and the naive decisions."
     ops = [{"op": "config", "num_blocks": rng.randint(2, 12), "block_size": rng.randint(1, 4),
             "enable_caching": rng.random() < 0.8, "hash_algo": "sha256"}]
     live, n = [], 0
+    naive = NaiveReplayer(behavior)
+    decisions = [naive.apply(ops[0])]
     prefixes = [[rng.randint(0, 50) for _ in range(rng.randint(1, 9))] for _ in range(3)]
     for _ in range(num_ops):
         kind = rng.choices(["add", "schedule", "append", "preempt", "free", "reset"], [3, 6, 3, 1, 2, 1])[0]
@@ -408,7 +419,11 @@ def random_trace(rng: random.Random, num_ops: int = 40) -> list[dict]:
             ops.append({"op": "add", "id": rid, "prompt": prompt, "cache_salt": rng.choice([None, None, "a"]),
                         "lora": rng.choice([None, None, {"name": "L", "path": "/l"}])})
         elif kind == "schedule":
-            ops.append({"op": "schedule", "id": rng.choice(live), "budget": rng.choice([None, 1, 2, 3, 5])})
+            rid = rng.choice(live)
+            if naive.pending(rid) == 0:   # nothing to compute: vLLM refuses such a step, a scheduler never asks
+                ops.append({"op": "append", "id": rid, "tokens": [rng.randint(0, 3)]})
+            else:
+                ops.append({"op": "schedule", "id": rid, "budget": rng.choice([None, 1, 2, 3, 5])})
         elif kind == "append":
             ops.append({"op": "append", "id": rng.choice(live), "tokens": [rng.randint(0, 3)] * rng.randint(1, 2)})
         elif kind == "preempt":
@@ -419,7 +434,8 @@ def random_trace(rng: random.Random, num_ops: int = 40) -> list[dict]:
             ops.append({"op": "free", "id": rid})
         else:
             ops.append({"op": "reset_prefix_cache"})
-    return ops
+        decisions.append(naive.apply(ops[-1]))
+    return ops, decisions
 
 
 @pytest.mark.parametrize("behavior", ["vllm_0_33", "design_doc"])
@@ -427,8 +443,8 @@ def test_differential_against_naive_allocator(behavior):
     rng = random.Random(f"kvref-{behavior}")
     refused = evicted_hits = 0
     for t in range(1500):
-        ops = random_trace(rng)
-        got, want = list(replay(ops, behavior)), naive_replay(ops, behavior)
+        ops, want = random_trace(rng, behavior)
+        got = list(replay(ops, behavior))
         for i, (g, w) in enumerate(zip(got, want)):
             assert g == w, f"trace {t}, op {i}: {ops[i]}\nkvref: {g}\nnaive: {w}"
         refused += sum(d.get("allocated") is False for d in got)

@@ -120,6 +120,10 @@ def test_replayer_refuses_bad_sequences():
     r.apply({"op": "add", "id": "a", "prompt": [1, 2, 3, 4, 5]})
     with pytest.raises(ValueError, match="request 'a' needs 5 tokens but max_model_len is 4"):
         r.apply({"op": "schedule", "id": "a"})
+    r.apply({"op": "add", "id": "b", "prompt": [1, 2]})
+    assert r.apply({"op": "schedule", "id": "b"})["allocated"] is True
+    with pytest.raises(ValueError, match="request 'b': num_new_tokens must be > 0"):
+        r.apply({"op": "schedule", "id": "b"})        # nothing left to compute
     with pytest.raises(ValueError, match="unknown request 'zz'"):
         r.apply({"op": "preempt", "id": "zz"})
     assert r.apply({"op": "free", "id": "zz"})["op"] == "free"       # a no-op, as in vLLM
