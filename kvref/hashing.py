@@ -166,17 +166,24 @@ def _check_block_size(block_size) -> None:
     if type(block_size) is not int or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
 
-def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> array:
-    "`token_ids[start:stop]` as an unsigned 64-bit array, or a clear error naming the first bad token id."
+def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[int, ...]:
+    "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
     span = token_ids[start:stop]
     if isinstance(span, np.ndarray) and span.dtype.kind in "iu": span = span.tolist()
-    try: return array("Q", span)  # one C pass: each must be an int (or have __index__) in [0, 2**64)
-    except (TypeError, OverflowError): pass
-    for i, token in enumerate(span, start):
-        if not hasattr(token, "__index__") or isinstance(token, (bool, np.bool_)):
-            raise TypeError(f"token_ids[{i}] is {token!r} ({type(token).__name__}); token ids must be ints >= 0")
-        if not 0 <= token < 1 << 64: raise ValueError(f"token_ids[{i}] is {token}; token ids must be ints in [0, 2**64)")
-    raise TypeError(f"token_ids[{start}:{stop}] cannot be read as token ids")
+    tokens = tuple(span)
+    if set(map(type, tokens)) <= {int}:  # exact ints (vLLM hashes Python ints; numpy ints pickle differently)
+        try:
+            array("Q", tokens)  # range check in one C pass, no per-token objects
+            return tokens
+        except OverflowError: pass
+    return tuple(_checked_token(token, i) for i, token in enumerate(tokens, start))
+
+def _checked_token(token, index: int) -> int:
+    "One token id as a Python int, or an error naming `token_ids[index]`."
+    if isinstance(token, (bool, np.bool_)) or not hasattr(token, "__index__"):
+        raise TypeError(f"token_ids[{index}] is {token!r} ({type(token).__name__}); token ids must be ints >= 0")
+    if not 0 <= token < 1 << 64: raise ValueError(f"token_ids[{index}] is {token}; token ids must be ints in [0, 2**64)")
+    return int(token)
 
 def _checked_mm_items(mm_items: Sequence[MultiModalItem], num_tokens: int) -> list[MultiModalItem]:
     "`mm_items` sorted by offset, after checking each lies inside the tokens and none overlaps another."
@@ -201,10 +208,10 @@ def _cbor_head(major: int, n: int) -> bytes:
         if n < 1 << (8 * width): return bytes([major << 5 | info]) + n.to_bytes(width, "big")
     raise ValueError(f"CBOR cannot encode {n} in one head (it must be < 2**64)")
 
-def _cbor_token_blocks(tokens: array, block_size: int) -> list[bytes]:
-    "Canonical CBOR of each full block of `tokens` (an unsigned 64-bit array) as an array, in one numpy pass."
+def _cbor_token_blocks(tokens: Sequence[int], block_size: int) -> list[bytes]:
+    "Canonical CBOR of each full block of `tokens` (ints in [0, 2**64)) as an array, encoded in one numpy pass."
     if not tokens: return []
-    values = np.frombuffer(tokens, np.uint64)
+    values = np.frombuffer(array("Q", tokens), np.uint64)
     width = 1 + (values >= 24) + (values >= 1 << 8) + 2 * (values >= 1 << 16) + 4 * (values >= 1 << 32)
     ends = np.cumsum(width)
     begins = ends - width
@@ -239,7 +246,19 @@ def _hash_blocks_cbor(algo: str, parent: bytes, blocks: list[bytes], extra_keys:
         hashes.append(parent)
     return hashes
 
-# %% ../nbs/01_hashing.ipynb #83dc1cde
+# %% ../nbs/01_hashing.ipynb #d13cbd04
+_CHUNK_TOKENS = 8192  # token ids checked and hashed together: small enough to stay in cache
+
+def _hash_blocks(algo: str, parent: bytes, tokens: tuple[int, ...], block_size: int, extra_keys: list | None) -> list[bytes]:
+    "Chain the full blocks of `tokens` (checked) after `parent`: the definition, or the CBOR fast path."
+    if algo in _CBOR_DIGESTS: return _hash_blocks_cbor(algo, parent, _cbor_token_blocks(tokens, block_size), extra_keys)
+    hash_fn, hashes = HASH_FUNCTIONS[algo], []
+    for i, s in enumerate(range(0, len(tokens), block_size)):
+        parent = hash_fn((parent, tokens[s:s + block_size], extra_keys[i] if extra_keys else None))
+        hashes.append(parent)
+    return hashes
+
+# %% ../nbs/01_hashing.ipynb #aff52bcb
 def _extra_keys_per_block(start: int, stop: int, block_size: int, **request) -> list[tuple | None]:
     "`generate_block_hash_extra_keys` of each block in `[start, stop)`; one shared tuple when nothing varies per block."
     if request["mm_items"] or request["prompt_embeds"] is not None:
@@ -249,7 +268,7 @@ def _extra_keys_per_block(start: int, stop: int, block_size: int, **request) -> 
     if start == 0: keys[0] = generate_block_hash_extra_keys(0, block_size, **request)
     return keys
 
-# %% ../nbs/01_hashing.ipynb #728dd0e5
+# %% ../nbs/01_hashing.ipynb #31e22427
 def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: prompt, then generated
                         block_size: int,  # tokens per block
                         algo: str = "sha256",  # see `HASH_FUNCTIONS`
@@ -262,7 +281,7 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
                        ) -> list[bytes]:
     "Hashes of all full blocks of `token_ids`; only the blocks after `known_hashes` are computed."
     # when no block is new, a `known_hashes` list is returned as is (no copy): the decode step stays O(1)
-    hash_fn = get_hash_fn_by_name(algo)
+    get_hash_fn_by_name(algo)  # checks the name, and that xxhash is installed when asked for
     _check_block_size(block_size)
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
@@ -276,23 +295,22 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
     if first == last:  # the common decode step: no block completed, nothing to hash
         return known_hashes if type(known_hashes) is list else list(known_hashes)
     start, stop = first * block_size, last * block_size
-    tokens = _checked_tokens(token_ids, start, stop)
     hashes = list(known_hashes)
-    parent = hashes[-1] if first else init_none_hash(algo, seed)
-    if not isinstance(parent, bytes): raise TypeError(f"known_hashes must hold bytes, got {type(parent).__name__}")
+    if first and not isinstance(hashes[-1], bytes):
+        raise TypeError(f"known_hashes must hold bytes, got {type(hashes[-1]).__name__}")
     extra_keys = None
     if lora is not None or items or prompt_embeds is not None or (cache_salt and first == 0):
         extra_keys = _extra_keys_per_block(start, stop, block_size, lora=lora, mm_items=items,
                                            cache_salt=cache_salt, prompt_embeds=prompt_embeds)
-    if algo in _CBOR_DIGESTS:
-        return hashes + _hash_blocks_cbor(algo, parent, _cbor_token_blocks(tokens, block_size), extra_keys)
-    ids = tuple(tokens.tolist())  # Python ints, as vLLM hashes them; slices of a tuple are tuples
-    for i, s in enumerate(range(0, stop - start, block_size)):
-        parent = hash_fn((parent, ids[s:s + block_size], extra_keys[i] if extra_keys else None))
-        hashes.append(parent)
+    chunk = block_size * max(1, _CHUNK_TOKENS // block_size)
+    for lo in range(start, stop, chunk):  # check, then hash, a cache-sized chunk at a time
+        hi = min(lo + chunk, stop)
+        keys = None if extra_keys is None else extra_keys[(lo - start) // block_size:(hi - start) // block_size]
+        parent = hashes[-1] if hashes else init_none_hash(algo, seed)
+        hashes += _hash_blocks(algo, parent, _checked_tokens(token_ids, lo, hi), block_size, keys)
     return hashes
 
-# %% ../nbs/01_hashing.ipynb #0af2690a
+# %% ../nbs/01_hashing.ipynb #7d9a05f9
 def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
                        ) -> int:
     "The 64-bit block id vLLM publishes in KV events: the digest's last 8 bytes, big-endian, unsigned."
@@ -300,7 +318,7 @@ def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
     if len(h) < 8: raise ValueError(f"block hash must have at least 8 bytes, got {len(h)}")
     return int.from_bytes(h[-8:], "big")
 
-# %% ../nbs/01_hashing.ipynb #27e27cce
+# %% ../nbs/01_hashing.ipynb #87404406
 def _vector_request(entry: dict) -> dict:
     "The `hash_request_tokens` keyword arguments of one vector-file entry."
     if not isinstance(entry, dict): raise ValueError(f"a vector must be a JSON object, got {type(entry).__name__}")
@@ -331,7 +349,7 @@ def load_vectors(path: str | Path) -> list[dict]:
         except ValueError as e: raise ValueError(f"{path}: vector {i}: {e}") from None
     return vectors
 
-# %% ../nbs/01_hashing.ipynb #e64600a3
+# %% ../nbs/01_hashing.ipynb #756c9517
 @dataclass(frozen=True)
 class VectorMismatch:
     "The first place where kvref's hashes differ from a vector file's."
@@ -360,7 +378,7 @@ def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | No
                     if w != g: return count, VectorMismatch(str(path), i, b, w, g)
     return count, None
 
-# %% ../nbs/01_hashing.ipynb #7d0cdb91
+# %% ../nbs/01_hashing.ipynb #bdf7388b
 def _read_token_file(path: str) -> list[int]:
     "Token ids from a JSON list or whitespace/comma-separated integers ('-' reads stdin)."
     text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -384,7 +402,7 @@ def _parse_lora(spec: str) -> LoRARequest:
     if not sep or not name: raise ValueError(f"--lora {spec!r}: expected NAME:PATH")
     return LoRARequest(name, path)
 
-# %% ../nbs/01_hashing.ipynb #7744dbbb
+# %% ../nbs/01_hashing.ipynb #ca6f9bd8
 def hash_main(argv: list[str] | None = None) -> int:
     "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
     from kvref.cli import CommandParser

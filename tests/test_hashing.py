@@ -3,6 +3,7 @@ incremental == batch (a state machine), the CBOR fast path, errors and the `kvre
 from __future__ import annotations
 import hashlib, json, pickle, re
 from array import array
+from unittest.mock import patch
 
 import cbor2
 import numpy as np
@@ -78,9 +79,19 @@ def naive_of(req):
 
 
 # --- differential: kvref equals the naive model -----------------------------------------------------------------
-@given(requests())
-def test_matches_naive_model(req):
+@given(requests(), st.sampled_from([1, 5, 37, H._CHUNK_TOKENS]))
+def test_matches_naive_model(req, chunk_tokens):
+    with patch.object(H, "_CHUNK_TOKENS", chunk_tokens):  # chunk boundaries anywhere, not only past 8192 tokens
+        assert hash_request_tokens(**req) == naive_of(req)
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_long_request_crosses_chunks(algo):
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 200_000, 3 * H._CHUNK_TOKENS + 100).tolist()
+    mm = [MultiModalItem("a", 8000, 500), MultiModalItem("b", 16380, 20)]
+    req = dict(token_ids=toks, block_size=16, algo=algo, cache_salt="t", lora=LoRARequest("l", "/p"), mm_items=mm, seed=SEED)
     assert hash_request_tokens(**req) == naive_of(req)
+    assert hash_request_tokens(toks, 64, algo, seed=SEED) == naive_hashes(toks, 64, algo)
 
 @given(requests(embeds=False), st.data())
 def test_hash_block_tokens_chain_matches_request(req, data):
@@ -97,7 +108,7 @@ def test_hash_block_tokens_chain_matches_request(req, data):
 def test_cbor_fast_path_is_cbor2(toks, bs):
     toks = toks[:len(toks) // bs * bs] or toks[:0]
     expected = [cbor2.dumps(tuple(toks[s:s + bs]), canonical=True) for s in range(0, len(toks), bs)]
-    assert H._cbor_token_blocks(array("Q", toks), bs) == expected
+    assert H._cbor_token_blocks(toks, bs) == expected
 
 
 # --- properties the issue names ---------------------------------------------------------------------------------
