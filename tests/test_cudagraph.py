@@ -430,3 +430,26 @@ def test_real_cuda_graphs_replay_like_eager():
         torch.cuda.synchronize()
         torch.testing.assert_close(got, expected)
     assert full.replay_count == 1 and sum(p.replay_count for p in pieces) == 2
+
+
+# ---------------------------------------------------------------- the CLI
+
+def test_cli(capsys):
+    from kvref.cudagraph import cudagraph_main
+    assert cudagraph_main(["--max-num-seqs", "8", "--capture-sizes", "1,2,4,8", "--backend", "FlashAttention v2", "3u", "3", "9"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "mode: FULL_AND_PIECEWISE", "capture sizes: [1, 2, 4, 8] (max 8)", "keys: PIECEWISE 4, FULL 4",
+        "3 uniform -> FULL (4, 4, True)", "3 -> PIECEWISE (4, None, False)", "9 -> NONE (9, None, False)"]
+    assert cudagraph_main(["--mode", "FULL", "--num-speculative-tokens", "2", "--max-num-seqs", "4", "6u"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["capture sizes: [3, 6, 9, 18, 24] (max 24)", "keys: PIECEWISE 0, FULL 5",
+                                                         "6 uniform -> FULL (6, 4, False)"]
+    for argv, message in [(["--mode", "FULL", "--backend", "Nope"], "unknown attention backend 'Nope'"),
+                          (["--mode", "FULL", "--backend", "Mamba attention", "--no-attention-split", "--capture-sizes", "1,2,64",
+                            "--max-capture-size", "8"], "disagrees"),
+                          (["--mode", "WHOLE"], "unknown cudagraph_mode 'WHOLE'")]:
+        assert cudagraph_main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("kvref cudagraph: error: ") and message in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_:
+        cudagraph_main(["--max-num-seqs", "many"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.count("\n") == 1
