@@ -125,6 +125,10 @@ def test_preallocation_design_doc_only():
     assert len(step(m, r)) == 2 + 2
     r.append_output_token_ids([1, 2, 3])
     assert step(m, r) == []               # fits in preallocated blocks
+    capped = KVCacheManager(20, 4, behavior="design_doc", num_preallocate_tokens=64, max_model_len=12)
+    assert len(step(capped, Request("c", list(range(5))))) == 3        # never past cdiv(max_model_len, block_size)
+    tight = KVCacheManager(4, 4, behavior="design_doc", num_preallocate_tokens=64)
+    assert len(step(tight, Request("t", list(range(5))))) == 4         # never past the free blocks
     with pytest.raises(ValueError, match="design_doc feature"):
         KVCacheManager(20, 4, num_preallocate_tokens=8)
 
@@ -450,3 +454,14 @@ def test_differential_against_naive_allocator(behavior):
         refused += sum(d.get("allocated") is False for d in got)
         evicted_hits += sum(d.get("hit_tokens", 0) > 0 for d in got)
     assert refused > 500 and evicted_hits > 500   # the traces do exercise refusal and prefix hits
+
+
+def test_manager_events_carry_lora_name_and_parent_chain():
+    m = KVCacheManager(10, 2, enable_kv_cache_events=True)
+    r = Request("r", [1, 2, 3, 4, 5], lora_request=LoRARequest("L", "/l"))
+    step(m, r, 3)
+    step(m, r)
+    e1, e2 = m.take_events()
+    assert (e1.token_ids, e1.parent_block_hash, e1.lora_name, e1.block_size) == ([1, 2], None, "L", 2)
+    assert (e2.token_ids, e2.parent_block_hash, e2.block_hashes) == ([3, 4], e1.block_hashes[-1], [r.block_hashes[1]])
+    assert m.take_events() == [] and KVCacheManager(10, 2).take_events() == []
