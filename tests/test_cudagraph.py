@@ -453,3 +453,17 @@ def test_cli(capsys):
     with pytest.raises(SystemExit) as exit_:
         cudagraph_main(["--max-num-seqs", "many"])
     assert exit_.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_cli_through_the_console_command():
+    import shutil, subprocess, sys
+    from kvref.cli import SUBCOMMANDS
+    if "cudagraph" not in SUBCOMMANDS:
+        pytest.skip("`kvref cudagraph` is not wired into kvref.cli yet")
+    exe = Path(sys.executable).with_name("kvref")
+    command = [str(exe)] if exe.exists() else [shutil.which("kvref") or "kvref"]
+    done = subprocess.run(command + ["cudagraph", "--max-num-seqs", "8", "--capture-sizes", "1,2,4,8", "3u"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "3 uniform -> FULL (4, 4, True)"
+    bad = subprocess.run(command + ["cudagraph", "--mode", "WHOLE"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
