@@ -21,9 +21,11 @@ class CommandParser(argparse.ArgumentParser):
 
 # %% ../nbs/12_cli.ipynb #9f06ef68
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "hash":   ("kvref.hashing", "hash_main", "hash token ids into vLLM block hashes; verify vector files"),
-    "replay": ("kvref.replay", "replay_main", "replay an allocator trace and print kvref's decisions"),
-    "check":  ("kvref.conformance", "check_main", "check another engine's allocator against kvref in lockstep"),
+    "hash":      ("kvref.hashing", "hash_main", "hash token ids into vLLM block hashes; verify vector files"),
+    "replay":    ("kvref.replay", "replay_main", "replay an allocator trace and print kvref's decisions"),
+    "check":     ("kvref.conformance", "check_main", "check another engine's allocator against kvref in lockstep"),
+    "cudagraph": ("kvref.cudagraph", "cudagraph_main",
+                  "resolve a CUDA graph mode and show which graph runs each batch"),
 }
 
 # %% ../nbs/12_cli.ipynb #ebba3da6
