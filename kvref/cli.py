@@ -30,7 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 
 # %% ../nbs/12_cli.ipynb #ebba3da6
 def _top_parser() -> CommandParser:
-    commands = "\n".join(f"  {name:<8}{help_}" for name, (_, _, help_) in SUBCOMMANDS.items())
+    commands = "\n".join(f"  {name:<11}{help_}" for name, (_, _, help_) in SUBCOMMANDS.items())
     parser = CommandParser(prog="kvref", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="kvref: a reference implementation of vLLM V1's core, used as a correctness oracle.",
         epilog=f"commands:\n{commands}\n\nRun `kvref COMMAND --help` for a command's options.")
