@@ -152,3 +152,12 @@ def test_console_command():
     assert (done.returncode, done.stdout) == (0, "16 vectors, 16 match\n")
     bad = subprocess.run([kvref, "hash", "1", "2", "--algo", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "valid names" in bad.stderr
+    piped = subprocess.run([kvref, "hash", "--file", "-", "--block-size", "2", "--format", "int64"], input="1 2\n3 4 5",
+                           capture_output=True, text=True)
+    expected = [str(block_hash_to_int64(h)) for h in hash_request_tokens([1, 2, 3, 4, 5], 2)]
+    assert piped.returncode == 0 and piped.stdout.split() == expected
+
+
+def test_cli_help_is_exit_0(capsys):
+    assert hash_main(["--help"]) == 0
+    assert "--block-size" in capsys.readouterr().out
