@@ -10,7 +10,7 @@ import bisect, hashlib, json, os, pickle, sys
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import islice
+from itertools import islice, repeat
 from pathlib import Path
 from typing import Any
 
@@ -253,8 +253,8 @@ def _hash_blocks(algo: str, parent: bytes, tokens: tuple[int, ...], block_size: 
     "Chain the full blocks of `tokens` (checked) after `parent`: the definition, or the CBOR fast path."
     if algo in _CBOR_DIGESTS: return _hash_blocks_cbor(algo, parent, _cbor_token_blocks(tokens, block_size), extra_keys)
     hash_fn, hashes = HASH_FUNCTIONS[algo], []
-    for i, s in enumerate(range(0, len(tokens), block_size)):
-        parent = hash_fn((parent, tokens[s:s + block_size], extra_keys[i] if extra_keys else None))
+    for s, keys in zip(range(0, len(tokens), block_size), repeat(None) if extra_keys is None else extra_keys):
+        parent = hash_fn((parent, tokens[s:s + block_size], keys))
         hashes.append(parent)
     return hashes
 
