@@ -1,90 +1,17 @@
-"""Triton kernels against the float64 oracle, on CPU through TRITON_INTERPRET=1 (set by conftest before Triton loads).
-
-Inputs are fresh random numbers every run (the seed is in each failure message); the grid covers block sizes 1, 16
-and 32, head sizes 64 and 128, GQA ratios 1, 4 and 8, float32 and float16. Every cache slot no sequence uses holds
-NaN, so a stray read fails the finiteness check. bfloat16 runs on a smaller grid here and on the full grid on a GPU.
+"""Properties of the Triton kernels (paging and block ids are invisible, NaN never read, both cache layouts, exact
+cache writes) and their errors before launch; on CPU through TRITON_INTERPRET=1.
 """
-import os
-import zlib
-
 import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from kvref.kernels import (PAD_SLOT_ID, assert_attention_close, compute_slot_mapping, kv_cache_shape, page_kv, paged_attention_ref,
-                           random_paged_batch, reshape_and_cache_ref, split_kv_cache, triton_available)
+from kvref.kernels import (PAD_SLOT_ID, compute_slot_mapping, kv_cache_shape, page_kv, random_paged_batch,
+                           reshape_and_cache_ref, split_kv_cache, triton_available)
+from test_kernels_support import DEVICE, check, decode_inputs, needs_triton, on_device, seed_for
 
-pytestmark = pytest.mark.skipif(not triton_available(), reason="the kernels need Triton")
+pytestmark = needs_triton
 if triton_available():
     from kvref.kernels.triton_attention import paged_decode_attention, reshape_and_cache, unified_attention
-
-RUN_SEED = int.from_bytes(os.urandom(4), "little")
-ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-DEVICE = "cuda" if ON_GPU else "cpu"
-gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device with compiled (not interpreted) Triton")
-
-
-def seed_for(*case) -> int:
-    return (RUN_SEED + zlib.crc32(repr(case).encode())) % 2**31
-
-
-def on_device(batch):
-    return {k: v.to(DEVICE) for k, v in batch.items()}
-
-
-def decode_inputs(batch):
-    return {k: v for k, v in batch.items() if k != "query_start_loc"}
-
-
-def check(actual, batch, case, **options):
-    expected = paged_attention_ref(**batch, **options)
-    assert torch.isfinite(actual).all(), f"non-finite output (NaN from an unused slot?) for {case}, seed {RUN_SEED}"
-    try:
-        assert_attention_close(actual, expected)
-    except AssertionError as e:
-        raise AssertionError(f"{case}, run seed {RUN_SEED}: {e}") from None
-
-
-def mixed_shape(block_size):
-    """(seq_len, query_len) pairs: decode of length 1, decode on a block boundary, a fresh prefill across a boundary,
-    a prefill chunk on a cached prefix, a long decode."""
-    prefill = max(block_size + 1, 19)
-    return [(1, 1), (block_size, 1), (prefill, prefill), (3 * block_size + 5, 7), (100, 1)]
-
-
-GRID = [(bs, hs, g, dt) for bs in (1, 16, 32) for hs in (64, 128) for g in (1, 4, 8)
-        for dt in (torch.float32, torch.float16)]
-
-
-@pytest.mark.parametrize("block_size, head_size, group, dtype", GRID)
-def test_unified_attention_mixed_batch(block_size, head_size, group, dtype):
-    case = ("unified", block_size, head_size, group, dtype)
-    seqs = mixed_shape(block_size)
-    batch = on_device(random_paged_batch([n for n, _ in seqs], [q for _, q in seqs], 2 * group, 2, head_size,
-                                         block_size, dtype, seed_for(*case)))
-    check(unified_attention(**batch), batch, case)
-
-
-@pytest.mark.parametrize("block_size, head_size, group, dtype", GRID)
-def test_paged_decode_split_and_unsplit(block_size, head_size, group, dtype):
-    case = ("decode", block_size, head_size, group, dtype)
-    lens = [1, block_size, block_size + 1, 2 * block_size + 3, 100]
-    batch = on_device(random_paged_batch(lens, [1] * len(lens), 2 * group, 2, head_size, block_size, dtype, seed_for(*case)))
-    for splits in (1, 4):  # 100 positions in 4 splits of 32: longer than one split; the length-1 sequence leaves 3 empty
-        check(paged_decode_attention(**decode_inputs(batch), num_kv_splits=splits), batch, case + (splits,))
-
-
-@pytest.mark.parametrize("sliding_window, softcap", [(1, None), (7, None), (None, 30.0), (16, 5.0), (33, 50.0)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_window_and_softcap(sliding_window, softcap, dtype):
-    case = ("window/softcap", sliding_window, softcap, dtype)
-    seqs = mixed_shape(16)
-    batch = on_device(random_paged_batch([n for n, _ in seqs], [q for _, q in seqs], 8, 2, 64, 16, dtype, seed_for(*case)))
-    options = dict(sliding_window=sliding_window, softcap=softcap)
-    check(unified_attention(**batch, **options), batch, case, **options)
-    decode = on_device(random_paged_batch([1, 16, 17, 100], [1] * 4, 8, 2, 64, 16, dtype, seed_for(*case, "decode")))
-    for splits in (1, 2):
-        check(paged_decode_attention(**decode_inputs(decode), num_kv_splits=splits, **options), decode, case + (splits,), **options)
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
@@ -204,17 +131,6 @@ def test_decode_kernel_agrees_with_unified_kernel():
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", ["unified", "decode"])
-def test_bfloat16_on_a_small_grid(kernel):
-    for block_size, group in ((16, 4), (1, 1), (32, 8)):
-        case = ("bf16", kernel, block_size, group)
-        lens = [1, block_size + 1, 60]
-        qlens = [1, min(block_size + 1, 7), 1] if kernel == "unified" else [1, 1, 1]
-        batch = on_device(random_paged_batch(lens, qlens, 2 * group, 2, 64, block_size, torch.bfloat16, seed_for(*case)))
-        out = unified_attention(**batch) if kernel == "unified" else paged_decode_attention(**decode_inputs(batch), num_kv_splits=2)
-        check(out, batch, case)
-
-
 @given(st.integers(1, 10), st.sampled_from([1, 4, 16]), st.sampled_from([torch.float32, torch.float16]),
        st.sampled_from(["flash", "triton"]), st.integers(0, 2**31 - 1), st.data())
 def test_reshape_and_cache_writes_exactly_the_named_slots(num_tokens, block_size, dtype, layout, seed, data):
@@ -273,24 +189,3 @@ def test_empty_batches():
     assert paged_decode_attention(**decode_inputs(empty)).shape == (0, 4, 64)
     reshape_and_cache(batch["query"][:, :2], batch["query"][:, :2], batch["key_cache"], batch["value_cache"],
                       torch.zeros(0, dtype=torch.int64))
-
-
-# ---- GPU only: the full grid with bfloat16 and head size 256, default splits, and validate=False paths ----
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_size", [64, 128, 256])
-def test_gpu_full_grid(dtype, head_size):
-    for block_size in (1, 16, 32):
-        for group in (1, 4, 8):
-            case = ("gpu", dtype, head_size, block_size, group)
-            seqs = mixed_shape(block_size) + [(1000, 1), (700, 300)]
-            batch = on_device(random_paged_batch([n for n, _ in seqs], [q for _, q in seqs], 2 * group, 2, head_size,
-                                                 block_size, dtype, seed_for(*case)))
-            check(unified_attention(**batch), batch, case)
-            check(unified_attention(**batch, sliding_window=128, softcap=30.0), batch, case, sliding_window=128, softcap=30.0)
-            lens = [1, block_size + 1, 4096, 333]
-            decode = on_device(random_paged_batch(lens, [1] * 4, 2 * group, 2, head_size, block_size, dtype, seed_for(*case, "d")))
-            check(paged_decode_attention(**decode_inputs(decode)), decode, case)
-            check(paged_decode_attention(**decode_inputs(decode), validate=False, num_kv_splits=8), decode, case)
