@@ -465,3 +465,14 @@ def test_manager_events_carry_lora_name_and_parent_chain():
     assert (e1.token_ids, e1.parent_block_hash, e1.lora_name, e1.block_size) == ([1, 2], None, "L", 2)
     assert (e2.token_ids, e2.parent_block_hash, e2.block_hashes) == ([3, 4], e1.block_hashes[-1], [r.block_hashes[1]])
     assert m.take_events() == [] and KVCacheManager(10, 2).take_events() == []
+
+
+@pytest.mark.parametrize("behavior", ["vllm_0_33", "design_doc"])
+def test_differential_on_the_workload_generators(behavior):
+    "The realistic request mixes of `kvref.workloads` (longer prompts, bigger pools) agree with the naive model too."
+    workloads = pytest.importorskip("kvref.workloads")
+    for name, make in workloads.WORKLOADS.items():
+        ops = workloads.to_trace(make())
+        naive = NaiveReplayer(behavior)
+        for i, (op, got) in enumerate(zip(ops, replay(ops, behavior))):
+            assert got == naive.apply(op), f"{name}, op {i}: {op}"
