@@ -298,14 +298,12 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
     hashes = list(known_hashes)
     if first and not isinstance(hashes[-1], bytes):
         raise TypeError(f"known_hashes must hold bytes, got {type(hashes[-1]).__name__}")
-    extra_keys = None
-    if lora is not None or items or prompt_embeds is not None or (cache_salt and first == 0):
-        extra_keys = _extra_keys_per_block(start, stop, block_size, lora=lora, mm_items=items,
-                                           cache_salt=cache_salt, prompt_embeds=prompt_embeds)
+    has_keys = lora is not None or items or prompt_embeds is not None or (cache_salt and first == 0)
     chunk = block_size * max(1, _CHUNK_TOKENS // block_size)
-    for lo in range(start, stop, chunk):  # check, then hash, a cache-sized chunk at a time
+    for lo in range(start, stop, chunk):  # check, key and hash a cache-sized chunk at a time
         hi = min(lo + chunk, stop)
-        keys = None if extra_keys is None else extra_keys[(lo - start) // block_size:(hi - start) // block_size]
+        keys = _extra_keys_per_block(lo, hi, block_size, lora=lora, mm_items=items, cache_salt=cache_salt,
+                                     prompt_embeds=prompt_embeds) if has_keys else None
         parent = hashes[-1] if hashes else init_none_hash(algo, seed)
         hashes += _hash_blocks(algo, parent, _checked_tokens(token_ids, lo, hi), block_size, keys)
     return hashes
