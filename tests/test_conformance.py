@@ -1,0 +1,214 @@
+"""Conformance kit: kvref against itself (no divergence), the broken variants always caught and shrunk, the
+nano-style adapter's known differences, and `kvref check`."""
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvref.conformance import (FIELDS, Driver, KVRefAdapter, check, check_main, conformance_machine, kvref_factory,
+                               load_adapter, run_adapter, shrink)
+from kvref.kv_cache_manager import KVCacheManager
+from kvref.nano import NanoAdapter
+from kvref.replay import load_trace, replay
+from kvref.scheduler import run_workload
+from kvref.workloads import WORKLOADS, adversarial_tiny_pool, to_trace
+
+GOLDEN = Path(__file__).parent.parent / "golden" / "conformance"
+TRACES = sorted(GOLDEN.glob("*[0-9e].jsonl"))  # the traces, not the .vllm.jsonl decisions
+ROOT = Path(__file__).parent.parent
+KVREF_BIN = Path(sys.executable).parent / "kvref"
+HUNT = settings(max_examples=150, stateful_step_count=25, deadline=None, derandomize=True, database=None,
+                print_blob=False, phases=[Phase.generate, Phase.shrink])
+
+
+class OffByOneHitCap(KVCacheManager):
+    "Bug: caps hits at num_tokens // block_size blocks instead of (num_tokens - 1) // block_size."
+    def get_computed_blocks(self, request):
+        if not self.enable_caching: return [], 0
+        hits = []
+        for block_hash in self._block_hashes(request)[:request.num_tokens // self.block_size]:
+            if (block := self.block_pool.get_cached_block(block_hash)) is None: break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+
+class ForgetsReverse(KVCacheManager):
+    "Bug: frees a request's blocks first to last."
+    def free(self, request):
+        rid = request if isinstance(request, str) else request.request_id
+        self.num_cached_block.pop(rid, None)
+        table = self.req_to_blocks.pop(rid, None)
+        if table is not None: self.block_pool.free_blocks(table, unhashed_first=self.behavior == "vllm_0_33")
+
+
+def broken(cls, behavior="vllm_0_33"):
+    return lambda config: KVRefAdapter(config, behavior, cls)
+
+
+def test_golden_traces_are_present():
+    assert {p.name for p in TRACES} >= {"design-doc-example.jsonl", "trace-11-0.jsonl"} and len(TRACES) == 5
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.stem)
+def test_kvref_adapter_reproduces_vllm(trace):
+    decisions = [json.loads(l) for l in trace.with_suffix("").with_suffix(".vllm.jsonl").read_text().splitlines()]
+    assert run_adapter(kvref_factory(), load_trace(trace)) == decisions
+    assert check(kvref_factory(), trace) is None
+
+
+@pytest.mark.parametrize("behavior", ["vllm_0_33", "design_doc"])
+def test_self_check_on_a_thousand_random_traces(behavior):
+    "kvref's adapter path (Driver + KVRefAdapter) and its replay path (TraceReplayer) never diverge."
+    rng = random.Random(5)
+    for i in range(1000):
+        w = adversarial_tiny_pool(num_requests=rng.randint(1, 6), max_prompt_len=rng.randint(1, 9),
+                                  output_len=rng.randint(1, 3), block_size=rng.randint(1, 3),
+                                  num_blocks=rng.randint(2, 8), seed=i)
+        w.config["enable_caching"] = rng.random() < 0.8
+        ops = to_trace(w, max_live=rng.randint(1, 4))
+        assert check(kvref_factory(behavior), ops, behavior) is None, i
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_self_check_on_scheduler_runs(name):
+    run = run_workload(WORKLOADS[name](seed=1), max_num_batched_tokens=48, max_num_seqs=6)
+    assert check(kvref_factory(), run.trace) is None
+
+
+@pytest.mark.parametrize("behavior", ["vllm_0_33", "design_doc"])
+def test_state_machine_finds_nothing_in_kvref(behavior, tmp_path):
+    machine = conformance_machine(kvref_factory(behavior), behavior, out_path=tmp_path / "d.jsonl")
+    run_state_machine_as_test(machine, settings=settings(deadline=None, phases=[Phase.generate]))
+    assert not (tmp_path / "d.jsonl").exists()
+
+
+@pytest.mark.parametrize("cls", [OffByOneHitCap, ForgetsReverse])
+@pytest.mark.parametrize("behavior", ["vllm_0_33", "design_doc"])
+def test_broken_variants_are_caught_and_the_shrunk_trace_replays(cls, behavior, tmp_path):
+    out = tmp_path / "min.jsonl"
+    machine = conformance_machine(broken(cls, behavior), behavior, out_path=out, caching=[True])
+    with pytest.raises(AssertionError, match="diverged at op"):
+        run_state_machine_as_test(machine, settings=HUNT)
+    minimal = load_trace(out)  # the file is a valid trace
+    d = check(broken(cls, behavior), minimal, behavior)
+    assert d is not None and d.index == len(minimal) - 1  # replays to a divergence at its last op
+    assert len(minimal) <= 8
+    # shrinking the shrunk trace again keeps the same divergence
+    again = check(broken(cls, behavior), shrink(broken(cls, behavior), minimal, behavior), behavior)
+    assert (again.op["op"], again.fields) == (d.op["op"], d.fields)
+    if cls is OffByOneHitCap:  # kvref then refuses to allocate nothing, or the hits differ
+        assert "hit_tokens" in d.fields or "its lookup found" in d.error
+    else: assert "free_queue" in d.fields
+
+
+@pytest.mark.parametrize("cls", [OffByOneHitCap, ForgetsReverse])
+def test_broken_variants_caught_on_recorded_traces(cls):
+    found = [t for t in TRACES if check(broken(cls), t)]
+    assert found
+    d = check(broken(cls), found[0])
+    small = shrink(broken(cls), found[0])
+    assert len(small) < d.index + 1
+    d2 = check(broken(cls), small)
+    assert (d2.op["op"], d2.fields) == (d.op["op"], d.fields)
+
+
+def test_nano_matches_the_design_doc_example_but_not_vllm_ids():
+    doc = GOLDEN / "design-doc-example.jsonl"
+    assert check(NanoAdapter, doc, "design_doc") is None
+    d = check(NanoAdapter, doc, "vllm_0_33")
+    assert d.index == 0 and d.fields == ["free_queue", "num_free"]  # no null block
+    assert check(NanoAdapter, doc, "vllm_0_33", fields=["hit_tokens", "num_new_tokens", "allocated"]) is None
+
+
+def test_nano_known_differences():
+    cfg = {"op": "config", "num_blocks": 4, "block_size": 1, "enable_caching": True, "hash_algo": "sha256"}
+    # no hit cap: a preempted one-token request hits its whole prompt
+    uncapped = [cfg, {"op": "add", "id": "a", "prompt": [3]}, {"op": "schedule", "id": "a"},
+                {"op": "preempt", "id": "a"}, {"op": "schedule", "id": "a"}]
+    d = check(NanoAdapter, uncapped, "design_doc")
+    assert d.index == 4 and (d.expected["hit_tokens"], d.got["hit_tokens"]) == (0, 1)
+    capped = lambda c: NanoAdapter(c, hit_cap=True)
+    assert check(capped, uncapped, "design_doc") is None
+    # stale map entry: block reused under another parent still hits
+    stale = [cfg, {"op": "add", "id": "a", "prompt": [5, 7, 8]}, {"op": "schedule", "id": "a"}, {"op": "free", "id": "a"},
+             {"op": "add", "id": "b", "prompt": [6, 6, 7]}, {"op": "schedule", "id": "b"},
+             {"op": "add", "id": "c", "prompt": [5, 7, 9]}, {"op": "schedule", "id": "c"}]
+    d = check(capped, stale, "design_doc")
+    assert (d.index, d.expected["hit_tokens"], d.got["hit_tokens"]) == (7, 1, 2)
+
+
+def test_nano_hunt_finds_the_room_check(tmp_path):
+    out = tmp_path / "nano.jsonl"
+    machine = conformance_machine(lambda c: NanoAdapter(c, hit_cap=True), "design_doc", out_path=out, caching=[True])
+    with pytest.raises(AssertionError, match="diverged at op"):
+        run_state_machine_as_test(machine, settings=HUNT)
+    d = check(lambda c: NanoAdapter(c, hit_cap=True), load_trace(out), "design_doc")
+    assert d is not None and d.index == len(load_trace(out)) - 1
+
+
+class NoQueue(KVRefAdapter):
+    def free_queue(self): return None
+
+
+class Raises(KVRefAdapter):
+    def preempt(self, request_id): raise RuntimeError("preempt not supported")
+
+
+def test_adapters_without_a_free_queue_and_adapters_that_raise():
+    ops = load_trace(GOLDEN / "trace-11-1.jsonl")
+    assert check(lambda c: NoQueue(c), ops) is None
+    d = check(lambda c: Raises(c), ops)
+    assert d.op["op"] == "preempt" and d.got is None and "RuntimeError: preempt not supported" in d.report()
+
+
+def test_report_reads():
+    d = check(kvref_factory("design_doc"), GOLDEN / "design-doc-example.jsonl")
+    text = d.report()
+    assert text.startswith('diverged at op 0: {"op": "config"') and "expected [1, 2, 3, 4, 5, 6, 7, 8, 9]" in text
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="must look like module:factory"): load_adapter("nocolon")
+    with pytest.raises(ValueError, match="has no attribute 'Nope'"): load_adapter("kvref.nano:Nope")
+    with pytest.raises(ValueError, match="unknown fields"): check(kvref_factory(), [], fields=["x"])
+    with pytest.raises(TypeError, match="adapter must be a factory"): check(NanoAdapter({"num_blocks": 2, "block_size": 1}), [])
+    with pytest.raises(ValueError, match="nothing to shrink"): shrink(kvref_factory(), GOLDEN / "trace-11-0.jsonl")
+    d = Driver(kvref_factory())
+    with pytest.raises(ValueError, match="must start with a config op"): d.apply({"op": "add", "id": "a", "prompt": [1]})
+    d.apply({"op": "config", "num_blocks": 4, "block_size": 2})
+    with pytest.raises(ValueError, match="unknown op 'bogus'"): d.apply({"op": "bogus"})
+    with pytest.raises(ValueError, match="budget must be an int >= 1"):
+        d.apply({"op": "add", "id": "a", "prompt": [1]}); d.apply({"op": "schedule", "id": "a", "budget": 0})
+
+
+def test_check_main_exit_codes(tmp_path, capsys):
+    good = str(GOLDEN / "trace-11-2.jsonl")
+    assert check_main(["--adapter", "kvref.conformance:KVRefAdapter", good]) == 0
+    assert check_main(["--adapter", "kvref.nano:NanoAdapter", "--out", str(tmp_path), good]) == 1
+    out = capsys.readouterr().out
+    minimal = tmp_path / "trace-11-2.min.jsonl"
+    assert f"minimal trace" in out and str(minimal) in out
+    assert check(NanoAdapter, load_trace(minimal)) is not None
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op": "config", "num_blocks": 4, "block_size": 2}\n{not json\n')
+    assert check_main(["--adapter", "kvref.nano:NanoAdapter", str(bad)]) == 2
+    assert "line 2" in capsys.readouterr().err
+    assert check_main(["--adapter", "nope", good]) == 2
+
+
+@pytest.mark.skipif(not KVREF_BIN.exists(), reason="kvref console script not installed")
+def test_kvref_check_command(tmp_path):
+    good = str(GOLDEN / "design-doc-example.jsonl")
+    r = subprocess.run([str(KVREF_BIN), "check", "--adapter", "kvref.nano:NanoAdapter", "--behavior", "design_doc", good],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(KVREF_BIN), "check", "--adapter", "kvref.nano:NanoAdapter", good, "--out", str(tmp_path)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 1 and (tmp_path / "design-doc-example.min.jsonl").exists()
+    r = subprocess.run([str(KVREF_BIN), "check", good], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--adapter" in r.stderr
