@@ -166,7 +166,8 @@ class _ContractEntry:
         if len(output) < self.consumed: self.state, self.consumed = think_state(self.prompt, config, self.budget), 0
         for i in range(self.consumed, len(output)): self.state = advance(self.state, output[i], config, self.budget)
         self.output, self.consumed, self.spec = output, len(output), spec
-        self.plan = [] if self.budget == -1 else plan_forcings(self.state, spec, config, self.budget)
+        far = self.state.phase is not Phase.ENDING and self.state.count + len(spec) < self.budget
+        self.plan = [] if self.budget == -1 or far else plan_forcings(self.state, spec, config, self.budget)
 
 # %% ../nbs/09_thinking_budget.ipynb #5af40b86
 class ThinkingBudgetStateHolder:
