@@ -242,16 +242,14 @@ def update_state(self: ThinkingBudgetStateHolder,
         else: _vllm_update(self, entry, output_token_ids[row], spec)
 
 # %% ../nbs/09_thinking_budget.ipynb #6c228a47
-def _layout(self: ThinkingBudgetStateHolder, predict_bonus_token: bool, specs: Sequence[Sequence[int]]):
+def _layout(self: ThinkingBudgetStateHolder, one_row_each: bool, specs: Sequence[Sequence[int]]):
     self.cu_num_tokens.clear()
     total = 0
     for index in range(max(len(specs), max(self._state) + 1)):
         self.cu_num_tokens[index] = total
-        drafts = len(specs[index]) if index < len(specs) else 0
-        total += drafts if self.in_spec_mode and not predict_bonus_token else 1
+        total += 1 if one_row_each else (len(specs[index]) if index < len(specs) else 0)
 
-def _contract_cells(self: ThinkingBudgetStateHolder, predict_bonus_token: bool, specs, num_rows: int):
-    bonus_call = predict_bonus_token or not self.in_spec_mode
+def _contract_cells(self: ThinkingBudgetStateHolder, bonus_call: bool, specs, num_rows: int):
     for index, entry in sorted(self._state.items()):
         laid_out = len(specs[index]) if index < len(specs) else 0
         if self.in_spec_mode and laid_out != len(entry.spec):
@@ -270,12 +268,15 @@ def apply_to_logits(self: ThinkingBudgetStateHolder,
     "Set the forced tokens' logits to `FORCED_LOGIT` and return `logits`."
     if not self.is_enabled or not self._state: return logits
     specs = spec_token_ids or []
-    _layout(self, predict_bonus_token, specs)
-    cells = (_contract_cells(self, predict_bonus_token, specs, logits.shape[0]) if self.behavior == "contract"
-             else _vllm_cells(self, predict_bonus_token, logits.shape[0]))
-    rows, tokens = [], []
-    for row, token in cells: rows.append(row); tokens.append(token)
-    if rows: logits[rows, tokens] = FORCED_LOGIT
+    one_row_each = predict_bonus_token or not self.in_spec_mode
+    if self.behavior == "contract":
+        one_row_each = one_row_each or not any(specs)  # a step without drafts goes through the plain sampler
+        _layout(self, one_row_each, specs)
+        cells = dict(_contract_cells(self, one_row_each, specs, logits.shape[0]))
+    else:
+        _layout(self, one_row_each, specs)
+        cells = dict(_vllm_cells(self, predict_bonus_token, logits.shape[0]))  # a later write to a row wins
+    if cells: logits[list(cells), list(cells.values())] = FORCED_LOGIT
     return logits
 
 # %% ../nbs/09_thinking_budget.ipynb #bd83e17a
@@ -298,7 +299,7 @@ def greedy_run(holder: ThinkingBudgetStateHolder,  # a fresh holder (max_num_seq
         vocab = max(vocab, 1 + max(drafts, default=0))
         holder.update_state([out], [drafts] if holder.in_spec_mode else None)
         n = len(out)
-        bonus = holder.apply_to_logits(logits_for([n + len(drafts)]), holder.in_spec_mode, [drafts])
+        bonus = holder.apply_to_logits(logits_for([n + len(drafts)]), bool(drafts), [drafts])
         target = holder.apply_to_logits(logits_for(range(n, n + len(drafts))), False, [drafts]) if drafts else None
         for r, d in enumerate(drafts):
             tok = int(target[r].argmax())

@@ -244,6 +244,19 @@ def test_departure_unlimited_budget_forced_with_drafts():
     assert both(CFG3, [1, 100, 60], [60] * 6, -1)["vllm_0_33_v1"] == "60 60 60 60 60 60"  # no drafts: fine
 
 
+def test_departure_draftless_step_forces_only_row_0():
+    def draftless_step(behavior):
+        h = ThinkingBudgetStateHolder(CFG1, 4, num_spec_tokens=2, behavior=behavior)
+        outs = [[100, 60], [50], [100, 60]]
+        budgets = [1, 1, 1]
+        h.sync_batch(BatchUpdate(3, [], [(i, SamplingParams(thinking_token_budget=b), [], o)
+                                         for i, (b, o) in enumerate(zip(budgets, outs))], []))
+        h.update_state(outs, [[], [], []])
+        return forced_cells(h.apply_to_logits(torch.zeros(3, 256), False, [[], [], []]))
+    assert draftless_step("contract") == [(0, 200), (2, 200)]
+    assert draftless_step("vllm_0_33_v1") == [(0, 200)]
+
+
 # ---------------------------------------------------------------- batch protocol and layout
 def forced_cells(logits):
     return sorted((r, c) for r, c in (logits == FORCED_LOGIT).nonzero().tolist())

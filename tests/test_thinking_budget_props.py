@@ -164,8 +164,8 @@ class HolderAgainstSpec(RuleBasedStateMachine):
         expected = {i: contract_forcings(r["prompt"], r["out"], drafts[i], self.cfg, r["budget"])
                     for i, r in self.live.items() if r["budget"] is not None}
         self.holder.update_state(outs, drafts if self.num_spec else None)
-        spec = self.num_spec > 0
-        bonus = self.holder.apply_to_logits(torch.zeros(n, 400), spec, drafts if spec else None)
+        spec = any(drafts)  # a step without drafts makes one plain call (predict_bonus_token=False), as in vLLM
+        bonus = self.holder.apply_to_logits(torch.zeros(n, 400), spec, drafts if self.num_spec else None)
         starts = [sum(len(d) for d in drafts[:i]) for i in range(n)]
         target = self.holder.apply_to_logits(torch.zeros(max(starts[-1] + len(drafts[-1]), 1), 400), False, drafts) \
             if spec else None
