@@ -77,3 +77,14 @@ def test_mismatched_decisions_are_refused(tmp_path):
     ops, decisions = golden("design-doc-example")
     with pytest.raises(ValueError, match="op 0: trace has 'config'"): list(follow(ops, decisions[1:]))
     with pytest.raises(ValueError, match="13 ops but 12 decisions"): write_svgs(ops, decisions[:-1], tmp_path)
+
+
+def test_design_doc_behaviour_time_6_and_7_pictures():
+    "The design doc's own numbers, replayed with kvref's design_doc behaviour and drawn."
+    from kvref.replay import replay
+    ops, _ = golden("design-doc-example")
+    steps = list(follow(ops, replay(ops, "design_doc")))
+    assert steps[10].free_queue == [7, 8, 9, 4, 3, 2, 6, 5, 1, 0]
+    assert (steps[12].hit_blocks, steps[12].new_blocks, steps[12].evicted) == ([0, 1, 2], [7, 8, 9, 4, 3], [3])
+    svg = step_svg(steps[12], token_names=lambda t: chr(65 + t) if t < 26 else str(t))
+    assert "evicted: block 3" in svg and "[ABCD] -&gt; [0]" in svg
