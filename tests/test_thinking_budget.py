@@ -359,3 +359,26 @@ def test_thinking_forever_gets_exactly_budget_then_E(budget, num_spec, seed, E, 
     assert out[:1 + budget] == [100] + [60] * budget
     assert out[1 + budget:1 + budget + len(E)] == E and all(forced[1 + budget:1 + budget + len(E)])
     assert not any(forced[:1 + budget]) and not any(forced[1 + budget + len(E):])
+
+
+# ---------------------------------------------------------------- command line
+def test_cli_forcings_and_check(capsys, tmp_path):
+    from kvref.thinking_budget import thinking_budget_main as main
+    assert main(["--start", "100", "--end", "200", "--budget", "2", "--output", "100", "60", "--drafts", "60,60"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"forcings": [[1, 200]]}
+    assert main(["--check", str(GOLDEN)]) == 0
+    assert capsys.readouterr().out.strip() == "30 runs, 30 match (vllm_0_33_v1)"
+    assert main(["--check", str(GOLDEN), "--behavior", "contract"]) == 1
+    assert "case 1, position 3: expected 202 forced=False, got 202 forced=True" in capsys.readouterr().out
+    broken = tmp_path / "runs.json"
+    broken.write_text(json.dumps({"cases": [{"start": [100], "end": [200]}]}))
+    for argv, msg in [(["--start", "100", "--end", "x"], "--end must be token ids"),
+                      (["--start", "1", "--end", "2", "--budget", "1.5"], "thinking_token_budget must be an int"),
+                      (["--start", "1", "--end", "2", "--budget", "-3"], "thinking_token_budget must be >= -1"),
+                      (["--budget", "3"], "give --start and --end"),
+                      (["--check", str(tmp_path / "missing.json")], "No such file"),
+                      (["--check", str(broken)], "a run lacks field")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("kvref thinking-budget: error: ") and msg in err and err.count("\n") == 1
+    assert main(["--behavior", "nope"]) == 2
