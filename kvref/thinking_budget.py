@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .logits_processors import BatchUpdate, MoveDirectionality
 from fastcore.basics import patch
 
+from .logits_processors import BatchUpdate, MoveDirectionality
 from .sampling_params import SamplingParams
 
 # %% auto #0
@@ -156,7 +156,6 @@ class _ContractEntry:
     "One tracked row under `contract`."
     budget: int  # thinking_token_budget (-1: unlimited)
     prompt: Sequence[int]  # the prompt token ids
-    output: Sequence[int]  # the row's committed output (the live list)
     state: ThinkState = ThinkState()  # after prompt + output[:consumed]
     consumed: int = 0  # output tokens already read into `state`
     spec: list[int] = field(default_factory=list)  # this step's drafts
@@ -165,7 +164,7 @@ class _ContractEntry:
     def update(self, output: Sequence[int], spec: list[int], config: ReasoningConfig):
         if len(output) < self.consumed: self.state, self.consumed = think_state(self.prompt, config, self.budget), 0
         for i in range(self.consumed, len(output)): self.state = advance(self.state, output[i], config, self.budget)
-        self.output, self.consumed, self.spec = output, len(output), spec
+        self.consumed, self.spec = len(output), spec
         far = self.state.phase is not Phase.ENDING and self.state.count + len(spec) < self.budget
         self.plan = [] if self.budget == -1 or far else plan_forcings(self.state, spec, config, self.budget)
 
@@ -202,7 +201,7 @@ def _new_entry(self: ThinkingBudgetStateHolder, params, prompt, output):
         raise ValueError(f"thinking_token_budget={budget} needs reasoning start and end token ids, but the reasoning "
                          f"config has start={self.think_start_token_ids} end={self.think_end_token_ids}")
     if self.behavior == "contract":
-        return _ContractEntry(budget, list(prompt or ()), output, think_state(prompt or (), self.config, budget))
+        return _ContractEntry(budget, list(prompt or ()), think_state(prompt or (), self.config, budget))
     return _vllm_entry(self, prompt, output, budget)
 
 @patch
@@ -373,7 +372,7 @@ def _search(self: ThinkingBudgetStateHolder, e: _VllmEntry):
 # %% ../nbs/09_thinking_budget.ipynb #7c3e903a
 def _vllm_update(self: ThinkingBudgetStateHolder, e: _VllmEntry, output: Sequence[int], spec: list[int]):
     e.output_tok_ids, e.spec_token_ids, e.force_index = output, spec, []
-    B, E, out = e.thinking_token_budget, self.think_end_token_ids, output
+    B, out = e.thinking_token_budget, output
     if B == -1: return
     _search(self, e)
     if not e.in_end and e.start_thinking >= 0 and e.end_thinking > e.start_thinking and not e.continue_thinking:
@@ -462,8 +461,7 @@ def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | No
     import json
     cases = json.loads(open(path).read())["cases"]
     for i, c in enumerate(cases):
-        end = list(c["end"])
-        cfg = ReasoningConfig(c["start"], end, c.get("natural_end") or (end[end.index(200):] if 200 in end else None))
+        cfg = ReasoningConfig(c["start"], c["end"], c.get("natural_end"))  # N: the run's "natural_end", else E
         got = greedy_run(ThinkingBudgetStateHolder(cfg, 1, behavior=behavior), c["prompt"], c["wish"], c["budget"])
         if got != (c["emitted"], c["forced"]):
             j = next(k for k in range(len(c["wish"])) if (got[0][k], got[1][k]) != (c["emitted"][k], c["forced"][k]))
