@@ -260,12 +260,17 @@ def _hash_blocks(algo: str, parent: bytes, tokens: tuple[int, ...], block_size: 
 
 # %% ../nbs/01_hashing.ipynb #aff52bcb
 def _extra_keys_per_block(start: int, stop: int, block_size: int, **request) -> list[tuple | None]:
-    "`generate_block_hash_extra_keys` of each block in `[start, stop)`; one shared tuple when nothing varies per block."
-    if request["mm_items"] or request["prompt_embeds"] is not None:
+    "`generate_block_hash_extra_keys` of each block in `[start, stop)`, generated only for the blocks that differ."
+    if request["prompt_embeds"] is not None:  # every block has embeddings of its own
         return [generate_block_hash_extra_keys(s, s + block_size, **request) for s in range(start, stop, block_size)]
-    later = generate_block_hash_extra_keys(max(start, block_size), max(start, block_size) + block_size, **request)
-    keys = [later] * ((stop - start) // block_size)  # without mm or embeddings, only block 0 (the salt) differs
-    if start == 0: keys[0] = generate_block_hash_extra_keys(0, block_size, **request)
+    later = max(start, block_size)  # any block but block 0: the LoRA key alone (or None), shared by most blocks
+    keys = [generate_block_hash_extra_keys(later, later + block_size, lora=request["lora"])] * ((stop - start) // block_size)
+    special = {0} if start == 0 else set()  # block 0 carries the salt; blocks under a multimodal item carry it
+    for item in request["mm_items"]:
+        lo, hi = max(item.offset, start), min(item.end, stop)
+        if lo < hi: special.update(range((lo - start) // block_size, (hi - 1 - start) // block_size + 1))
+    for b in special:
+        keys[b] = generate_block_hash_extra_keys(start + b * block_size, start + (b + 1) * block_size, **request)
     return keys
 
 # %% ../nbs/01_hashing.ipynb #31e22427
