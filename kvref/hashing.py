@@ -171,7 +171,7 @@ def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[in
     span = token_ids[start:stop]
     if isinstance(span, np.ndarray) and span.dtype.kind in "iu": span = span.tolist()
     tokens = tuple(span)
-    if set(map(type, tokens)) <= {int}:  # exact ints (vLLM hashes Python ints; numpy ints pickle differently)
+    if list(map(type, tokens)).count(int) == len(tokens):  # exact ints: vLLM hashes Python ints, numpy ints differ
         try:
             array("Q", tokens)  # range check in one C pass, no per-token objects
             return tokens
