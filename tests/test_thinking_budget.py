@@ -382,3 +382,25 @@ def test_cli_forcings_and_check(capsys, tmp_path):
         err = capsys.readouterr().err
         assert err.startswith("kvref thinking-budget: error: ") and msg in err and err.count("\n") == 1
     assert main(["--behavior", "nope"]) == 2
+
+
+@pytest.mark.parametrize("behavior", BEHAVIORS)
+def test_rejected_forced_e0_goes_back_to_thinking(behavior):
+    "e0 forced at the bonus row, but the verifier rejected draft 0: no E was written, thinking goes on."
+    h = ThinkingBudgetStateHolder(CFG3, 2, 3, behavior=behavior)
+    out = [100]
+    h.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=3), [], out)], []))
+    drafts = [[60, 60, 60]]
+    h.update_state([out], drafts)
+    assert forced_cells(h.apply_to_logits(torch.zeros(1, 256), True, drafts)) == [(0, 200)]  # bonus row: e0
+    assert forced_cells(h.apply_to_logits(torch.zeros(3, 256), False, drafts)) == []
+    out.append(61)  # the target disagreed with draft 0: one thinking token, no e0
+    drafts = [[60]]  # rows see 1 and 2 thinking tokens: nothing to force
+    h.update_state([out], drafts)
+    assert forced_cells(h.apply_to_logits(torch.zeros(1, 256), True, drafts)) == []
+    assert forced_cells(h.apply_to_logits(torch.zeros(1, 256), False, drafts)) == []
+    out.append(60)  # two thinking tokens now: the budget is spent after draft 0
+    drafts = [[60, 60]]
+    h.update_state([out], drafts)
+    assert forced_cells(h.apply_to_logits(torch.zeros(1, 256), True, drafts)) == []
+    assert forced_cells(h.apply_to_logits(torch.zeros(2, 256), False, drafts)) == [(1, 200)]
