@@ -1,7 +1,8 @@
 """Build kvref's site offline: nbdev processes the notebooks, Sphinx (MyST-NB + Furo) renders them.
 
-nbdev decides what a reader sees (`#| hide` cells dropped, export markers stripped, `show_doc` run and its
-markdown kept). This script then turns nbdev's Quarto-flavoured output into plain MyST notebooks (front
+nbdev's own processors decide what a reader sees (`#| hide` cells dropped, export markers stripped, `show_doc`
+run and its markdown kept). Notebooks are committed without outputs, so where nbdev would execute only the cells
+`show_doc` needs, this build executes every cell `nbdev-test` runs, in `nbs/` as the tests do. This script then turns nbdev's Quarto-flavoured output into plain MyST notebooks (front
 matter becomes the page's H1 and lead, `show_doc` output becomes real sections, links into the docs stay
 on the site) and runs `sphinx-build`. Usage: `python docs/build.py [--out DIR]`.
 """
@@ -14,17 +15,69 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 NBS = ROOT / "nbs"
 SRC = ROOT / "_build" / "site_src"
+PROC = ROOT / "_proc"  # nbdev's processed notebooks, executed
 DOC_URL = "https://kvref.github.io/kvref/"
 HAND_WRITTEN = ["trace_format_versions.md", "contributing.md"]  # docs/ pages that join the navigation, if present
 
 
+def _newest_source() -> float:
+    "Modification time of the newest file a notebook's outputs depend on (the package and golden files)."
+    files = [*(ROOT / "kvref").rglob("*.py"), *(ROOT / "golden").rglob("*"), Path(__file__)]
+    return max((f.stat().st_mtime for f in files if f.is_file()), default=0.0)
+
+
+def _process_one(paths: tuple[Path, Path]) -> None:
+    "Execute and process one notebook (`src`, `dest`) with nbdev's doc processors, every cell executed."
+    src, dest = paths
+    import os
+    from fastcore.xtras import working_directory
+    from nbdev.config import get_config
+    from nbdev.processors import FilterDefaults, exec_show_docs
+    from fastcore.nbio import read_nb, write_nb
+    flags = get_config().tst_flags
+    flags = set(flags.split() if isinstance(flags, str) else flags)
+
+    class execute_all(exec_show_docs):
+        "nbdev runs only the cells `show_doc` needs; notebooks are committed without outputs, so run them all."
+        def __call__(self, cell):
+            if cell.cell_type != "code" or not hasattr(self, "k") or "nbdev_export()" in cell.source: return
+            directives = getattr(cell, "directives_", None) or {}
+            if flags & directives.keys() or str(directives.get("eval", "")).lower() == "false": return
+            self.k.cell(cell)
+            if self.k.exc:
+                raise RuntimeError(f"docs: {src.name}, cell {cell.idx_} failed:\n{cell.source}\n"
+                                   f"{type(self.k.exc).__name__}: {self.k.exc}")
+
+    class Filter(FilterDefaults):
+        def base_procs(self): return [execute_all if p is exec_show_docs else p for p in super().base_procs()]
+
+    os.environ["IN_TEST"] = "1"
+    nb = read_nb(src)
+    with working_directory(NBS): Filter()(nb)
+    write_nb(nb, dest)
+
+
 def process_notebooks() -> Path:
-    "Run nbdev's documentation processors over `nbs/`; returns the folder of processed notebooks."
-    from nbdev.serve import proc_nbs
-    proc = Path(proc_nbs(path=str(NBS), n_workers=2))
-    missing = [p.name for p in NBS.glob("*.ipynb") if not (proc / p.name).exists()]
-    if missing: sys.exit(f"docs: nbdev did not process {', '.join(missing)} (see the errors above)")
-    return proc
+    """Run nbdev's documentation processors over `nbs/` into `_proc/`, executing every notebook top to bottom
+    as `nbdev-test` does (cells flagged in `tst_flags` skipped). Unchanged notebooks are reused."""
+    from concurrent.futures import ThreadPoolExecutor
+    PROC.mkdir(exist_ok=True)
+    for stale in set(p.name for p in PROC.glob("*.ipynb")) - set(p.name for p in NBS.glob("*.ipynb")):
+        (PROC / stale).unlink()
+    newest = _newest_source()
+    todo = [src for src in sorted(NBS.glob("*.ipynb"))
+            if not (PROC / src.name).exists()
+            or (PROC / src.name).stat().st_mtime <= max(src.stat().st_mtime, newest)]
+    for src in todo: (PROC / src.name).unlink(missing_ok=True)
+    def run(src: Path) -> str | None:  # a fresh interpreter per notebook, as nbdev-test gives each a fresh kernel
+        done = subprocess.run([sys.executable, __file__, "--process-one", str(src), str(PROC / src.name)],
+                              capture_output=True, text=True)
+        return None if done.returncode == 0 else f"{src.name}:\n{done.stderr[-3000:]}"
+    with ThreadPoolExecutor(2) as pool: failures = [f for f in pool.map(run, todo) if f]
+    if failures: sys.exit("\n\n".join(failures))
+    missing = [p.name for p in NBS.glob("*.ipynb") if not (PROC / p.name).exists()]
+    if missing: sys.exit(f"docs: could not process {', '.join(missing)} (see the errors above)")
+    return PROC
 
 
 def _cell(kind: str, source: str) -> dict:
@@ -48,14 +101,24 @@ def _slug(anchor: str) -> str:
     return re.sub(r"[^\w\- ]", "", anchor.strip().lower()).replace(" ", "-")
 
 
-def _rewrite_links(text: str, pages: dict[str, str]) -> str:
-    "Point nbdev's absolute doc links at the notebooks on this site; drop GitHub source links."
+def _headings(nb: dict) -> set[str]:
+    "MyST anchors of the headings in a notebook's markdown cells."
+    found = set()
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            found |= {_slug(m) for m in re.findall(r"^#{1,6}\s+(.+?)\s*$", _text(cell["source"]), re.M)}
+    return found
+
+
+def _rewrite_links(text: str, pages: dict[str, str], anchors: dict[str, set[str]]) -> str:
+    "Point nbdev's absolute doc links at the notebooks on this site; drop GitHub source links and dead anchors."
     text = re.sub(r"\[source\]\([^)]*\)\{[^}]*\}\n*", "", text)
     def local(m):
         page, anchor = m.group(1), m.group(2)
         stem = pages.get(page)
         if stem is None: return m.group(0)
-        return f"({stem}.ipynb" + (f"#{_slug(anchor)}" if anchor else "") + ")"
+        anchor = _slug(anchor) if anchor else ""
+        return f"({stem}.ipynb" + (f"#{anchor}" if anchor in anchors.get(stem, ()) else "") + ")"
     return re.sub(r"\((?:" + re.escape(DOC_URL) + r")?([\w\-]+)\.html(?:#([^)\s]+))?\)", local, text)
 
 
@@ -68,7 +131,7 @@ def _directives(source: str) -> tuple[dict[str, str], str]:
     return found, "\n".join(lines)
 
 
-def to_myst(nb: dict, pages: dict[str, str]) -> dict:
+def to_myst(nb: dict) -> dict:
     "Turn one nbdev-processed notebook into a MyST-NB notebook with an H1, clean code and local links."
     cells = []
     for cell in nb["cells"]:
@@ -78,13 +141,11 @@ def to_myst(nb: dict, pages: dict[str, str]) -> dict:
             lead = f"\n\n> {fm['description']}" if fm.get("description") else ""
             cells.append(_cell("markdown", f"# {fm.get('title', '')}{lead}"))
             continue
-        if cell["cell_type"] == "markdown":
-            cell["source"] = _rewrite_links(src, pages)
-        elif cell["cell_type"] == "code":
+        if cell["cell_type"] == "code":
             found, body = _directives(src)
             if found.get("output") == "asis":  # show_doc: its markdown becomes part of the page
                 md = "".join(_text(o.get("data", {}).get("text/markdown", "")) for o in cell.get("outputs", []))
-                cells.append(_cell("markdown", _rewrite_links(md, pages)))
+                cells.append(_cell("markdown", re.sub(r"\A\s*---\s*\n", "", md)))
                 continue
             tags = cell.setdefault("metadata", {}).setdefault("tags", [])
             if found.get("echo") == "false": tags.append("remove-input")
@@ -109,9 +170,12 @@ def stage(proc: Path) -> list[str]:
         first = json.loads(p.read_text())["cells"][0]
         out = _front_matter(first).get("output-file", p.stem + ".html") if first["cell_type"] == "raw" else p.stem
         pages[Path(out).stem] = p.stem
-    for p in notebooks:
-        nb = to_myst(json.loads(p.read_text()), pages)
-        (SRC / p.name).write_text(json.dumps(nb, indent=1))
+    converted = {p.stem: to_myst(json.loads(p.read_text())) for p in notebooks}
+    anchors = {stem: _headings(nb) for stem, nb in converted.items()}
+    for stem, nb in converted.items():
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "markdown": cell["source"] = _rewrite_links(_text(cell["source"]), pages, anchors)
+        (SRC / f"{stem}.ipynb").write_text(json.dumps(nb, indent=1))
     extra = [name for name in HAND_WRITTEN if (DOCS / name).exists()]
     for name in extra: shutil.copy(DOCS / name, SRC / name)
     order = [p.stem for p in notebooks if p.stem != "index"] + [Path(n).stem for n in extra]
@@ -127,7 +191,7 @@ def stage(proc: Path) -> list[str]:
 def build(out: Path) -> None:
     "Process, stage and render the site into `out`."
     stage(process_notebooks())
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-j", "2", str(SRC), str(out)]
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(SRC), str(out)]
     if subprocess.run(cmd).returncode: sys.exit("docs: sphinx-build failed")
     print(f"docs: built {out}")
 
@@ -135,4 +199,7 @@ def build(out: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "_site", help="where the HTML goes (default: _site)")
-    build(parser.parse_args().out)
+    parser.add_argument("--process-one", nargs=2, type=Path, metavar=("SRC", "DEST"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.process_one: _process_one(tuple(args.process_one))
+    else: build(args.out)
