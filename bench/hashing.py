@@ -100,15 +100,14 @@ def main() -> None:
     prompt = requests[0][:4096]
     known = hash_request_tokens(prompt, 16, **req)
     steps = 20_000
-    grow = prompt + [7]
-    t = timed(lambda: [hash_request_tokens(grow, 16, known_hashes=known, **req) for _ in range(steps)], args.repeats)
-    print(f"| one token appended, no block completed | {statistics.median(t) / steps * 1e6:.2f} |")
-    full = prompt + [7] * 16
-    t = timed(lambda: [hash_request_tokens(full, 16, known_hashes=known, **req) for _ in range(steps)], args.repeats)
-    print(f"| one token appended, one block completed | {statistics.median(t) / steps * 1e6:.2f} |")
-    t = timed(lambda: [hash_request_tokens(prompt, 16, **req) for _ in range(20)], args.repeats)
-    print(f"| whole 4k prompt from scratch | {statistics.median(t) / 20 * 1e6:.0f} |")
 
+    def per_call(tokens, known_hashes, calls):  # results dropped at once: keeping 20k lists would time the GC
+        def run():
+            for _ in range(calls): hash_request_tokens(tokens, 16, known_hashes=known_hashes, **req)
+        return statistics.median(timed(run, args.repeats)) / calls * 1e6
+    print(f"| one token appended, no block completed | {per_call(prompt + [7], known, steps):.2f} |")
+    print(f"| one token appended, one block completed | {per_call(prompt + [7] * 16, known, steps):.2f} |")
+    print(f"| whole 4k prompt from scratch | {per_call(prompt, (), 20):.0f} |")
 
 def fmt(times: list[float], n: int) -> str:
     return f"{statistics.median(times) / n * 1e9:.0f} ({min(times) / n * 1e9:.0f})"
