@@ -22,8 +22,9 @@ GOLDEN = Path(__file__).parent.parent / "golden" / "conformance"
 TRACES = sorted(GOLDEN.glob("*[0-9e].jsonl"))  # the traces, not the .vllm.jsonl decisions
 ROOT = Path(__file__).parent.parent
 KVREF_BIN = Path(sys.executable).parent / "kvref"
-HUNT = settings(max_examples=150, stateful_step_count=25, deadline=None, derandomize=True, database=None,
+HUNT = settings(max_examples=150, stateful_step_count=12, deadline=None, derandomize=True, database=None,
                 print_blob=False, phases=[Phase.generate, Phase.shrink])
+DEEP_HUNT = settings(HUNT, max_examples=100, stateful_step_count=25)  # the nano room check needs longer runs
 
 
 class OffByOneHitCap(KVCacheManager):
@@ -146,7 +147,7 @@ def test_nano_hunt_finds_the_room_check(tmp_path):
     out = tmp_path / "nano.jsonl"
     machine = conformance_machine(lambda c: NanoAdapter(c, hit_cap=True), "design_doc", out_path=out, caching=[True])
     with pytest.raises(AssertionError, match="diverged at op"):
-        run_state_machine_as_test(machine, settings=HUNT)
+        run_state_machine_as_test(machine, settings=DEEP_HUNT)
     d = check(lambda c: NanoAdapter(c, hit_cap=True), load_trace(out), "design_doc")
     assert d is not None and d.index == len(load_trace(out)) - 1
 
