@@ -301,8 +301,8 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
         return known_hashes if type(known_hashes) is list else list(known_hashes)
     start, stop = first * block_size, last * block_size
     hashes = list(known_hashes)
-    if first and not isinstance(hashes[-1], bytes):
-        raise TypeError(f"known_hashes must hold bytes, got {type(hashes[-1]).__name__}")
+    if first and (not isinstance(hashes[-1], bytes) or not hashes[-1]):
+        raise TypeError(f"known_hashes must hold non-empty bytes, got {hashes[-1]!r:.40}")
     has_keys = lora is not None or items or prompt_embeds is not None or (cache_salt and first == 0)
     chunk = block_size * max(1, _CHUNK_TOKENS // block_size)
     for lo in range(start, stop, chunk):  # check, key and hash a cache-sized chunk at a time

@@ -105,10 +105,31 @@ def test_hash_block_tokens_chain_matches_request(req, data):
     assert chain == hash_request_tokens(**req)
 
 @given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=80), block_sizes)
-def test_cbor_fast_path_is_cbor2(toks, bs):
-    toks = toks[:len(toks) // bs * bs] or toks[:0]
+def test_cbor_token_encoding_is_cbor2(toks, bs):
+    toks = toks[:len(toks) // bs * bs]
     expected = [cbor2.dumps(tuple(toks[s:s + bs]), canonical=True) for s in range(0, len(toks), bs)]
     assert H._cbor_token_blocks(toks, bs) == expected
+
+keys_st = st.one_of(st.none(), st.lists(st.one_of(
+    st.tuples(st.just("lora"), st.sampled_from(["a", "X", "sql"]), st.sampled_from(["a", "/p", ""])),
+    st.tuples(st.just("mm"), st.sampled_from(["img", "a"]), st.integers(-50, 50)),
+    st.tuples(st.just("cache_salt"), st.text(max_size=4)),
+    st.tuples(st.just("prompt_embeds"), st.binary(min_size=32, max_size=32))), min_size=1, max_size=4).map(tuple))
+
+@given(st.sampled_from(["sha256_cbor", "xxhash_cbor"]), st.sampled_from([8, 16, 23, 24, 32, 256, 300]),
+       st.lists(token, min_size=1, max_size=60), block_sizes, st.lists(keys_st, min_size=1, max_size=4))
+def test_preencoded_cbor_equals_the_definition(algo, parent_len, toks, bs, key_cycle):
+    "Pre-encoded CBOR chaining == hash_fn((parent, tuple, keys)) block by block, for any parent length and keys."
+    toks = toks[:len(toks) // bs * bs]
+    n = len(toks) // bs
+    keys = [key_cycle[i % len(key_cycle)] for i in range(n)]
+    parent = (bytes(range(256)) * 2)[:parent_len]
+    got = H._hash_blocks_cbor(algo, parent, H._cbor_token_blocks(toks, bs), keys)
+    fn, expected, p = get_hash_fn_by_name(algo), [], parent
+    for i in range(n):
+        p = fn((p, tuple(toks[i * bs:(i + 1) * bs]), keys[i]))
+        expected.append(p)
+    assert got == expected
 
 
 # --- properties the issue names ---------------------------------------------------------------------------------
@@ -235,7 +256,8 @@ def test_torch_prompt_embeds_hash_their_raw_bytes():
     (lambda: hash_request_tokens([1] * 9, 1, mm_items=[MultiModalItem("a", 4, 2), MultiModalItem("b", 0, 5)]), ValueError, "overlap"),
     (lambda: hash_request_tokens([1], 1, mm_items=[("a", 0, 1)]), TypeError, "MultiModalItem"),
     (lambda: hash_request_tokens([1, 2], 1, known_hashes=[b"a", b"b", b"c"]), ValueError, "known_hashes has 3 hashes"),
-    (lambda: hash_request_tokens([1, 2], 1, known_hashes=["ab"]), TypeError, "known_hashes must hold bytes"),
+    (lambda: hash_request_tokens([1, 2], 1, known_hashes=["ab"]), TypeError, "known_hashes must hold non-empty bytes"),
+    (lambda: hash_request_tokens([1, 2], 1, known_hashes=[b""]), TypeError, "known_hashes must hold non-empty bytes"),
     (lambda: hash_request_tokens([1, 2], 1, prompt_embeds=[[0.0]] * 2), TypeError, "prompt_embeds must be a numpy array"),
     (lambda: init_none_hash("sha256", seed=5), TypeError, "seed must be a str"),
     (lambda: MultiModalItem("i", 0, 0), ValueError, "length must be an int >= 1"),
