@@ -213,3 +213,12 @@ def test_kvref_check_command(tmp_path):
     assert r.returncode == 1 and (tmp_path / "design-doc-example.min.jsonl").exists()
     r = subprocess.run([str(KVREF_BIN), "check", good], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--adapter" in r.stderr
+
+
+def test_nano_leaks_across_salts_on_a_recorded_trace():
+    capped = lambda c: NanoAdapter(c, hit_cap=True)
+    fields = ["hit_tokens", "allocated"]
+    small = shrink(capped, GOLDEN / "trace-11-3.jsonl", "design_doc", fields)
+    d = check(capped, small, "design_doc", fields)
+    assert d.fields == ["hit_tokens"] and d.expected["hit_tokens"] == 0 < d.got["hit_tokens"]
+    assert {op.get("cache_salt") for op in small if op["op"] == "add"} == {"b", None}
