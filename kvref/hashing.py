@@ -313,7 +313,7 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
         hashes += _hash_blocks(algo, parent, _checked_tokens(token_ids, lo, hi), block_size, keys)
     return hashes
 
-# %% ../nbs/01_hashing.ipynb #7d9a05f9
+# %% ../nbs/01_hashing.ipynb #d5c9aeed
 def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
                        ) -> int:
     "The 64-bit block id vLLM publishes in KV events: the digest's last 8 bytes, big-endian, unsigned."
@@ -321,7 +321,7 @@ def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
     if len(h) < 8: raise ValueError(f"block hash must have at least 8 bytes, got {len(h)}")
     return int.from_bytes(h[-8:], "big")
 
-# %% ../nbs/01_hashing.ipynb #87404406
+# %% ../nbs/01_hashing.ipynb #9bce485a
 def _vector_request(entry: dict) -> dict:
     "The `hash_request_tokens` keyword arguments of one vector-file entry."
     if not isinstance(entry, dict): raise ValueError(f"a vector must be a JSON object, got {type(entry).__name__}")
@@ -352,7 +352,7 @@ def load_vectors(path: str | Path) -> list[dict]:
         except ValueError as e: raise ValueError(f"{path}: vector {i}: {e}") from None
     return vectors
 
-# %% ../nbs/01_hashing.ipynb #756c9517
+# %% ../nbs/01_hashing.ipynb #1deda3ee
 @dataclass(frozen=True)
 class VectorMismatch:
     "The first place where kvref's hashes differ from a vector file's."
@@ -381,7 +381,7 @@ def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | No
                     if w != g: return count, VectorMismatch(str(path), i, b, w, g)
     return count, None
 
-# %% ../nbs/01_hashing.ipynb #bdf7388b
+# %% ../nbs/01_hashing.ipynb #63b14aec
 def _read_token_file(path: str) -> list[int]:
     "Token ids from a JSON list or whitespace/comma-separated integers ('-' reads stdin)."
     text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -405,7 +405,7 @@ def _parse_lora(spec: str) -> LoRARequest:
     if not sep or not name: raise ValueError(f"--lora {spec!r}: expected NAME:PATH")
     return LoRARequest(name, path)
 
-# %% ../nbs/01_hashing.ipynb #ca6f9bd8
+# %% ../nbs/01_hashing.ipynb #c1f8addb
 def hash_main(argv: list[str] | None = None) -> int:
     "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
     from kvref.cli import CommandParser
