@@ -246,6 +246,7 @@ def test_torch_prompt_embeds_hash_their_raw_bytes():
     (lambda: hash_request_tokens([1, "2"], 1), TypeError, r"token_ids\[1\] is '2' \(str\)"),
     (lambda: hash_request_tokens([1.5, 2], 1), TypeError, r"token_ids\[0\] is 1.5 \(float\)"),
     (lambda: hash_request_tokens([2**64], 1), ValueError, r"token_ids\[0\]"),
+    (lambda: hash_request_tokens([1, True], 1), TypeError, r"token_ids\[1\] is True \(bool\)"),
     (lambda: hash_request_tokens([1], 0), ValueError, "block_size must be an int >= 1, got 0"),
     (lambda: hash_request_tokens([1], 2.0), ValueError, "block_size"),
     (lambda: hash_request_tokens([1], 1, "sha1"), ValueError, "valid names: sha256, sha256_cbor, xxhash, xxhash_cbor, builtin"),
