@@ -26,11 +26,13 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "check":     ("kvref.conformance", "check_main", "check another engine's allocator against kvref in lockstep"),
     "cudagraph": ("kvref.cudagraph", "cudagraph_main",
                   "resolve a CUDA graph mode and show which graph runs each batch"),
+    "thinking-budget": ("kvref.thinking_budget", "thinking_budget_main",
+                        "thinking-budget forcings for one step; --check recorded greedy runs"),
 }
 
 # %% ../nbs/12_cli.ipynb #ebba3da6
 def _top_parser() -> CommandParser:
-    commands = "\n".join(f"  {name:<11}{help_}" for name, (_, _, help_) in SUBCOMMANDS.items())
+    commands = "\n".join(f"  {name:<17}{help_}" for name, (_, _, help_) in SUBCOMMANDS.items())
     parser = CommandParser(prog="kvref", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="kvref: a reference implementation of vLLM V1's core, used as a correctness oracle.",
         epilog=f"commands:\n{commands}\n\nRun `kvref COMMAND --help` for a command's options.")
