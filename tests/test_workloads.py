@@ -104,3 +104,30 @@ def test_write_trace_roundtrip(tmp_path):
     ops = to_trace(salted_tenants(**SMALL["salted_tenants"]))
     path = write_trace(ops, tmp_path / "t.jsonl")
     assert [json.loads(l) for l in path.read_text().splitlines()] == ops
+
+
+def test_stats_count_a_lookup_once_per_scheduling_not_per_retry():
+    from kvref.replay import replay
+    from kvref.workloads import replay_stats
+    ops = [{"op": "config", "num_blocks": 4, "block_size": 2, "enable_caching": True, "hash_algo": "sha256"},
+           {"op": "add", "id": "a", "prompt": [1, 2, 3, 4, 5]}, {"op": "schedule", "id": "a"},
+           {"op": "add", "id": "b", "prompt": [1, 2, 3, 4, 9]},
+           {"op": "schedule", "id": "b"}, {"op": "schedule", "id": "b"},  # refused twice: a holds every block
+           {"op": "free", "id": "a"}, {"op": "schedule", "id": "b"}]
+    s = replay_stats(ops, replay(ops))
+    assert (s.lookups, s.lookup_attempts, s.refusals) == (2, 4, 2)
+    assert (s.hit_tokens, s.queried_tokens, s.hit_blocks, s.queried_blocks) == (4, 10, 2, 4)
+    assert (s.evictions, s.peak_blocks_used, s.num_usable_blocks, s.preemptions) == (0, 3, 3, 0)
+    assert "| lookups (once per scheduling) | 2 |" in s.report() and "40.0% (4/10)" in s.report()
+
+
+def test_stats_on_scheduler_runs_match_the_run():
+    from kvref.replay import replay
+    from kvref.scheduler import run_workload
+    from kvref.workloads import replay_stats
+    w = adversarial_tiny_pool(num_requests=12, num_blocks=8, block_size=2, seed=4)
+    run = run_workload(w, max_num_batched_tokens=8, max_num_seqs=4)
+    s = replay_stats(run.trace, replay(run.trace))
+    assert s.num_requests == 12 and s.preemptions == run.num_preemptions
+    assert s.lookups == 12 + run.num_preemptions  # one per scheduling: first, and after every preemption
+    assert s.lookup_attempts >= s.lookups and 0 < s.peak_usage <= 1
