@@ -193,7 +193,9 @@ def replay_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33", help="allocator behaviour (default: vllm_0_33)")
     parser.add_argument("--expect", metavar="DECISIONS.jsonl", help="compare with these decisions; stop at the first divergence")
     parser.add_argument("--strict", action="store_true", help="freeing an unknown or already freed request is an error")
-    args = parser.parse_args(argv)
+    try: args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error already printed as one line
+        return exit_.code if isinstance(exit_.code, int) else 2
     try:
         ops = load_trace(args.trace)
         expected = load_decisions(args.expect) if args.expect else None

@@ -171,9 +171,9 @@ def test_bad_files_exit_2_with_one_line(tmp_path, capsys):
     p = write(tmp_path, "u.jsonl", [{"op": "config", "num_blocks": 8, "block_size": 4}, {"op": "append", "id": "x", "tokens": [1]}])
     assert replay_main([str(p)]) == 2
     assert "op 2: op 'append': unknown request 'x'" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        replay_main([str(p), "--behavior", "v0"])
-    assert e.value.code == 2
+    assert replay_main([str(p), "--behavior", "v0"]) == 2
+    assert capsys.readouterr().err == ("kvref replay: error: argument --behavior: invalid choice: 'v0' "
+                                       "(choose from 'vllm_0_33', 'design_doc')\n")
 
 
 @pytest.mark.skipif(not KVREF.exists(), reason="console script not installed")
