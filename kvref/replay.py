@@ -54,6 +54,14 @@ def validate_op(op: object) -> dict:
     for key in ("prompt", "tokens"):
         if key in op and not (op[key] and all(type(t) is int and t >= 0 for t in op[key])):
             raise ValueError(f"op {name!r}: field {key!r} must be a non-empty list of ints >= 0")
+    lora = op.get("lora")
+    if lora is not None and not (set(lora) == {"name", "path"} and all(type(v) is str for v in lora.values())):
+        raise ValueError(f"op {name!r}: field 'lora' must be {{\"name\": str, \"path\": str}}, got {json.dumps(lora)}")
+    for item in op.get("mm_items", ()):
+        if not (type(item) is dict and set(item) == {"identifier", "offset", "length"} and type(item["identifier"]) is str
+                and type(item["offset"]) is int and item["offset"] >= 0 and type(item["length"]) is int and item["length"] >= 1):
+            raise ValueError(f"op {name!r}: each of 'mm_items' must be {{\"identifier\": str, \"offset\": int >= 0, "
+                             f"\"length\": int >= 1}}, got {json.dumps(item)}")
     for key, low in (("num_blocks", 1), ("block_size", 1), ("max_model_len", 1), ("budget", 1)):
         if op.get(key) is not None and op[key] < low: raise ValueError(f"op {name!r}: {key} must be >= {low}, got {op[key]}")
     if op.get("version", TRACE_FORMAT_VERSION) != TRACE_FORMAT_VERSION:
