@@ -339,6 +339,8 @@ def _vector_request(entry: dict) -> dict:
                 cache_salt=entry.get("cache_salt"), lora=lora, mm_items=mm, prompt_embeds=embeds,
                 seed=entry.get("none_hash_seed"))
 
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
 def load_vectors(path: str | Path) -> list[dict]:
     "The vectors of a vector file, each checked for shape; errors name the file and the entry."
     try: data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -348,7 +350,11 @@ def load_vectors(path: str | Path) -> list[dict]:
     for i, entry in enumerate(vectors):
         try:
             _vector_request(entry)
-            if not all(isinstance(h, str) for h in entry["block_hashes"]): raise ValueError("block_hashes must be hex strings")
+            hashes, ids = entry["block_hashes"], entry.get("block_ids_int64")
+            if not isinstance(hashes, list) or not all(isinstance(h, str) and h and set(h) <= _HEX_DIGITS for h in hashes):
+                raise ValueError("block_hashes must be a list of hex strings")
+            if ids is not None and not (isinstance(ids, list) and all(type(x) is int and 0 <= x < 1 << 64 for x in ids)):
+                raise ValueError("block_ids_int64 must be a list of ints in [0, 2**64)")
         except ValueError as e: raise ValueError(f"{path}: vector {i}: {e}") from None
     return vectors
 

@@ -100,6 +100,9 @@ def test_cli_check(capsys, tmp_path):
     (lambda d: d["vectors"][7].update(mm=[{"identifier": "i", "offset": 3, "length": 9}]), "vector 7: multimodal item"),
     (lambda d: d["vectors"][0].update(prompt_token_ids=[1, -1]), r"vector 0: token_ids\[1\] is -1"),
     (lambda d: d.pop("vectors"), "no 'vectors' list"),
+    (lambda d: d["vectors"][3]["block_hashes"].__setitem__(0, "zz"), "vector 3: block_hashes must be a list of hex strings"),
+    (lambda d: d["vectors"][3].update(block_hashes="00ff"), "vector 3: block_hashes must be a list of hex strings"),
+    (lambda d: d["vectors"][2].update(block_ids_int64=["12"]), r"vector 2: block_ids_int64 must be a list of ints"),
 ])
 def test_cli_check_malformed_file_is_exit_2(capsys, tmp_path, mutate, message):
     path = _tampered(tmp_path, mutate)
