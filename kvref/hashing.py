@@ -390,7 +390,8 @@ def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | No
 # %% ../nbs/01_hashing.ipynb #63b14aec
 def _read_token_file(path: str) -> list[int]:
     "Token ids from a JSON list or whitespace/comma-separated integers ('-' reads stdin)."
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    try: text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e: raise ValueError(f"--file {path}: cannot read: {e}") from None
     if text.lstrip().startswith("["):
         try: return json.loads(text)
         except json.JSONDecodeError as e: raise ValueError(f"{path}: not a JSON list of token ids: {e}") from None

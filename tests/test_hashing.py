@@ -314,7 +314,8 @@ def test_cli_extra_keys_and_formats(capsys, tmp_path):
     (["1", "2", "--mm", "img:0"], "ID:OFFSET:LENGTH"),
     (["1", "2", "--mm", "img:1:5"], "but the prompt has only 2 tokens"),
     (["1", "2", "--lora", "nopath"], "NAME:PATH"),
-    (["--file", "/nonexistent/tokens.json"], "No such file"),
+    (["--file", "/nonexistent/tokens.json"], "--file /nonexistent/tokens.json: cannot read: .*No such file"),
+    (["--file", "/proc/self/status/x"], "--file /proc/self/status/x: cannot read"),
     ([], "give token ids, --file or --check"),
     (["--format", "xml", "1"], "invalid choice"),
 ])
