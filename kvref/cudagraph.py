@@ -230,6 +230,7 @@ def resolve_cudagraph_mode_and_sizes(requested: CUDAGraphMode | str, # Compilati
                                      piecewise_compilation: bool = True, # compilation mode is VLLM_COMPILE
                                     ) -> tuple[ModeResolution, list[int], int]:
     "The resolved mode, the capture sizes and the largest one; no sizes when nothing will be captured."
+    _check_count("num_speculative_tokens", num_speculative_tokens, 0)
     q = 1 + num_speculative_tokens
     resolution = resolve_cudagraph_mode(requested, min_support, backend, attention_split, piecewise_compilation, q)
     sizes, top = derive_capture_sizes(max_num_seqs, max_num_batched_tokens, num_speculative_tokens, capture_sizes, max_capture_size)
@@ -554,16 +555,22 @@ def _parse_batch(text: str) -> tuple[int, bool]:
     digits = text[:-1] if uniform else text
     if not digits.isdigit(): raise ValueError(f"batch {text!r} is not a token count like 3 or 3u")
     return int(digits), uniform
+def _parse_sizes(text: str) -> list[int]:
+    sizes = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in sizes if not s.isdigit()]
+    if bad: raise ValueError(f"--capture-sizes takes comma-separated integers like 1,2,4,8; got {bad[0]!r}")
+    return [int(s) for s in sizes]
 
 # %% ../nbs/10_cudagraph.ipynb #09e35e4d
 def cudagraph_main(argv: list[str] | None = None, # arguments after `kvref cudagraph`
                   ) -> int:
     "`kvref cudagraph`: print the resolved mode, capture sizes, key counts and each batch's dispatch; the exit code."
     import sys
-    ns = _cudagraph_parser().parse_args(argv)
+    try: ns = _cudagraph_parser().parse_args(argv)
+    except SystemExit as exit_: return exit_.code if isinstance(exit_.code, int) else 2  # --help, or a usage error already printed
     try:
         batches = [_parse_batch(b) for b in ns.batches]
-        sizes = None if ns.capture_sizes is None else [int(s) for s in ns.capture_sizes.split(",") if s.strip()]
+        sizes = None if ns.capture_sizes is None else _parse_sizes(ns.capture_sizes)
         support, backend = min_cg_support(ns.backend)
         split, compiled = not ns.no_attention_split, not ns.no_piecewise_compilation
         resolution, sizes, top = resolve_cudagraph_mode_and_sizes(
