@@ -459,8 +459,14 @@ def _budget_arg(v: str) -> int | None:
 def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | None]:
     "Replay the greedy runs in a vector file; return (number of cases, first mismatch described or None)."
     import json
-    cases = json.loads(open(path).read())["cases"]
+    try: cases = json.loads(open(path).read())
+    except json.JSONDecodeError as e: raise ValueError(f"{path} is not JSON ({e})") from None
+    cases = cases.get("cases") if isinstance(cases, dict) else None
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise ValueError(f"{path} must be a JSON object whose \"cases\" is a list of recorded runs")
     for i, c in enumerate(cases):
+        if not len(c["wish"]) == len(c["emitted"]) == len(c["forced"]):
+            raise ValueError(f"{path}: case {i}: wish, emitted and forced must have the same length")
         cfg = ReasoningConfig(c["start"], c["end"], c.get("natural_end"))  # N: the run's "natural_end", else E
         got = greedy_run(ThinkingBudgetStateHolder(cfg, 1, behavior=behavior), c["prompt"], c["wish"], c["budget"])
         if got != (c["emitted"], c["forced"]):

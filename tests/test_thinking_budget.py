@@ -372,12 +372,21 @@ def test_cli_forcings_and_check(capsys, tmp_path):
     assert "case 1, position 3: expected 202 forced=False, got 202 forced=True" in capsys.readouterr().out
     broken = tmp_path / "runs.json"
     broken.write_text(json.dumps({"cases": [{"start": [100], "end": [200]}]}))
+    def write(path, text): path.write_text(text); return path
+    one_run = dict(start=[100], end=[200], budget=1, prompt=[], wish=[100, 60, 60], emitted=[100, 60, 200],
+                   forced=[False, False, True])
+    assert main(["--check", str(write(tmp_path / "one.json", json.dumps({"cases": [one_run]})))]) == 0
+    assert capsys.readouterr().out.strip() == "1 runs, 1 match (vllm_0_33_v1)"
     for argv, msg in [(["--start", "100", "--end", "x"], "--end must be token ids"),
                       (["--start", "1", "--end", "2", "--budget", "1.5"], "thinking_token_budget must be an int"),
                       (["--start", "1", "--end", "2", "--budget", "-3"], "thinking_token_budget must be >= -1"),
                       (["--budget", "3"], "give --start and --end"),
                       (["--check", str(tmp_path / "missing.json")], "No such file"),
-                      (["--check", str(broken)], "a run lacks field")]:
+                      (["--check", str(broken)], "a run lacks field"),
+                      (["--check", str(write(tmp_path / "text.json", "not json"))], "text.json is not JSON"),
+                      (["--check", str(write(tmp_path / "list.json", "[1, 2]"))], 'whose "cases" is a list'),
+                      (["--check", str(write(tmp_path / "short.json", json.dumps({"cases": [{**one_run, "emitted": []}]})))],
+                       "case 0: wish, emitted and forced must have the same length")]:
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("kvref thinking-budget: error: ") and msg in err and err.count("\n") == 1
