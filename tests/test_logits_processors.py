@@ -293,3 +293,42 @@ def test_process_dict_updates_moves(entries, moves):
     changed = process_dict_updates(got, BatchUpdate(8, [], [], moved), lambda *_: None)
     assert got == want
     assert changed == any((a in entries) or (b in entries) for a, b, _ in moves)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU: the pinned CPU buffer + device twin path must give the same rows as the CPU-only path.
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_double_buffer_matches_cpu():
+    gen = torch.Generator().manual_seed(7)
+    config = LogitsProcessorConfig(max_num_seqs=16)
+    cuda = torch.device("cuda")
+    batches = [PersistentBatch(16, build_logitsprocs(config, dev, dev.type == "cuda", False)) for dev in (CPU, cuda)]
+    rng = __import__("random").Random(3)
+    live, next_id = [], 0
+    for step in range(40):
+        for rid in rng.sample(live, min(len(live), rng.randrange(3))):
+            live.remove(rid)
+            for b in batches:
+                b.remove_request(rid)
+        for _ in range(rng.randrange(4)):
+            if len(live) >= 16:
+                break
+            params = SamplingParams(min_p=rng.choice([0.0, 0.1, 0.3]), min_tokens=rng.randrange(3), stop_token_ids=[1],
+                                    logit_bias={rng.randrange(VOCAB): 2.0} if rng.random() < 0.5 else None)
+            rid = f"r{next_id}"
+            next_id += 1
+            live.append(rid)
+            out = []
+            for b in batches:
+                b.add_request(rid, params, None, out)
+        for b in batches:
+            b.refresh()
+        logits = torch.randn(batches[0].num_reqs, VOCAB, generator=gen)
+        want = apply_all(batches[0].logitsprocs, logits.clone())
+        got = apply_all(batches[1].logitsprocs, logits.clone().to(cuda)).cpu()
+        assert torch.equal(want.isinf(), got.isinf())
+        assert torch.allclose(want.nan_to_num(0, 0, 0), got.nan_to_num(0, 0, 0))
+        for rid in live:
+            batches[0].output_token_ids[batches[0].req_id_to_index[rid]].append(0)
