@@ -268,6 +268,33 @@ def test_resolution_is_idempotent_and_lands_on_a_runnable_mode(args):
     if support == AttentionCGSupport.ALWAYS and compiled and split: assert m == mode  # nothing to give up
 
 
+# The rules written out by hand (not computed): requested mode -> resolved mode for supports
+# ALWAYS, UNIFORM_BATCH, UNIFORM_SINGLE_TOKEN_DECODE, NEVER; "error" where vLLM refuses.
+RESOLUTION_BY_HAND = {
+    # (attention split, piecewise compilation, uniform decode query length)
+    (True, True, 1): {FULL: [FULL, FAP, FAP, "error"], FDO: [FDO, FDO, FDO, PIECEWISE], FAP: [FAP, FAP, FAP, PIECEWISE],
+                      PIECEWISE: [PIECEWISE] * 4, NONE: [NONE] * 4},
+    (False, True, 1): {FULL: [FULL, FDO, FDO, "error"], FDO: [FDO, FDO, FDO, NONE], FAP: [FULL, FDO, FDO, "error"],
+                       PIECEWISE: [NONE] * 4, NONE: [NONE] * 4},
+    (False, False, 1): {FULL: [FULL, FDO, FDO, "error"], FDO: [FDO, FDO, FDO, NONE], FAP: [NONE] * 4,
+                        PIECEWISE: [NONE] * 4, NONE: [NONE] * 4},
+    (True, True, 3): {FULL: [FULL, FAP, PIECEWISE, "error"], FDO: [FDO, FDO, PIECEWISE, PIECEWISE],
+                      FAP: [FAP, FAP, PIECEWISE, PIECEWISE], PIECEWISE: [PIECEWISE] * 4, NONE: [NONE] * 4},
+    (False, True, 3): {FULL: [FULL, FDO, NONE, "error"], FDO: [FDO, FDO, NONE, NONE], FAP: [FULL, FDO, NONE, "error"],
+                       PIECEWISE: [NONE] * 4, NONE: [NONE] * 4},
+}
+
+
+@pytest.mark.parametrize("split, compiled, q", list(RESOLUTION_BY_HAND))
+def test_resolution_table_by_hand(split, compiled, q):
+    supports = sorted(AttentionCGSupport, reverse=True)
+    def resolved(mode, support):
+        try: return resolve_cudagraph_mode(mode, support, None, split, compiled, q).mode
+        except ValueError: return "error"
+    got = {mode: [resolved(mode, s) for s in supports] for mode in RESOLUTION_BY_HAND[split, compiled, q]}
+    assert got == RESOLUTION_BY_HAND[split, compiled, q]
+
+
 def test_resolution_refusals_and_bad_input():
     with pytest.raises(ValueError, match="choose PIECEWISE"):
         resolve_cudagraph_mode("FULL", AttentionCGSupport.NEVER)
