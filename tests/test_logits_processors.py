@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvref.logits_processors import (
     AdapterLogitsProcessor, BatchUpdate, BatchUpdateBuilder, LogitBiasLogitsProcessor, LogitsProcessorConfig,
     LogitsProcessors, MinPLogitsProcessor, MinTokensLogitsProcessor, MoveDirectionality, PersistentBatch,
-    build_logitsprocs, process_dict_updates,
+    build_logitsprocs, process_dict_updates, sample_logits,
 )
 from kvref.sampling_params import SamplingParams
 
@@ -332,3 +332,59 @@ def test_device_double_buffer_matches_cpu():
         assert torch.allclose(want.nan_to_num(0, 0, 0), got.nan_to_num(0, 0, 0))
         for rid in live:
             batches[0].output_token_ids[batches[0].req_id_to_index[rid]].append(0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The sampler order.
+# ---------------------------------------------------------------------------------------------------------------
+@given(st.lists(st.floats(-20, 20, width=32), min_size=2, max_size=VOCAB, unique=True), st.floats(0.0, 1.0))
+def test_minp_is_argmax_invariant(values, min_p):
+    p = MinPLogitsProcessor(LogitsProcessorConfig(2), CPU, False)
+    p.update_state(BatchUpdate(1, [], [(0, SamplingParams(min_p=min_p), None, [])], []))
+    x = torch.tensor([values])
+    assert int(p.apply(x.clone()).argmax()) == int(x.argmax())
+
+
+def batch_of(*params):
+    b = PersistentBatch(8, build_logitsprocs(LogitsProcessorConfig(8), CPU, False, False))
+    for i, ps in enumerate(params):
+        b.add_request(f"r{i}", ps, None, [])
+    b.refresh()
+    return b
+
+
+def test_minp_runs_after_temperature():
+    """min_p=0.5 on logits [2, 1]: at T=1 token 1 has ratio e^-1 < 0.5 (dropped); at T=4 e^-0.25 > 0.5 (kept)."""
+    b = batch_of(SamplingParams(min_p=0.5, temperature=1.0))
+    logits = torch.full((1, VOCAB), -math.inf)
+    logits[0, :2] = torch.tensor([2.0, 1.0])
+    def draws(t):
+        return {int(sample_logits(logits.clone(), b.logitsprocs, torch.tensor([t]),
+                                  generator=torch.Generator().manual_seed(s))) for s in range(200)}
+    assert draws(1.0) == {0}
+    assert draws(4.0) == {0, 1}
+
+
+def test_bias_and_forcing_run_before_the_argmax():
+    b = batch_of(SamplingParams(temperature=0.0, logit_bias={5: 10.0}), SamplingParams(temperature=0.0))
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 0] = 5.0
+    assert sample_logits(logits.clone(), b.logitsprocs, torch.tensor([0.0, 0.0])).tolist() == [5, 0]
+    def force(x):
+        x[1, 9] = 1e9
+        return x
+    assert sample_logits(logits.clone(), b.logitsprocs, torch.tensor([0.0, 1.0]), force=force).tolist() == [5, 9]
+
+
+def test_min_tokens_blocks_greedy_eos():
+    ps = SamplingParams(temperature=0.0, min_tokens=2)
+    ps.update_from_generation_config({}, model_eos_token_id=3)
+    b = batch_of(ps)
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 3] = 9.0
+    picks = []
+    for _ in range(3):
+        picks.append(int(sample_logits(logits.clone(), b.logitsprocs, torch.tensor([0.0]))))
+        b.output_token_ids[0].append(picks[-1])
+        b.refresh()
+    assert picks[:2] != [3, 3] and picks[2] == 3 and 3 not in picks[:2]
