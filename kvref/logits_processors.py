@@ -23,7 +23,7 @@ from fastcore.basics import patch_to
 from .sampling_params import SamplingParams
 
 # %% auto #0
-__all__ = ['RemovedRequest', 'AddedRequest', 'MovedRequest', 'T', 'RequestLogitsProcessor', 'LOGITSPROCS_GROUP',
+__all__ = ['RemovedRequest', 'AddedRequest', 'MovedRequest', 'RequestLogitsProcessor', 'LOGITSPROCS_GROUP',
            'BUILTIN_LOGITS_PROCESSORS', 'STR_POOLING_REJECTS_LOGITSPROCS', 'STR_SPEC_DEC_REJECTS_LOGITSPROCS',
            'MoveDirectionality', 'BatchUpdate', 'BatchUpdateBuilder', 'LogitsProcessorConfig', 'LogitsProcessor',
            'LogitsProcessors', 'process_dict_updates', 'PersistentBatch', 'MinPLogitsProcessor',
@@ -171,12 +171,12 @@ class LogitsProcessors:
         "Every processor: argmax-invariant ones first."
         return chain(self.argmax_invariant, self.non_argmax_invariant)
 
-# %% ../nbs/08_logits_processors.ipynb #e326051b
-T = TypeVar("T")
+# %% ../nbs/08_logits_processors.ipynb #2720e6da
+_T = TypeVar("_T")
 
-def process_dict_updates(req_entries: dict[int, T],  # the processor's {slot: state}
+def process_dict_updates(req_entries: dict[int, _T],  # the processor's {slot: state}
                          batch_update: BatchUpdate | None,  # this step's changes
-                         new_state: Callable[[SamplingParams, list[int] | None, list[int]], T | None]  # params, prompt, output -> state or None
+                         new_state: Callable[[SamplingParams, list[int] | None, list[int]], _T | None]  # params, prompt, output -> state or None
                          ) -> bool:
     "Apply a `BatchUpdate` to a sparse `{slot: state}` dict; return whether it changed."
     if not batch_update: return False
