@@ -18,7 +18,7 @@ from kvref.replay import load_trace, replay
 from kvref.scheduler import run_workload
 from kvref.workloads import WORKLOADS, adversarial_tiny_pool, to_trace
 
-GOLDEN = Path(__file__).parent.parent / "golden" / "conformance"
+GOLDEN = Path(__file__).parent.parent / "golden" / "traces"
 TRACES = sorted(GOLDEN.glob("*[0-9e].jsonl"))  # the traces, not the .vllm.jsonl decisions
 ROOT = Path(__file__).parent.parent
 KVREF_BIN = Path(sys.executable).parent / "kvref"

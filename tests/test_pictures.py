@@ -7,7 +7,7 @@ import pytest
 
 from kvref.pictures import follow, load_jsonl, progress, step_svg, write_svgs
 
-GOLDEN = Path(__file__).parent.parent / "golden" / "conformance"
+GOLDEN = Path(__file__).parent.parent / "golden" / "traces"
 TRACES = sorted(p.name[:-len(".vllm.jsonl")] for p in GOLDEN.glob("*.vllm.jsonl"))
 
 
