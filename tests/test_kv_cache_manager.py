@@ -119,6 +119,15 @@ def test_lookahead_slots_are_allocated_but_not_cached():
     assert m.get_free_queue_ids()[:2] == [3, 2]   # hashless blocks to the head, last block first
 
 
+def test_chunked_prefill_caches_only_the_computed_blocks():
+    m = KVCacheManager(20, 4)
+    r = Request("r", list(range(16)))
+    step(m, r, 5, lookahead=8)     # 5 of 16 tokens computed: one full block; 13 slots reach block 3
+    assert [b.block_hash is not None for b in m.req_to_blocks["r"]] == [True, False, False, False]
+    step(m, r, 7)                  # 12 computed: three full blocks
+    assert [b.block_hash is not None for b in m.req_to_blocks["r"]] == [True, True, True, False]
+
+
 def test_preallocation_design_doc_only():
     m = KVCacheManager(20, 4, behavior="design_doc", num_preallocate_tokens=8)
     r = Request("r", list(range(5)))
@@ -281,6 +290,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             for i, b in enumerate(table):
                 if b.block_hash is not None:
                     assert b.block_hash == want[i]
+                    assert i < r.num_computed_tokens // m.block_size, "a block was cached before its KV was computed"
                     self.seen_hash[b.block_id] = b.block_hash
             # tables only grow while held
             old = self.tables.get(rid, [])
