@@ -266,6 +266,7 @@ def apply_to_logits(self: ThinkingBudgetStateHolder,
                     spec_token_ids: Sequence[Sequence[int]] | None):  # this step's drafts per row (the layout)
     "Set the forced tokens' logits to `FORCED_LOGIT` and return `logits`."
     if not self.is_enabled or not self._state: return logits
+    if logits.dim() != 2: raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
     specs = spec_token_ids or []
     one_row_each = predict_bonus_token or not self.in_spec_mode
     if self.behavior == "contract":
@@ -275,6 +276,8 @@ def apply_to_logits(self: ThinkingBudgetStateHolder,
     else:
         _layout(self, one_row_each, specs)
         cells = dict(_vllm_cells(self, predict_bonus_token, logits.shape[0]))  # a later write to a row wins
+    if cells and max(cells.values()) >= logits.shape[1]:
+        raise ValueError(f"forced token {max(cells.values())} (reasoning_end_token_ids) is outside the {logits.shape[1]} logits")
     if cells: logits[list(cells), list(cells.values())] = FORCED_LOGIT
     return logits
 

@@ -155,6 +155,19 @@ def test_apply_rejects_a_layout_that_update_did_not_see():
         h.apply_to_logits(torch.zeros(2, 300), False, [[60, 60]])
 
 
+@pytest.mark.parametrize("behavior", BEHAVIORS)
+def test_apply_names_logits_that_cannot_take_the_forced_token(behavior):
+    output = [100, 60, 60, 60]
+    h = ThinkingBudgetStateHolder(CFG1, 2, behavior=behavior)
+    h.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=3), [], output)], []))
+    h.update_state([output], None)
+    with pytest.raises(ValueError, match=r"forced token 200 \(reasoning_end_token_ids\) is outside the 150 logits"):
+        h.apply_to_logits(torch.zeros(1, 150), False, None)
+    with pytest.raises(ValueError, match=r"logits must be \[rows, vocab\], got shape \(300,\)"):
+        h.apply_to_logits(torch.zeros(300), False, None)
+    assert h.apply_to_logits(torch.zeros(1, 300), False, None)[0, 200] == FORCED_LOGIT
+
+
 # ---------------------------------------------------------------- golden: vLLM 0.33.0 recordings
 def natural_end(case):
     return case["end"][case["end"].index(200):]
