@@ -162,6 +162,9 @@ def test_bad_inputs_are_named(change, error, match):
     (dict(scale=0.0), "scale must be a positive finite number"),
     (dict(sliding_window=0), "sliding_window must be None or an int >= 1"),
     (dict(softcap=-1.0), "softcap must be None or a finite number >= 0"),
+    (dict(sliding_window=True), "sliding_window must be None or an int >= 1, got True"),
+    (dict(scale=True), "scale must be a positive finite number, got True"),
+    (dict(softcap=True), "softcap must be None or a finite number >= 0, got True"),
 ])
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -189,9 +189,9 @@ def attention_mask(query_positions: torch.Tensor, # [q] absolute positions of th
 
 # %% ../../nbs/11_paged_attention.ipynb #f2819db9
 def _check_options(scale, sliding_window, softcap):
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)): raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    if sliding_window is not None and not (isinstance(sliding_window, int) and sliding_window >= 1): raise ValueError(f"sliding_window must be None or an int >= 1, got {sliding_window!r}")
-    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap >= 0 and math.isfinite(softcap)): raise ValueError(f"softcap must be None or a finite number >= 0, got {softcap!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0 and math.isfinite(scale)): raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    if sliding_window is not None and not (isinstance(sliding_window, int) and not isinstance(sliding_window, bool) and sliding_window >= 1): raise ValueError(f"sliding_window must be None or an int >= 1, got {sliding_window!r}")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0 and math.isfinite(softcap)): raise ValueError(f"softcap must be None or a finite number >= 0, got {softcap!r}")
 
 def paged_attention_ref(query: torch.Tensor, # [num_tokens, num_query_heads, head_size]
                         key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size]
