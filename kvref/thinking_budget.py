@@ -237,6 +237,8 @@ def update_state(self: ThinkingBudgetStateHolder,
         row = index if last_row is None else last_row.get(index)
         if row is None or row >= len(output_token_ids): continue
         spec = list(specs[index]) if index < len(specs) else []
+        if len(spec) > self.num_spec_tokens:
+            raise ValueError(f"batch row {index} has {len(spec)} drafts but the holder was built with num_spec_tokens={self.num_spec_tokens}")
         if self.behavior == "contract": entry.update(output_token_ids[row], spec, self.config)
         else: _vllm_update(self, entry, output_token_ids[row], spec)
 

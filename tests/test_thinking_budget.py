@@ -156,6 +156,16 @@ def test_apply_rejects_a_layout_that_update_did_not_see():
 
 
 @pytest.mark.parametrize("behavior", BEHAVIORS)
+@pytest.mark.parametrize("num_spec, drafts", [(0, [60]), (2, [60, 60, 60])])
+def test_update_refuses_more_drafts_than_the_holder_was_built_for(behavior, num_spec, drafts):
+    h = ThinkingBudgetStateHolder(CFG1, 2, num_spec, behavior=behavior)
+    h.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=1), [], [])], []))
+    with pytest.raises(ValueError, match=f"batch row 0 has {len(drafts)} drafts but the holder was built with "
+                                         f"num_spec_tokens={num_spec}"):
+        h.update_state([[100]], [drafts])
+
+
+@pytest.mark.parametrize("behavior", BEHAVIORS)
 def test_apply_names_logits_that_cannot_take_the_forced_token(behavior):
     output = [100, 60, 60, 60]
     h = ThinkingBudgetStateHolder(CFG1, 2, behavior=behavior)
