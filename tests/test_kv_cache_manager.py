@@ -101,6 +101,16 @@ def test_hit_cap_leaves_the_last_token_to_compute():
     assert m.get_computed_blocks(Request("q", list(range(4))))[1] == 0
 
 
+def test_lookup_stops_at_the_first_miss():
+    "A hit after a miss is useless (the prefix is broken), even if a later block is still cached."
+    m = KVCacheManager(20, 4)
+    p = Request("p", list(range(17))); step(m, p); m.free(p)
+    m.block_pool._maybe_evict_cached_block(m.block_pool.blocks[2])   # p's second block only
+    hits, num_hit = m.get_computed_blocks(Request("q", list(range(17))))
+    assert (block_ids(hits), num_hit) == ([1], 4)
+    assert m.block_pool.get_cached_block(p.block_hashes[2]) is m.block_pool.blocks[3]
+
+
 def test_caching_at_allocation_time_lets_a_later_request_in_the_same_step_hit():
     m = KVCacheManager(20, 4)
     a, b = Request("a", list(range(9))), Request("b", list(range(9)))
