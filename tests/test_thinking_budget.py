@@ -416,6 +416,18 @@ def test_cli_forcings_and_check(capsys, tmp_path):
     assert main(["--behavior", "nope"]) == 2
 
 
+def test_cli_through_the_console_command():
+    import shutil, subprocess, sys
+    exe = Path(sys.executable).with_name("kvref")
+    command = [str(exe) if exe.exists() else shutil.which("kvref") or "kvref", "thinking-budget"]
+    done = subprocess.run(command + ["--start", "100", "--end", "200", "--budget", "3", "--output", "100", "60", "60", "60"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and json.loads(done.stdout) == {"forcings": [[0, 200]]}
+    bad = subprocess.run(command + ["--start", "100", "--end", "200", "--budget", "-5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("kvref thinking-budget: error: thinking_token_budget must be >= -1")
+
+
 @pytest.mark.parametrize("behavior", BEHAVIORS)
 def test_rejected_forced_e0_goes_back_to_thinking(behavior):
     "e0 forced at the bonus row, but the verifier rejected draft 0: no E was written, thinking goes on."
