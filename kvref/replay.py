@@ -193,14 +193,18 @@ def _divergence(n: int, op: dict, expected: dict | None, got: dict | None) -> st
             f"  got:      {json.dumps(got)}")
 
 def replay_main(argv: list[str] | None = None) -> int:
-    "`kvref replay TRACE.jsonl [--behavior B] [--expect DECISIONS.jsonl] [--strict]`; returns the exit status."
+    "`kvref replay TRACE.jsonl [--behavior B] [--expect D.jsonl] [--strict] [--stats] [--svg DIR]`; the exit status."
     from kvref.cli import CommandParser
+    from kvref.pictures import progress, write_svgs
+    from kvref.workloads import replay_stats
     parser = CommandParser(prog="kvref replay", description="Replay an allocator trace (format version "
                            f"{TRACE_FORMAT_VERSION}) and print kvref's decision for each op as JSONL.")
     parser.add_argument("trace", metavar="TRACE.jsonl", help="the allocator trace to replay")
     parser.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33", help="allocator behaviour (default: vllm_0_33)")
     parser.add_argument("--expect", metavar="DECISIONS.jsonl", help="compare with these decisions; stop at the first divergence")
     parser.add_argument("--strict", action="store_true", help="freeing an unknown or already freed request is an error")
+    parser.add_argument("--stats", action="store_true", help="print hit rates, evictions, refusals, preemptions, peak usage")
+    parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (needs matplotlib)")
     try: args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error already printed as one line
         return exit_.code if isinstance(exit_.code, int) else 2
@@ -209,17 +213,28 @@ def replay_main(argv: list[str] | None = None) -> int:
         expected = load_decisions(args.expect) if args.expect else None
     except (OSError, ValueError) as e:
         print(f"kvref replay: error: {e}", file=sys.stderr); return 2
-    replayer = TraceReplayer(args.behavior, args.strict)
-    for n, op in enumerate(ops, 1):
+    replayer, keep = TraceReplayer(args.behavior, args.strict), args.stats or args.svg
+    quiet, decisions = keep or expected is not None, []  # quiet: decisions are not printed, so show progress
+    for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ops, 1):
         try: got = replayer.apply(op)
         except (ValueError, TypeError) as e:
             print(f"kvref replay: error: op {n}: {e}", file=sys.stderr); return 2
-        if expected is None: print(json.dumps(got)); continue
-        want = expected[n - 1] if n <= len(expected) else None
-        if got != want: print(_divergence(n, op, want, got)); return 1
+        if keep: decisions.append(got)
+        if not quiet: print(json.dumps(got))
+        elif expected is not None:
+            want = expected[n - 1] if n <= len(expected) else None
+            if got != want: print(_divergence(n, op, want, got)); return 1
     if expected is not None:
         if len(expected) > len(ops):
             print(f"op {len(ops) + 1} diverges: the trace ended but {len(expected) - len(ops)} more decisions were expected")
             return 1
         print(f"kvref replay: all {len(ops)} decisions match ({args.behavior})")
+    if args.stats: print(replay_stats(ops, decisions).report())
+    if args.svg:
+        try: written = write_svgs(ops, decisions, args.svg)
+        except ImportError:
+            print("kvref replay: error: --svg needs matplotlib (pip install 'kvref[pictures]')", file=sys.stderr); return 2
+        except OSError as e:
+            print(f"kvref replay: error: --svg {args.svg}: {e}", file=sys.stderr); return 2
+        print(f"kvref replay: wrote {len(written)} pictures to {args.svg}")
     return 0

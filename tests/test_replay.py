@@ -193,3 +193,38 @@ def test_console_command(tmp_path):
     bad = write(tmp_path, "b.jsonl", ["{nope"])
     res = subprocess.run([str(KVREF), "replay", str(bad)], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "line 1" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_stats_report_matches_replay_stats(capsys):
+    from kvref.workloads import replay_stats
+    trace = GOLDEN / "trace-11-2.jsonl"
+    ops = load_trace(trace)
+    assert replay_main([str(trace), "--stats"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == replay_stats(ops, replay(ops)).report().strip()
+    assert "token hit rate" in out and "preemptions" in out
+
+
+def test_stats_with_expect_checks_first(capsys):
+    trace = GOLDEN / "trace-11-0.jsonl"
+    assert replay_main([str(trace), "--stats", "--expect", str(trace).replace(".jsonl", ".vllm.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "decisions match" in out and "token hit rate" in out
+
+
+def test_svg_writes_one_wellformed_picture_per_op(tmp_path, capsys):
+    import xml.etree.ElementTree as ET
+    trace = GOLDEN / "design-doc-example.jsonl"
+    assert replay_main([str(trace), "--svg", str(tmp_path / "pics")]) == 0
+    pictures = sorted((tmp_path / "pics").glob("*.svg"))
+    assert len(pictures) == len(load_trace(trace))
+    for p in pictures: assert ET.parse(p).getroot().tag.endswith("svg")
+
+
+def test_svg_without_matplotlib_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert replay_main([str(GOLDEN / "design-doc-example.jsonl"), "--svg", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matplotlib" in err[0]
