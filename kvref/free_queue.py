@@ -37,6 +37,7 @@ class FreeKVCacheBlockQueue:
     "The free blocks in eviction order (head first), as a doubly linked list threaded through the blocks."
     def __init__(self, blocks: list[KVCacheBlock]):  # every block starts free, in id order
         self.num_free_blocks = len(blocks)
+        self.version = 0  # bumped by every change, so a reader can tell its snapshot is still current
         self.fake_head, self.fake_tail = KVCacheBlock(-1), KVCacheBlock(-1)
         chain = [self.fake_head, *blocks, self.fake_tail]
         for left, right in zip(chain, chain[1:]):
@@ -62,6 +63,7 @@ def remove(self: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     prev.next_free_block, nxt.prev_free_block = nxt, prev
     block.prev_free_block = block.next_free_block = None
     self.num_free_blocks -= 1
+    self.version += 1
 
 @patch
 def popleft(self: FreeKVCacheBlockQueue) -> KVCacheBlock:
@@ -90,6 +92,7 @@ def _link(self: FreeKVCacheBlockQueue, blocks: list[KVCacheBlock], prev: KVCache
         prev = block
     prev.next_free_block, nxt.prev_free_block = nxt, prev
     self.num_free_blocks += len(blocks)
+    self.version += 1
 
 @patch
 def append_n(self: FreeKVCacheBlockQueue, blocks: list[KVCacheBlock]) -> None:

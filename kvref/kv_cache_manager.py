@@ -87,6 +87,7 @@ class KVCacheManager:
                                     enable_kv_cache_events=enable_kv_cache_events)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
+        self._free_queue_ids: tuple[int, list[int]] = (-1, [])  # (queue version, ids): reread only on change
 
     @property
     def num_free_blocks(self) -> int: return self.block_pool.get_num_free_blocks()
@@ -99,8 +100,11 @@ class KVCacheManager:
         return block_ids(self.req_to_blocks.get(request_id, ()))
 
     def get_free_queue_ids(self) -> list[int]:
-        "The free queue's block ids, head (reused first) to tail."
-        return block_ids(self.block_pool.free_block_queue.get_all_free_blocks())
+        "The free queue's block ids, head (reused first) to tail; a new list, walked only when the queue changed."
+        queue = self.block_pool.free_block_queue
+        if self._free_queue_ids[0] != queue.version:
+            self._free_queue_ids = (queue.version, block_ids(queue.get_all_free_blocks()))
+        return list(self._free_queue_ids[1])
 
     def take_events(self) -> list[KVCacheEvent]:
         "KV events since the last call (when created with `enable_kv_cache_events=True`)."
