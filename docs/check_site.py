@@ -1,12 +1,13 @@
 """Check the built site in headless Chromium, the way a reader meets it.
 
-Serves the site on 127.0.0.1 and, for every page: HTTP 200, one H1, no page errors, every internal link (and
-its #anchor) resolves, and no request leaves 127.0.0.1 unless allow-listed. Saves a screenshot of the front
+Serves the site on 127.0.0.1 and, for every page: HTTP 200, one H1, no page errors, no nbdev directive or export
+plumbing shown, every internal link (and its #anchor) resolves, and no request leaves 127.0.0.1 unless
+allow-listed; then checks that the search page finds something. Saves a screenshot of the front
 page. Usage: `python docs/check_site.py [--site _site] [--screenshot _build/front-page.png]`.
 """
 from __future__ import annotations
 
-import argparse, functools, http.server, sys, threading
+import argparse, functools, http.server, re, sys, threading
 from pathlib import Path
 from urllib.parse import urldefrag, urlparse
 
@@ -63,6 +64,9 @@ def check(site: Path, screenshot: Path) -> list[str]:
             if name not in SKIP_PAGES:
                 h1 = page.eval_on_selector_all("article h1", "els => els.map(e => e.textContent.trim())")
                 if len(h1) != 1: problems.append(f"{name}: expected one H1 in the article, found {h1}")
+                code = "\n".join(page.eval_on_selector_all("div.cell_input", "els => els.map(e => e.innerText)"))
+                if re.search(r"^\s*#\|", code, re.M) or "nbdev_export()" in code:  # markers and plumbing stay hidden
+                    problems.append(f"{name}: a code cell shows an nbdev directive or the export call")
             for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
                 if href.startswith(base): links.append((name, href[len(base):]))
             if name == "index.html":
