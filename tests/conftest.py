@@ -14,3 +14,12 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.register_profile("soak", max_examples=20_000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_collection_modifyitems(config, items):
+    "`@pytest.mark.slow` tests run only with KVREF_SLOW=1 (soak runs by hand); `gpu` tests skip themselves."
+    if os.environ.get("KVREF_SLOW") == "1": return
+    import pytest
+    skip = pytest.mark.skip(reason="slow: set KVREF_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords: item.add_marker(skip)
