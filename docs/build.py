@@ -17,7 +17,7 @@ NBS = ROOT / "nbs"
 SRC = ROOT / "_build" / "site_src"
 PROC = ROOT / "_proc"  # nbdev's processed notebooks, executed
 DOC_URL = "https://kvref.github.io/kvref/"
-HAND_WRITTEN = ["trace_format_versions.md", "contributing.md"]  # docs/ pages that join the navigation, if present
+HAND_WRITTEN = ["contributing.md"]  # docs/ pages that join the navigation after the chapters
 
 
 def _newest_source() -> float:
@@ -160,8 +160,8 @@ def to_myst(nb: dict) -> dict:
     return nb
 
 
-def stage(proc: Path) -> list[str]:
-    "Write MyST notebooks, hand-written pages and the Sphinx config into SRC; returns the page order."
+def stage(proc: Path) -> None:
+    "Write MyST notebooks, hand-written pages, the navigation and the Sphinx config into SRC."
     if SRC.exists(): shutil.rmtree(SRC)
     SRC.mkdir(parents=True)
     notebooks = sorted(proc.glob("*.ipynb"), key=lambda p: (p.stem != "index", p.stem))
@@ -176,16 +176,14 @@ def stage(proc: Path) -> list[str]:
         for cell in nb["cells"]:
             if cell["cell_type"] == "markdown": cell["source"] = _rewrite_links(_text(cell["source"]), pages, anchors)
         (SRC / f"{stem}.ipynb").write_text(json.dumps(nb, indent=1))
-    extra = [name for name in HAND_WRITTEN if (DOCS / name).exists()]
-    for name in extra: shutil.copy(DOCS / name, SRC / name)
-    order = [p.stem for p in notebooks if p.stem != "index"] + [Path(n).stem for n in extra]
+    for name in HAND_WRITTEN: shutil.copy(DOCS / name, SRC / name)
+    order = [p.stem for p in notebooks if p.stem != "index"] + [Path(n).stem for n in HAND_WRITTEN]
     index = json.loads((SRC / "index.ipynb").read_text())
     toc = "```{toctree}\n:hidden:\n:maxdepth: 1\n:caption: Chapters\n\n" + "\n".join(order) + "\n```"
     index["cells"].append(_cell("markdown", toc))
     (SRC / "index.ipynb").write_text(json.dumps(index, indent=1))
     shutil.copy(DOCS / "conf.py", SRC / "conf.py")
     shutil.copytree(DOCS / "_static", SRC / "_static")
-    return ["index"] + order
 
 
 def build(out: Path) -> None:
