@@ -6,18 +6,26 @@ Docs: https://kvref.github.io/kvref/cli.html.md"""
 
 # %% ../nbs/12_cli.ipynb #d85ddf7f
 from __future__ import annotations
-import argparse, importlib, sys
-from typing import NoReturn
+import argparse, functools, importlib, sys
+from typing import Callable, NoReturn
 import kvref
 
 # %% auto #0
-__all__ = ['SUBCOMMANDS', 'CommandParser', 'main']
+__all__ = ['SUBCOMMANDS', 'CommandParser', 'returns_exit_status', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
     "An `ArgumentParser` whose errors are one line on stderr and exit code 2."
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+def returns_exit_status(run: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+    "Wrap a subcommand so argparse's own exits (`--help`, a usage error) come back as its exit status."
+    @functools.wraps(run)
+    def command(argv: list[str] | None = None) -> int:
+        try: return run(argv)
+        except SystemExit as exit_: return exit_.code if isinstance(exit_.code, int) else 2
+    return command
 
 # %% ../nbs/12_cli.ipynb #9f06ef68
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -42,6 +50,7 @@ def _top_parser() -> CommandParser:
     return parser
 
 # %% ../nbs/12_cli.ipynb #ec928275
+@returns_exit_status
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `kvref` console command; returns the exit code."
     parser = _top_parser()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol, runtime_checkable
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from .cli import returns_exit_status
 from .hashing import LoRARequest
 from .kv_cache_manager import KVCacheManager, Request
 from .replay import TraceReplayer, load_trace
@@ -346,6 +347,7 @@ def load_adapter(spec: str) -> Callable[[dict], AllocatorAdapter]:
     return factory
 
 # %% ../nbs/07_conformance.ipynb #bd08abb1
+@returns_exit_status
 def check_main(argv: list[str] | None = None) -> int:
     "`kvref check`: 0 if every trace conforms, 1 if one diverged (minimal traces written), 2 on bad input."
     from kvref.cli import CommandParser
@@ -355,7 +357,7 @@ def check_main(argv: list[str] | None = None) -> int:
     p.add_argument("--behavior", default="vllm_0_33", choices=["vllm_0_33", "design_doc"])
     p.add_argument("--fields", default=",".join(FIELDS), help="comma-separated decision fields to compare")
     p.add_argument("--out", default=".", help="folder for minimal diverging traces")
-    ns = p.parse_args(sys.argv[1:] if argv is None else argv)
+    ns = p.parse_args(argv)
     try:
         factory, fields = load_adapter(ns.adapter), [f for f in ns.fields.split(",") if f]
         if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")

@@ -13,6 +13,7 @@ from itertools import product
 from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from fastcore.basics import patch
+from .cli import returns_exit_status
 
 # %% auto #0
 __all__ = ['RUNTIME_MODES', 'ATTENTION_CG_SUPPORT', 'CUDAGraphMode', 'as_mode', 'AttentionCGSupport', 'min_cg_support',
@@ -562,12 +563,12 @@ def _parse_sizes(text: str) -> list[int]:
     return [int(s) for s in sizes]
 
 # %% ../nbs/10_cudagraph.ipynb #09e35e4d
+@returns_exit_status
 def cudagraph_main(argv: list[str] | None = None, # arguments after `kvref cudagraph`
                   ) -> int:
     "`kvref cudagraph`: print the resolved mode, capture sizes, key counts and each batch's dispatch; the exit code."
     import sys
-    try: ns = _cudagraph_parser().parse_args(argv)
-    except SystemExit as exit_: return exit_.code if isinstance(exit_.code, int) else 2  # --help, or a usage error already printed
+    ns = _cudagraph_parser().parse_args(argv)
     try:
         batches = [_parse_batch(b) for b in ns.batches]
         sizes = None if ns.capture_sizes is None else _parse_sizes(ns.capture_sizes)

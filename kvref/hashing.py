@@ -17,6 +17,8 @@ from typing import Any
 import cbor2
 import numpy as np
 
+from .cli import returns_exit_status
+
 try:  # optional, like in vLLM: environments with strict security controls leave it out
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover
@@ -413,6 +415,7 @@ def _parse_lora(spec: str) -> LoRARequest:
     return LoRARequest(name, path)
 
 # %% ../nbs/01_hashing.ipynb #c1f8addb
+@returns_exit_status
 def hash_main(argv: list[str] | None = None) -> int:
     "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
     from kvref.cli import CommandParser
@@ -428,9 +431,7 @@ def hash_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", help="NONE_HASH seed (default: PYTHONHASHSEED, else vLLM's default for the algorithm)")
     parser.add_argument("--format", choices=("hex", "int64", "json"), default="hex", help="output format (default hex)")
     parser.add_argument("--check", nargs="+", metavar="FILE", help="verify vector files instead of hashing")
-    try: args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help, or a usage error already printed as one line
-        return exit_.code if isinstance(exit_.code, int) else 2
+    args = parser.parse_args(argv)
     try:
         if args.check:
             if args.tokens or args.file: raise ValueError("--check takes no token ids")

@@ -10,6 +10,7 @@ import json, sys
 from pathlib import Path
 from typing import Iterable, Iterator
 from fastcore.basics import patch
+from .cli import returns_exit_status
 from .hashing import LoRARequest, MultiModalItem
 from .kv_cache_manager import BEHAVIORS, KVCacheManager, Request
 
@@ -192,6 +193,7 @@ def _divergence(n: int, op: dict, expected: dict | None, got: dict | None) -> st
     return (f"op {n} diverges: {json.dumps(op)}\n  expected: {json.dumps(expected)}\n"
             f"  got:      {json.dumps(got)}")
 
+@returns_exit_status
 def replay_main(argv: list[str] | None = None) -> int:
     "`kvref replay TRACE.jsonl [--behavior B] [--expect D.jsonl] [--strict] [--stats] [--svg DIR]`; the exit status."
     from kvref.cli import CommandParser
@@ -205,9 +207,7 @@ def replay_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="freeing an unknown or already freed request is an error")
     parser.add_argument("--stats", action="store_true", help="print hit rates, evictions, refusals, preemptions, peak usage")
     parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (needs matplotlib)")
-    try: args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help, or a usage error already printed as one line
-        return exit_.code if isinstance(exit_.code, int) else 2
+    args = parser.parse_args(argv)
     try:
         ops = load_trace(args.trace)
         expected = load_decisions(args.expect) if args.expect else None

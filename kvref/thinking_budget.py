@@ -12,6 +12,7 @@ from enum import Enum
 
 from fastcore.basics import patch
 
+from .cli import returns_exit_status
 from .logits_processors import BatchUpdate, MoveDirectionality
 from .sampling_params import SamplingParams
 
@@ -481,6 +482,7 @@ def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | No
     return len(cases), None
 
 # %% ../nbs/09_thinking_budget.ipynb #59fff33c
+@returns_exit_status
 def thinking_budget_main(argv: list[str] | None = None) -> int:
     "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
     import json, sys
@@ -496,8 +498,7 @@ def thinking_budget_main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafts", nargs="*", help="this step's draft token ids")
     p.add_argument("--check", nargs="+", metavar="FILE", help="replay recorded greedy runs instead")
     p.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33_v1", help="behaviour for --check")
-    try: args = p.parse_args(argv)
-    except SystemExit as exit_: return exit_.code if isinstance(exit_.code, int) else 2
+    args = p.parse_args(argv)
     try:
         if args.check:
             total = 0
