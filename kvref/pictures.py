@@ -6,13 +6,13 @@ Docs: https://kvref.github.io/kvref/pictures.html.md"""
 
 # %% ../nbs/06a_pictures.ipynb #785bc5bc
 from __future__ import annotations
-import io, json, sys
+import io, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 # %% auto #0
-__all__ = ['CACHED', 'PLAIN', 'HIT', 'NEW', 'EVICTED', 'Step', 'follow', 'load_jsonl', 'step_svg', 'progress', 'write_svgs']
+__all__ = ['CACHED', 'PLAIN', 'HIT', 'NEW', 'EVICTED', 'Step', 'follow', 'step_svg', 'progress', 'write_svgs']
 
 # %% ../nbs/06a_pictures.ipynb #ae983f2c
 @dataclass(slots=True)
@@ -88,11 +88,6 @@ def follow(ops: Iterable[dict],  # trace ops, `config` first
         if not snapshot: yield Step(index, op, dec, tables, dec["free_queue"], cached, cache_map, key_tokens, hit, new, evicted)
         else: yield Step(index, op, dec, {r: list(t) for r, t in tables.items()}, list(dec["free_queue"]), dict(cached),
                          {k: list(v) for k, v in cache_map.items()}, key_tokens, hit, new, evicted)
-
-# %% ../nbs/06a_pictures.ipynb #669ab566
-def load_jsonl(path: str | Path) -> list[dict]:
-    "The JSON objects of a JSONL file, one per non-empty line."
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 # %% ../nbs/06a_pictures.ipynb #b64e1e21
 CACHED, PLAIN, HIT, NEW, EVICTED = "#ffe680", "#ffffff", "#2e9e44", "#2f6fd6", "#d62f2f"

@@ -5,14 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from kvref.pictures import follow, load_jsonl, progress, step_svg, write_svgs
+from kvref.pictures import follow, progress, step_svg, write_svgs
+from kvref.replay import load_decisions, load_trace
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "traces"
 TRACES = sorted(p.name[:-len(".vllm.jsonl")] for p in GOLDEN.glob("*.vllm.jsonl"))
 
 
 def golden(name):
-    return load_jsonl(GOLDEN / f"{name}.jsonl"), load_jsonl(GOLDEN / f"{name}.vllm.jsonl")
+    return load_trace(GOLDEN / f"{name}.jsonl"), load_decisions(GOLDEN / f"{name}.vllm.jsonl")
 
 
 @pytest.mark.parametrize("name", TRACES)
