@@ -8,6 +8,7 @@ Docs: https://kvref.github.io/kvref/paged_attention.html.md"""
 from __future__ import annotations
 
 import math
+import sys
 from typing import NamedTuple
 
 import torch
@@ -77,6 +78,11 @@ def _check_index(name: str, t: torch.Tensor, dim: int):
     if t.dim() != dim: raise ValueError(f"{name} must have {dim} dimension(s), got shape {tuple(t.shape)}")
     if not t.is_contiguous(): raise ValueError(f"{name} must be contiguous")
 
+def _check_devices(*tensors: torch.Tensor) -> None:
+    devices = {t.device for t in tensors}
+    if len(devices) != 1: raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+    if devices == {torch.device("meta")}: raise ValueError("tensors on the meta device have no data to check or attend over")
+
 def _check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor, dtypes) -> None:
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         if not isinstance(c, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(c).__name__}")
@@ -104,10 +110,11 @@ def check_attention_inputs(query: torch.Tensor, # [num_tokens, num_query_heads, 
     num_tokens, num_query_heads, head_size = query.shape
     num_blocks, block_size, num_kv_heads, cache_head_size = key_cache.shape
     if cache_head_size != head_size: raise ValueError(f"query head_size {head_size} != cache head_size {cache_head_size}")
+    for name, size in (("num_query_heads", num_query_heads), ("head_size", head_size), ("block_size", block_size)):
+        if size == 0: raise ValueError(f"{name} must be >= 1, got 0")
     if num_kv_heads == 0 or num_query_heads % num_kv_heads: raise ValueError(f"num_query_heads {num_query_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     for name, t, d in (("query_start_loc", query_start_loc, 1), ("seq_lens", seq_lens, 1), ("block_table", block_table, 2)): _check_index(name, t, d)
-    devices = {t.device for t in (query, key_cache, value_cache, query_start_loc, seq_lens, block_table)}
-    if len(devices) != 1: raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+    _check_devices(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
     num_seqs = len(seq_lens)
     if len(query_start_loc) != num_seqs + 1: raise ValueError(f"query_start_loc has {len(query_start_loc)} entries but seq_lens has {num_seqs}; need num_seqs + 1")
     if block_table.shape[0] != num_seqs: raise ValueError(f"block_table has {block_table.shape[0]} rows but there are {num_seqs} sequences")
@@ -146,6 +153,7 @@ def check_cache_write_inputs(key: torch.Tensor, # [num_tokens, num_kv_heads, hea
         if t.stride(-1) != 1: raise ValueError(f"{name} must be contiguous in head_size (stride 1)")
     if key.shape[0] != value.shape[0]: raise ValueError(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
     _check_index("slot_mapping", slot_mapping, 1)
+    _check_devices(key, value, key_cache, value_cache, slot_mapping)
     if len(slot_mapping) > key.shape[0]: raise ValueError(f"slot_mapping names {len(slot_mapping)} tokens but key has only {key.shape[0]}")
     real = slot_mapping[slot_mapping != PAD_SLOT_ID]
     bad = real[(real < 0) | (real >= num_blocks * block_size)]
@@ -188,10 +196,19 @@ def attention_mask(query_positions: torch.Tensor, # [q] absolute positions of th
     return visible & (distance < sliding_window) if sliding_window is not None else visible
 
 # %% ../../nbs/11_paged_attention.ipynb #f2819db9
+def _is_finite_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) <= sys.float_info.max
+
 def _check_options(scale, sliding_window, softcap):
-    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0 and math.isfinite(scale)): raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    if sliding_window is not None and not (isinstance(sliding_window, int) and not isinstance(sliding_window, bool) and sliding_window >= 1): raise ValueError(f"sliding_window must be None or an int >= 1, got {sliding_window!r}")
-    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0 and math.isfinite(softcap)): raise ValueError(f"softcap must be None or a finite number >= 0, got {softcap!r}")
+    if scale is not None and not (_is_finite_number(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    if sliding_window is not None and not (isinstance(sliding_window, int) and not isinstance(sliding_window, bool)
+                                           and sliding_window >= 1):
+        raise ValueError(f"sliding_window must be None or an int >= 1, got {sliding_window!r}")
+    if sliding_window is not None and sliding_window >= 2**31:
+        raise ValueError(f"sliding_window must be < 2**31 (positions are int32), got {sliding_window}")
+    if softcap is not None and not (_is_finite_number(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be None or a finite number >= 0, got {softcap!r}")
 
 def paged_attention_ref(query: torch.Tensor, # [num_tokens, num_query_heads, head_size]
                         key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size]
@@ -207,7 +224,7 @@ def paged_attention_ref(query: torch.Tensor, # [num_tokens, num_query_heads, hea
     shape = check_attention_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table,
                                    SUPPORTED_DTYPES + (torch.float64,))
     _check_options(scale, sliding_window, softcap)
-    scale = 1 / math.sqrt(shape.head_size) if scale is None else scale
+    scale = 1 / math.sqrt(shape.head_size) if scale is None else float(scale)
     group = shape.num_query_heads // shape.num_kv_heads
     out = torch.zeros(query.shape, dtype=torch.float64, device=query.device)
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
@@ -217,7 +234,7 @@ def paged_attention_ref(query: torch.Tensor, # [num_tokens, num_query_heads, hea
         k = gather_kv(key_cache, block_table[s], seq_len).double().repeat_interleave(group, 1).transpose(0, 1)
         v = gather_kv(value_cache, block_table[s], seq_len).double().repeat_interleave(group, 1).transpose(0, 1)
         scores = scale * q @ k.transpose(1, 2)                                      # [heads, q, seq_len]
-        if softcap: scores = softcap * torch.tanh(scores / softcap)
+        if softcap: scores = float(softcap) * torch.tanh(scores / float(softcap))
         positions = torch.arange(seq_len - q.shape[1], seq_len, device=query.device)
         scores = scores.masked_fill(~attention_mask(positions, seq_len, sliding_window), float("-inf"))
         out[rows] = (torch.softmax(scores, -1) @ v).transpose(0, 1)

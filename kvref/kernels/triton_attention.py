@@ -39,6 +39,10 @@ def _reshape_and_cache_kernel(key_ptr, value_ptr, key_cache_ptr, value_cache_ptr
     tl.store(key_cache_ptr + block * kc_stride_block + offset * kc_stride_slot + head * kc_stride_head + dim, k, mask=mask)
     tl.store(value_cache_ptr + block * vc_stride_block + offset * vc_stride_slot + head * vc_stride_head + dim, v, mask=mask)
 
+# %% ../../nbs/11a_triton_kernels.ipynb #f96b1357
+def _check_validate(validate: bool) -> None:
+    if not isinstance(validate, bool): raise TypeError(f"validate must be True or False, got {validate!r}")
+
 # %% ../../nbs/11a_triton_kernels.ipynb #15cbf953
 def reshape_and_cache(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
                       value: torch.Tensor, # same shape as key
@@ -48,6 +52,7 @@ def reshape_and_cache(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
                       validate: bool = True, # check shapes and slots first (one host sync)
                      ) -> None:
     "Scatter each token's key and value into its cache slot; float16, bfloat16 or float32, cache dtype = key dtype."
+    _check_validate(validate)
     if validate: check_cache_write_inputs(key, value, key_cache, value_cache, slot_mapping)
     num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
     if len(slot_mapping) == 0: return
@@ -58,6 +63,16 @@ def reshape_and_cache(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_size, num_kv_heads, head_size,
         HEADS_PADDED=triton.next_power_of_2(num_kv_heads), HEAD_SIZE_PADDED=triton.next_power_of_2(head_size))
+
+# %% ../../nbs/11a_triton_kernels.ipynb #7b1e4c2a
+@triton.jit
+def _tanh(x):
+    a = tl.abs(x)
+    a2 = a * a
+    near_zero = a * (1 + a2 * (-1 / 3 + a2 * (2 / 15 + a2 * (-17 / 315 + a2 * (62 / 2835)))))
+    e = tl.exp(-2 * a)
+    t = tl.where(a < 0.25, near_zero, (1 - e) / (1 + e))
+    return tl.where(x < 0, -t, t)
 
 # %% ../../nbs/11a_triton_kernels.ipynb #63fba622
 @triton.jit
@@ -80,7 +95,7 @@ def _attend_kv_range(acc, m_i, l_i, q, q_pos, row_mask, lo, hi, block_table_row_
                     + kv_head * vc_stride_head + dim[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale           # [BLOCK_M, TILE]
         if USE_SOFTCAP:
-            s = softcap * (2 * tl.sigmoid(2 * s / softcap) - 1)              # softcap * tanh(s / softcap)
+            s = softcap * _tanh(s / softcap)
         visible = row_mask[:, None] & in_range[None, :] & (pos[None, :] <= q_pos[:, None])
         if USE_WINDOW:
             visible = visible & (q_pos[:, None] - pos[None, :] < sliding_window)
@@ -151,9 +166,23 @@ def _reduce_splits_kernel(out_ptr, split_acc_ptr, split_ml_ptr, out_stride_token
              mask=dim < head_size)
 
 # %% ../../nbs/11a_triton_kernels.ipynb #ac5907fb
-def _tile_sizes(queries_per_kv: int, head_size: int, tile_size: int) -> tuple[int, int]:
-    if tile_size < 16 or tile_size & (tile_size - 1): raise ValueError(f"tile_size must be a power of two >= 16, got {tile_size}")
-    return max(16, triton.next_power_of_2(queries_per_kv)), max(16, triton.next_power_of_2(head_size))
+_MAX_TILE = 1024  # upper bound for tile_size, block_m and num_kv_splits: past it a launch only wastes memory
+
+def _check_power_of_two(name: str, value, lo: int, hi: int, optional: bool = False, why: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int{' or None' if optional else ''}, got {value!r}")
+    if not lo <= value <= hi or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= {lo} and <= {hi}{why}, got {value}")
+    return value
+
+def _tile_sizes(queries_per_kv: int, head_size: int, tile_size: int, block_m: int | None) -> tuple[int, int]:
+    "`(BLOCK_M, HEAD_SIZE_PADDED)`; `BLOCK_M` as vLLM sizes it unless given: 16, or the GQA ratio's next power of two."
+    _check_power_of_two("tile_size", tile_size, 16, _MAX_TILE)
+    smallest = max(16, triton.next_power_of_2(queries_per_kv))
+    if block_m is not None:
+        _check_power_of_two("block_m", block_m, smallest, max(_MAX_TILE, smallest), True,
+                            f" for {queries_per_kv} query heads per KV head")
+    return block_m or smallest, max(16, triton.next_power_of_2(head_size))
 
 def _default_kv_splits(num_programs: int, max_seq_len: int, tile_size: int, device: torch.device) -> int:
     if device.type != "cuda": return 1
@@ -162,10 +191,29 @@ def _default_kv_splits(num_programs: int, max_seq_len: int, tile_size: int, devi
     while splits < 64 and num_programs * splits < 2 * sms and max_seq_len >= 8 * tile_size * splits: splits *= 2
     return splits
 
+
+# %% ../../nbs/11a_triton_kernels.ipynb #5d2f9a61
+_FLOAT32 = torch.finfo(torch.float32)
+
+def _float32(name: str, value: float) -> float:
+    if value and not _FLOAT32.tiny <= abs(value) <= _FLOAT32.max:
+        raise ValueError(f"{name} {value!r} is outside float32's normal range (the kernels compute in float32)")
+    return float(value)
+
 def _scalars(shape, scale, sliding_window, softcap) -> dict:
     _check_options(scale, sliding_window, softcap)
-    return dict(scale=1 / math.sqrt(shape.head_size) if scale is None else float(scale), softcap=float(softcap or 0.0),
-                sliding_window=int(sliding_window or 0), USE_SOFTCAP=bool(softcap), USE_WINDOW=sliding_window is not None)
+    return dict(scale=_float32("scale", 1 / math.sqrt(shape.head_size) if scale is None else scale),
+                softcap=_float32("softcap", softcap or 0.0), sliding_window=int(sliding_window or 0),
+                USE_SOFTCAP=bool(softcap), USE_WINDOW=sliding_window is not None)
+
+
+# %% ../../nbs/11a_triton_kernels.ipynb #9c4e0b37
+def _output(out: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
+    if out is None: return torch.empty_like(query)
+    if not isinstance(out, torch.Tensor): raise TypeError(f"out must be None or a torch.Tensor, got {type(out).__name__}")
+    if out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1 or out.device != query.device:
+        raise ValueError(f"out must be {tuple(query.shape)} {query.dtype} on {query.device} with unit stride in head_size")
+    return out
 
 def _unchecked_shape(query, key_cache, block_table, max_query_len: int) -> AttentionShape:
     num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
@@ -174,6 +222,7 @@ def _unchecked_shape(query, key_cache, block_table, max_query_len: int) -> Atten
 
 def _cache_strides(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, ...]:
     return (*key_cache.stride()[:3], *value_cache.stride()[:3])
+
 
 # %% ../../nbs/11a_triton_kernels.ipynb #a0127205
 def paged_decode_attention(query: torch.Tensor, # [num_seqs, num_query_heads, head_size], one token per sequence
@@ -184,12 +233,13 @@ def paged_decode_attention(query: torch.Tensor, # [num_seqs, num_query_heads, he
                            scale: float | None = None, # None: 1 / sqrt(head_size)
                            sliding_window: int | None = None, # keys visible to the query, itself included
                            softcap: float | None = None, # c > 0: scores c * tanh(score / c)
-                           num_kv_splits: int | None = None, # power of two; None: chosen from the device
-                           tile_size: int = 32, # key positions per inner step, any power of two >= 16
+                           num_kv_splits: int | None = None, # power of two <= 1024; None: chosen from the device
+                           tile_size: int = 32, # key positions per inner step, a power of two 16..1024
                            out: torch.Tensor | None = None, # optional [num_seqs, num_query_heads, head_size] output
                            validate: bool = True, # check all inputs first (one host sync)
                           ) -> torch.Tensor:
     "Decode attention of one query token per sequence over its paged history (split-KV when `num_kv_splits > 1`)."
+    _check_validate(validate)
     if validate:
         if not isinstance(query, torch.Tensor) or query.dim() != 3: raise ValueError(f"query must be (num_seqs, num_query_heads, head_size), got {getattr(query, 'shape', type(query).__name__)}")
         if isinstance(seq_lens, torch.Tensor) and query.shape[0] != len(seq_lens): raise ValueError(f"decode takes one query token per sequence: query has {query.shape[0]} rows but seq_lens has {len(seq_lens)}")
@@ -200,11 +250,11 @@ def paged_decode_attention(query: torch.Tensor, # [num_seqs, num_query_heads, he
     num_seqs = shape.num_seqs
     options = _scalars(shape, scale, sliding_window, softcap)
     queries_per_kv = shape.num_query_heads // shape.num_kv_heads
-    block_m, head_size_padded = _tile_sizes(queries_per_kv, shape.head_size, tile_size)
-    splits = num_kv_splits or _default_kv_splits(num_seqs * shape.num_kv_heads, shape.max_seq_len, tile_size, query.device)
-    if splits < 1 or splits & (splits - 1): raise ValueError(f"num_kv_splits must be a power of two >= 1, got {splits}")
-    out = torch.empty_like(query) if out is None else out
-    if out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1: raise ValueError(f"out must be {tuple(query.shape)} {query.dtype} with unit stride in head_size")
+    block_m, head_size_padded = _tile_sizes(queries_per_kv, shape.head_size, tile_size, None)
+    if num_kv_splits is None:
+        splits = _default_kv_splits(num_seqs * shape.num_kv_heads, shape.max_seq_len, tile_size, query.device)
+    else: splits = _check_power_of_two("num_kv_splits", num_kv_splits, 1, _MAX_TILE, optional=True)
+    out = _output(out, query)
     if num_seqs == 0: return out
     split_acc = query.new_empty((num_seqs, shape.num_query_heads, splits, head_size_padded), dtype=torch.float32) if splits > 1 else out
     split_ml = query.new_empty((num_seqs, shape.num_query_heads, splits, 2), dtype=torch.float32) if splits > 1 else out
@@ -219,6 +269,12 @@ def paged_decode_attention(query: torch.Tensor, # [num_seqs, num_query_heads, he
             out, split_acc, split_ml, out.stride(0), out.stride(1), shape.num_query_heads, shape.head_size,
             NUM_SPLITS=splits, HEAD_SIZE_PADDED=head_size_padded)
     return out
+
+# %% ../../nbs/11a_triton_kernels.ipynb #e8a3d5f0
+def _check_max_query_len(max_query_len: int) -> None:
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
+        raise TypeError(f"max_query_len must be an int or None, got {max_query_len!r}")
+    if max_query_len < 0: raise ValueError(f"max_query_len must be >= 0, got {max_query_len}")
 
 # %% ../../nbs/11a_triton_kernels.ipynb #4704c4be
 @triton.jit
@@ -273,22 +329,27 @@ def unified_attention(query: torch.Tensor, # [num_tokens, num_query_heads, head_
                       scale: float | None = None, # None: 1 / sqrt(head_size)
                       sliding_window: int | None = None, # keys visible per query, itself included
                       softcap: float | None = None, # c > 0: scores c * tanh(score / c)
-                      tile_size: int = 32, # key positions per inner step, any power of two >= 16
-                      block_m: int = 16, # query rows per program (query tokens x heads of one KV head)
+                      tile_size: int = 32, # key positions per inner step, a power of two 16..1024
+                      block_m: int | None = None, # query rows per program (tokens x heads of a KV head); None: vLLM's
                       out: torch.Tensor | None = None, # optional output, same shape and dtype as query
                       max_query_len: int | None = None, # longest query (vLLM's max_seqlen_q); None: computed
                       validate: bool = True, # check all inputs first (one host sync)
                      ) -> torch.Tensor:
     "Causal attention for a varlen batch mixing prefill chunks, cached prefixes and decodes, in one launch."
-    if validate: shape = check_attention_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
-    else: shape = _unchecked_shape(query, key_cache, block_table, max_query_len if max_query_len is not None else int((query_start_loc[1:] - query_start_loc[:-1]).max()))
+    _check_validate(validate)
+    if max_query_len is not None: _check_max_query_len(max_query_len)
+    if validate:
+        shape = check_attention_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
+        if max_query_len not in (None, shape.max_query_len):
+            raise ValueError(f"max_query_len={max_query_len} but the longest query has {shape.max_query_len} tokens")
+    else:
+        if max_query_len is None: max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        shape = _unchecked_shape(query, key_cache, block_table, max_query_len)
     options = _scalars(shape, scale, sliding_window, softcap)
     queries_per_kv = shape.num_query_heads // shape.num_kv_heads
-    min_m, head_size_padded = _tile_sizes(queries_per_kv, shape.head_size, tile_size)
-    if block_m < min_m or block_m & (block_m - 1): raise ValueError(f"block_m must be a power of two >= {min_m} for {queries_per_kv} query heads per KV head, got {block_m}")
+    block_m, head_size_padded = _tile_sizes(queries_per_kv, shape.head_size, tile_size, block_m)
     block_q = block_m // queries_per_kv
-    out = torch.empty_like(query) if out is None else out
-    if out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1: raise ValueError(f"out must be {tuple(query.shape)} {query.dtype} with unit stride in head_size")
+    out = _output(out, query)
     if shape.num_seqs == 0 or shape.max_query_len == 0: return out
     _unified_attention_kernel[(shape.num_seqs, triton.cdiv(shape.max_query_len, block_q), shape.num_kv_heads)](
         out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
