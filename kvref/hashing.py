@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/hashing.html.md"""
 
 # %% ../nbs/01_hashing.ipynb #2f110631
 from __future__ import annotations
-import bisect, hashlib, json, os, pickle
+import bisect, hashlib, json, operator, os, pickle, sys
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -133,10 +133,15 @@ class MultiModalItem:
     def end(self) -> int: return self.offset + self.length
 
 # %% ../nbs/01_hashing.ipynb #fb0f504d
+def _is_tensor(x) -> bool:
+    "Whether `x` is a torch tensor (torch is not imported for this: if it is not loaded, `x` is none)."
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
 def _embedding_rows_bytes(rows) -> bytes:
     "Raw bytes, C order, of a slice of prompt embeddings (a numpy array or a torch tensor)."
     if isinstance(rows, np.ndarray): return np.ascontiguousarray(rows).tobytes()
-    if type(rows).__module__.split(".")[0] == "torch":
+    if _is_tensor(rows):
         import torch
         return rows.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
     raise TypeError(f"prompt_embeds must be a numpy array or a torch tensor, got {type(rows).__name__}")
@@ -166,10 +171,19 @@ def _check_block_size(block_size) -> None:
     if type(block_size) is not int or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
 
+def _check_token_container(token_ids) -> None:
+    "Token ids come as a sequence (list, tuple, range) or a 1-D numpy or torch array, never as a string."
+    is_array = isinstance(token_ids, np.ndarray) or _is_tensor(token_ids)
+    if isinstance(token_ids, (str, bytes, bytearray)) or not (is_array or isinstance(token_ids, Sequence)):
+        raise TypeError(f"token_ids must be a sequence of ints (a list, or a 1-D numpy or torch integer array), "
+                        f"got {type(token_ids).__name__}")
+    if is_array and token_ids.ndim != 1:
+        raise TypeError(f"token_ids must be one-dimensional, got shape {tuple(token_ids.shape)}")
+
 def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[int, ...]:
     "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
     span = token_ids[start:stop]
-    if isinstance(span, np.ndarray) and span.dtype.kind in "iu": span = span.tolist()
+    if hasattr(span, "tolist"): span = span.tolist()  # numpy and torch arrays: the Python numbers they hold
     tokens = tuple(span)
     if list(map(type, tokens)).count(int) == len(tokens):  # exact ints: vLLM hashes Python ints, numpy ints differ
         try:
@@ -180,10 +194,21 @@ def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[in
 
 def _checked_token(token, index: int) -> int:
     "One token id as a Python int, or an error naming `token_ids[index]`."
-    if isinstance(token, (bool, np.bool_)) or not hasattr(token, "__index__"):
+    value = token.tolist() if hasattr(token, "tolist") else token  # a numpy or torch scalar: the number it holds
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"token_ids[{index}] is {token!r} ({type(token).__name__}); token ids must be ints >= 0")
-    if not 0 <= token < 1 << 64: raise ValueError(f"token_ids[{index}] is {token}; token ids must be ints in [0, 2**64)")
-    return int(token)
+    value = operator.index(value)
+    if not 0 <= value < 1 << 64: raise ValueError(f"token_ids[{index}] is {value}; token ids must be ints in [0, 2**64)")
+    return value
+
+def _check_prompt_embeds(prompt_embeds) -> None:
+    "Prompt embeddings are None or a numeric array or tensor [num_prompt_tokens, hidden]: their bytes are hashed."
+    if prompt_embeds is None: return
+    if not (_is_tensor(prompt_embeds) or isinstance(prompt_embeds, np.ndarray) and prompt_embeds.dtype.kind in "biufc"):
+        got = f"a numpy array of {prompt_embeds.dtype}" if isinstance(prompt_embeds, np.ndarray) else type(prompt_embeds).__name__
+        raise TypeError(f"prompt_embeds must be a numpy array or a torch tensor of numbers, got {got}")
+    if prompt_embeds.ndim != 2 and prompt_embeds.shape != (0,):  # (0,): no rows, as JSON writes an empty table
+        raise ValueError(f"prompt_embeds must be 2-D [num_prompt_tokens, hidden], got shape {tuple(prompt_embeds.shape)}")
 
 def _checked_mm_items(mm_items: Sequence[MultiModalItem], num_tokens: int) -> list[MultiModalItem]:
     "`mm_items` sorted by offset, after checking each lies inside the tokens and none overlaps another."
@@ -199,6 +224,18 @@ def _checked_mm_items(mm_items: Sequence[MultiModalItem], num_tokens: int) -> li
             raise ValueError(f"multimodal items {a.identifier!r} [{a.offset}, {a.end}) and "
                              f"{b.identifier!r} [{b.offset}, {b.end}) overlap")
     return items
+
+def _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds) -> list[MultiModalItem]:
+    "Check everything about a request but its token values; return its multimodal items sorted by offset."
+    _check_token_container(token_ids)
+    get_hash_fn_by_name(algo)  # checks the name, and that xxhash is installed when asked for
+    _check_block_size(block_size)
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
+    if lora is not None and not isinstance(lora, LoRARequest):
+        raise TypeError(f"lora must be a LoRARequest or None, got {type(lora).__name__}")
+    _check_prompt_embeds(prompt_embeds)
+    return _checked_mm_items(mm_items, len(token_ids)) if mm_items else []
 
 # %% ../nbs/01_hashing.ipynb #74beb75d
 def _cbor_head(major: int, n: int) -> bytes:
@@ -286,17 +323,12 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
                        ) -> list[bytes]:
     "Hashes of all full blocks of `token_ids`; only the blocks after `known_hashes` are computed."
     # when no block is new, a `known_hashes` list is returned as is (no copy): the decode step stays O(1)
-    get_hash_fn_by_name(algo)  # checks the name, and that xxhash is installed when asked for
-    _check_block_size(block_size)
-    if cache_salt is not None and not isinstance(cache_salt, str):
-        raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
-    if lora is not None and not isinstance(lora, LoRARequest):
-        raise TypeError(f"lora must be a LoRARequest or None, got {type(lora).__name__}")
-    items = _checked_mm_items(mm_items, len(token_ids)) if mm_items else ()
+    items = _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds)
     first, last = len(known_hashes), len(token_ids) // block_size
     if first > last:
         raise ValueError(f"known_hashes has {first} hashes but {len(token_ids)} tokens fill only {last} "
                          f"blocks of {block_size}")
+    _checked_tokens(token_ids, last * block_size, len(token_ids))  # the partial block: checked, hashed once full
     if first == last:  # the common decode step: no block completed, nothing to hash
         return known_hashes if type(known_hashes) is list else list(known_hashes)
     start, stop = first * block_size, last * block_size
@@ -322,40 +354,74 @@ def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
     return int.from_bytes(h[-8:], "big")
 
 # %% ../nbs/01_hashing.ipynb #9bce485a
+def _lora_from_json(value) -> LoRARequest | None:
+    if value is None: return None
+    if not isinstance(value, dict) or not {"name", "path"} <= set(value):
+        raise ValueError(f'expected {{"name": str, "path": str}} or null, got {value!r:.60}')
+    return LoRARequest(value["name"], value["path"])
+
+def _mm_from_json(value) -> list[MultiModalItem]:
+    fields = ("identifier", "offset", "length")
+    if value is None: return []
+    if not isinstance(value, list) or not all(isinstance(m, dict) and set(fields) <= set(m) for m in value):
+        raise ValueError(f'expected a list of {{"identifier": str, "offset": int, "length": int}} or null, got {value!r:.60}')
+    return [MultiModalItem(*(m[f] for f in fields)) for m in value]
+
+def _embeds_from_json(value) -> np.ndarray | None:
+    if value is None: return None
+    if not isinstance(value, dict) or not isinstance(value.get("dtype"), str) or "rows" not in value:
+        raise ValueError(f'expected {{"dtype": str, "rows": [[number, ...], ...]}} or null, got {value!r:.60}')
+    try: dtype = np.dtype(value["dtype"])
+    except TypeError: raise ValueError(f"dtype {value['dtype']!r} is not a numpy dtype") from None
+    try:
+        with np.errstate(all="raise"): rows = np.asarray(value["rows"], dtype=dtype)
+    except (ValueError, TypeError, OverflowError, FloatingPointError) as e:
+        raise ValueError(f"rows are not a table of {dtype} numbers ({type(e).__name__}: {e})") from None
+    _check_prompt_embeds(rows)
+    return rows
+
+def _seed_from_json(value) -> str | None:
+    if value is not None and not isinstance(value, str): raise ValueError(f"expected a str or null, got {value!r:.60}")
+    return value
+
+_PARSED_FIELDS = {"lora": _lora_from_json, "mm": _mm_from_json, "prompt_embeds": _embeds_from_json,
+                  "none_hash_seed": _seed_from_json}  # vector-file fields that are not passed on as they are
+
 def _vector_request(entry: dict) -> dict:
-    "The `hash_request_tokens` keyword arguments of one vector-file entry."
+    "The `hash_request_tokens` keyword arguments of one vector-file entry, every field checked."
     if not isinstance(entry, dict): raise ValueError(f"a vector must be a JSON object, got {type(entry).__name__}")
     missing = [k for k in ("algo", "block_size", "prompt_token_ids", "block_hashes") if k not in entry]
     if missing: raise ValueError(f"missing field(s) {', '.join(missing)}")
-    lora, mm, embeds = entry.get("lora"), entry.get("mm") or (), entry.get("prompt_embeds")
-    try:
-        lora = None if lora is None else LoRARequest(lora["name"], lora["path"])
-        mm = [MultiModalItem(m["identifier"], m["offset"], m["length"]) for m in mm]
-        if embeds is not None: embeds = np.asarray(embeds["rows"], dtype=np.dtype(embeds["dtype"]))
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"malformed lora, mm or prompt_embeds field ({type(e).__name__}: {e})") from None
-    if not isinstance(entry["prompt_token_ids"], list): raise ValueError("prompt_token_ids must be a list")
-    return dict(token_ids=entry["prompt_token_ids"], block_size=entry["block_size"], algo=entry["algo"],
-                cache_salt=entry.get("cache_salt"), lora=lora, mm_items=mm, prompt_embeds=embeds,
-                seed=entry.get("none_hash_seed"))
+    parsed = {}
+    for field, parse in _PARSED_FIELDS.items():
+        try: parsed[field] = parse(entry.get(field))
+        except (ValueError, TypeError) as e: raise ValueError(f"malformed {field} field: {e}") from None
+    tokens = entry["prompt_token_ids"]
+    if not isinstance(tokens, list): raise ValueError("prompt_token_ids must be a list")
+    request = dict(token_ids=tokens, block_size=entry["block_size"], algo=entry["algo"], cache_salt=entry.get("cache_salt"),
+                   lora=parsed["lora"], mm_items=parsed["mm"], prompt_embeds=parsed["prompt_embeds"])
+    _checked_request(**request)
+    _checked_tokens(tokens, 0, len(tokens))
+    return dict(request, seed=parsed["none_hash_seed"])
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 def load_vectors(path: str | Path) -> list[dict]:
-    "The vectors of a vector file, each checked for shape; errors name the file and the entry."
+    "The vectors of a vector file, every field checked; errors name the file, the vector and the field."
     try: data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e: raise ValueError(f"{path}: cannot read: {e}") from None
+    except (OSError, ValueError, RecursionError) as e: raise ValueError(f"{path}: cannot read: {e}") from None
     vectors = data.get("vectors") if isinstance(data, dict) else None
     if not isinstance(vectors, list): raise ValueError(f"{path}: no 'vectors' list at the top level")
     for i, entry in enumerate(vectors):
         try:
-            _vector_request(entry)
+            request = _vector_request(entry)
             hashes, ids = entry["block_hashes"], entry.get("block_ids_int64")
-            if not isinstance(hashes, list) or not all(isinstance(h, str) and h and set(h) <= _HEX_DIGITS for h in hashes):
-                raise ValueError("block_hashes must be a list of hex strings")
+            digits = 2 * len(HASH_FUNCTIONS[request["algo"]](b""))
+            if not isinstance(hashes, list) or not all(isinstance(h, str) and len(h) == digits and set(h) <= _HEX_DIGITS for h in hashes):
+                raise ValueError(f"block_hashes must be a list of hex strings of {digits} digits ({request['algo']} digests)")
             if ids is not None and not (isinstance(ids, list) and all(type(x) is int and 0 <= x < 1 << 64 for x in ids)):
                 raise ValueError("block_ids_int64 must be a list of ints in [0, 2**64)")
-        except ValueError as e: raise ValueError(f"{path}: vector {i}: {e}") from None
+        except (ValueError, TypeError) as e: raise ValueError(f"{path}: vector {i}: {e}") from None
     return vectors
 
 # %% ../nbs/01_hashing.ipynb #1deda3ee
@@ -370,12 +436,14 @@ class VectorMismatch:
 
 def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | None]:
     "Recompute every vector of the files at `paths`: (number of vectors, first mismatch or None)."
+    if not paths: raise ValueError("no vector files given: checking nothing is not a pass")
     count = 0
     for path in paths:
-        for i, entry in enumerate(load_vectors(path)):
+        vectors = load_vectors(path)
+        if not vectors: raise ValueError(f"{path}: no vectors: a file that holds none checks nothing")
+        for i, entry in enumerate(vectors):
             count += 1
-            try: got = hash_request_tokens(**_vector_request(entry))
-            except (ValueError, TypeError) as e: raise ValueError(f"{path}: vector {i}: {e}") from None
+            got = hash_request_tokens(**_vector_request(entry))
             expected = [h.lower() for h in entry["block_hashes"]]
             columns = [(expected, [h.hex() for h in got])]
             if "block_ids_int64" in entry:

@@ -49,8 +49,10 @@ def naive_hashes(tokens, block_size, algo="sha256", salt=None, lora=None, mm=(),
 # --- strategies -----------------------------------------------------------------------------------------------
 token = st.one_of(st.integers(0, 200_000), st.sampled_from([0, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32,
                                                              2**63, 2**64 - 1]))
-tokens_st = st.lists(token, max_size=120)
-block_sizes = st.integers(1, 32)
+long_tokens = st.builds(lambda n, seed: np.random.default_rng(seed).integers(0, 200_000, n).tolist(),
+                        st.integers(41, 400), st.integers(0, 2**32 - 1))  # many blocks, cheaply: chunk edges get crossed
+tokens_st = st.one_of(st.lists(token, max_size=40), long_tokens)
+block_sizes = st.one_of(st.integers(1, 9), st.integers(10, 100))  # small ones often; odd sizes that divide no chunk
 salts = st.one_of(st.none(), st.text(max_size=6))
 loras = st.one_of(st.none(), st.builds(LoRARequest, st.text(max_size=4), st.text(max_size=6)))
 
@@ -80,7 +82,7 @@ def naive_of(req):
 
 
 # --- differential: kvref equals the naive model -----------------------------------------------------------------
-@given(requests(), st.sampled_from([1, 5, 37, H._CHUNK_TOKENS]))
+@given(requests(), st.one_of(st.integers(1, 300), st.just(H._CHUNK_TOKENS)))
 def test_matches_naive_model(req, chunk_tokens):
     with patch.object(H, "_CHUNK_TOKENS", chunk_tokens):  # chunk boundaries anywhere, not only past 8192 tokens
         assert hash_request_tokens(**req) == naive_of(req)
@@ -233,6 +235,38 @@ def test_numpy_token_ids_hash_like_ints():
     assert hash_request_tokens(np.array(toks), 8) == hash_request_tokens(toks, 8)
     assert hash_request_tokens([np.int64(t) for t in toks], 8) == hash_request_tokens(toks, 8)
 
+def test_torch_token_ids_hash_like_ints():
+    "Integer tensors (and 0-d integer tensors in a list) stand for the Python ints they hold, like numpy's."
+    torch = pytest.importorskip("torch")
+    assert hash_request_tokens(torch.arange(8), 4) == hash_request_tokens(list(range(8)), 4)
+    assert hash_request_tokens(list(torch.arange(8)), 4) == hash_request_tokens(list(range(8)), 4)
+    assert hash_request_tokens(torch.arange(8, dtype=torch.int32), 4, "sha256_cbor") == hash_request_tokens(list(range(8)), 4, "sha256_cbor")
+    with pytest.raises(TypeError, match=r"token_ids\[0\] is 0.0 \(float\)"):
+        hash_request_tokens(torch.zeros(4), 4)
+    with pytest.raises(TypeError, match=r"token_ids\[0\] is True \(bool\)"):
+        hash_request_tokens(torch.ones(4, dtype=torch.bool), 4)
+    with pytest.raises(ValueError, match=r"token_ids\[1\] is -1"):
+        hash_request_tokens(torch.tensor([1, -1, 2, 3]), 4)
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+def test_numpy_scalars_at_the_top_of_the_range(algo):
+    "Token ids in [2**63, 2**64) given as numpy uint64 scalars are accepted and hash like the Python ints."
+    big = [2**63, 2**63 + 1, 2**64 - 2, 2**64 - 1]
+    assert hash_request_tokens([np.uint64(t) for t in big], 2, algo) == hash_request_tokens(big, 2, algo)
+    assert hash_request_tokens(np.array(big, dtype=np.uint64), 2, algo) == hash_request_tokens(big, 2, algo)
+
+@pytest.mark.parametrize("block_size", [3, 5, 7, 24, 100, 127])
+def test_block_sizes_that_do_not_divide_the_chunk(block_size):
+    "Chunks must hold whole blocks whatever the block size (a chunk of `CHUNK // block_size` tokens would not)."
+    toks = list(range(2 * H._CHUNK_TOKENS + 300))
+    for algo in ("sha256", "sha256_cbor"):
+        got = hash_request_tokens(toks, block_size, algo, seed=SEED)
+        assert len(got) == len(toks) // block_size and got == naive_hashes(toks, block_size, algo)
+
+def test_block_size_5_over_2000_tokens():
+    assert hash_request_tokens(range(2000), 5, seed=SEED) == naive_hashes(list(range(2000)), 5)
+    assert len(hash_request_tokens(range(2000), 5)) == 400
+
 def test_torch_prompt_embeds_hash_their_raw_bytes():
     torch = pytest.importorskip("torch")
     rows = torch.arange(24, dtype=torch.float32).reshape(8, 3)
@@ -271,6 +305,51 @@ def test_torch_prompt_embeds_hash_their_raw_bytes():
 def test_bad_input_is_named(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+@pytest.mark.parametrize("tail, error, message", [
+    (["1", "2"], TypeError, r"token_ids\[4\] is '1' \(str\)"),
+    ([1.0], TypeError, r"token_ids\[4\] is 1.0 \(float\)"),
+    ([[1, 2]], TypeError, r"token_ids\[4\] is \[1, 2\] \(list\)"),
+    ([True], TypeError, r"token_ids\[4\] is True \(bool\)"),
+    ([1, 2, "x"], TypeError, r"token_ids\[6\] is 'x' \(str\)"),
+    ([None], TypeError, r"token_ids\[4\] is None"),
+    ([-1], ValueError, r"token_ids\[4\] is -1; token ids must be ints in \[0, 2\*\*64\)"),
+    ([2**64], ValueError, r"token_ids\[4\] is 18446744073709551616"),
+    ([np.float32(1)], TypeError, r"token_ids\[4\]"),
+])
+def test_trailing_partial_block_is_checked_too(tail, error, message):
+    "Tokens that fill no block yet are refused like the others: nothing is hashed, decode step or not."
+    with pytest.raises(error, match=message):
+        hash_request_tokens([1, 2, 3, 4] + tail, 4)
+    known = hash_request_tokens([1, 2, 3, 4], 4)
+    with pytest.raises(error, match=message):
+        hash_request_tokens([1, 2, 3, 4] + tail, 4, known_hashes=known)
+    with pytest.raises(error, match=message):
+        hash_request_tokens([1, 2, 3, 4] + tail, 16)  # no block full at all
+
+@pytest.mark.parametrize("token_ids, message", [
+    (5, "token_ids must be a sequence of ints"),
+    ("1234", "token_ids must be a sequence of ints"),
+    (b"1234", "token_ids must be a sequence of ints"),
+    ({1: 2}, "token_ids must be a sequence of ints"),
+    (np.array(3), r"token_ids must be one-dimensional, got shape \(\)"),
+    (np.zeros((2, 4), dtype=np.int64), r"token_ids must be one-dimensional, got shape \(2, 4\)"),
+])
+def test_token_containers_are_named(token_ids, message):
+    with pytest.raises(TypeError, match=message):
+        hash_request_tokens(token_ids, 2)
+
+@pytest.mark.parametrize("embeds, error, message", [
+    (np.zeros(8, np.float32), ValueError, r"prompt_embeds must be 2-D \[num_prompt_tokens, hidden\], got shape \(8,\)"),
+    (np.float32(1), TypeError, "prompt_embeds must be a numpy array or a torch tensor"),
+    (np.array([[object()]] * 8), TypeError, "prompt_embeds must be a numpy array or a torch tensor of numbers, got a numpy array of object"),
+    (np.array([["a"]] * 8), TypeError, "of numbers, got a numpy array of <U1"),
+])
+def test_prompt_embeds_are_checked(embeds, error, message):
+    with pytest.raises(error, match=message):
+        hash_request_tokens([0] * 8, 4, prompt_embeds=embeds)
+    with pytest.raises(error, match=message):  # even when no block is full yet
+        hash_request_tokens([0] * 3, 4, prompt_embeds=embeds)
 
 def test_xxhash_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(H, "_xxhash", None)

@@ -113,6 +113,65 @@ def test_cli_check_malformed_file_is_exit_2(capsys, tmp_path, mutate, message):
     assert re.search(message, err), err
 
 
+EMBEDS = {"dtype": "float32", "rows": [[0.5, 1.5]] * 11}
+
+@pytest.mark.parametrize("field, value, message", [
+    ("prompt_embeds", "x", "expected"),
+    ("prompt_embeds", [1, 2], "expected"),
+    ("prompt_embeds", {"rows": [[1.0]] * 11}, "dtype"),
+    ("prompt_embeds", {**EMBEDS, "dtype": "nope"}, "nope"),
+    ("prompt_embeds", {**EMBEDS, "dtype": "object"}, "numbers"),
+    ("prompt_embeds", {**EMBEDS, "dtype": [1]}, "dtype"),
+    ("prompt_embeds", {**EMBEDS, "rows": [["a"]] * 11}, "rows"),
+    ("prompt_embeds", {**EMBEDS, "rows": [[1.0], [1.0, 2.0]]}, "rows"),
+    ("prompt_embeds", {**EMBEDS, "rows": 5}, "2-D"),
+    ("prompt_embeds", {**EMBEDS, "rows": [[[1.0]]] * 11}, "2-D"),
+    ("prompt_embeds", {"dtype": "int8", "rows": [[1000]] * 11}, "rows"),
+    ("lora", [1], "expected"),
+    ("lora", {"name": "x"}, "path"),
+    ("lora", {"name": 1, "path": "x"}, "must be a str"),
+    ("mm", {"a": 1}, "expected"),
+    ("mm", "abc", "expected"),
+    ("mm", 5, "expected"),
+    ("mm", [[1]], "expected"),
+    ("mm", [{"identifier": "i", "offset": "1", "length": 1}], "offset must be an int"),
+    ("cache_salt", 5, "cache_salt must be a str"),
+    ("none_hash_seed", 5, "malformed none_hash_seed field: expected a str"),
+    ("block_size", "4", "block_size must be an int >= 1"),
+    ("block_size", True, "block_size must be an int >= 1"),
+    ("algo", ["x"], "unknown hash algorithm"),
+    ("prompt_token_ids", [[1]] * 11, r"token_ids\[0\] is \[1\] \(list\)"),
+    ("prompt_token_ids", [1, 2, 3, 2**64], r"token_ids\[3\]"),
+    ("block_hashes", ["abc"], "block_hashes"),
+])
+def test_malformed_field_names_file_vector_and_field(tmp_path, field, value, message):
+    "load_vectors and check_vectors refuse a malformed field with one ValueError naming file, vector and field."
+    path = _tampered(tmp_path, lambda d: d["vectors"][6].update({field: value}))
+    for read in (load_vectors, lambda p: check_vectors([p])):
+        with pytest.raises(ValueError) as e:
+            read(path)
+        assert str(e.value).startswith(f"{path}: vector 6: "), e.value
+        assert field.replace("prompt_token_ids", "token_ids") in str(e.value) and re.search(message, str(e.value)), e.value
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"vectors": []}', "no vectors"),
+    ('{"source": "x", "vectors": []}', "no vectors"),
+    ("[" * 100_000 + "]" * 100_000, "cannot read"),
+    ('{"vectors": [' + "9" * 5000 + "]}", "cannot read"),
+])
+def test_vector_files_that_check_nothing_or_cannot_be_read(tmp_path, text, message):
+    (tmp_path / "v.json").write_text(text)
+    with pytest.raises(ValueError, match=message) as e:
+        check_vectors([tmp_path / "v.json"])
+    assert str(tmp_path / "v.json") in str(e.value)
+
+
+def test_check_vectors_of_no_files_is_an_error():
+    with pytest.raises(ValueError, match="no vector files"):
+        check_vectors([])
+
+
 def test_cli_check_not_json(capsys, tmp_path):
     (tmp_path / "bad.json").write_text("{nope")
     assert hash_main(["--check", str(tmp_path / "bad.json")]) == 2
