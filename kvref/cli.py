@@ -6,12 +6,22 @@ Docs: https://kvref.github.io/kvref/cli.html.md"""
 
 # %% ../nbs/12_cli.ipynb #d85ddf7f
 from __future__ import annotations
-import argparse, functools, importlib, sys
-from typing import Callable, NoReturn
+import argparse, functools, importlib, json, sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
 import kvref
+from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
+                           hash_request_tokens)
+from .kv_cache_manager import BEHAVIORS
+from .replay import TRACE_FORMAT_VERSION, TraceReplayer, load_decisions, load_trace
+from .conformance import FIELDS, AllocatorAdapter, check, shrink
+from .pictures import progress, write_svgs
+from .workloads import replay_stats
 
 # %% auto #0
-__all__ = ['SUBCOMMANDS', 'CommandParser', 'returns_exit_status', 'main']
+__all__ = ['SUBCOMMANDS', 'CommandParser', 'returns_exit_status', 'hash_main', 'replay_main', 'load_adapter', 'check_main',
+           'cudagraph_main', 'check_runs', 'thinking_budget_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -27,20 +37,314 @@ def returns_exit_status(run: Callable[[list[str] | None], int]) -> Callable[[lis
         except SystemExit as exit_: return exit_.code if isinstance(exit_.code, int) else 2
     return command
 
+# %% ../nbs/12_cli.ipynb #63b14aec
+def _read_token_file(path: str) -> list[int]:
+    "Token ids from a JSON list or whitespace/comma-separated integers ('-' reads stdin)."
+    try: text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e: raise ValueError(f"--file {path}: cannot read: {e}") from None
+    if text.lstrip().startswith("["):
+        try: return json.loads(text)
+        except json.JSONDecodeError as e: raise ValueError(f"{path}: not a JSON list of token ids: {e}") from None
+    return _parse_ints(text.replace(",", " ").split(), path)
+
+def _parse_ints(words: Sequence[str], where: str) -> list[int]:
+    try: return [int(w) for w in words]
+    except ValueError: raise ValueError(f"{where}: token ids must be integers, got {next(w for w in words if not w.lstrip('-').isdigit())!r}") from None
+
+def _parse_mm(spec: str) -> MultiModalItem:
+    parts = spec.rsplit(":", 2)
+    if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts[1:]):
+        raise ValueError(f"--mm {spec!r}: expected ID:OFFSET:LENGTH with integer OFFSET and LENGTH")
+    return MultiModalItem(parts[0], int(parts[1]), int(parts[2]))
+
+def _parse_lora(spec: str) -> LoRARequest:
+    name, sep, path = spec.partition(":")
+    if not sep or not name: raise ValueError(f"--lora {spec!r}: expected NAME:PATH")
+    return LoRARequest(name, path)
+
+# %% ../nbs/12_cli.ipynb #c1f8addb
+@returns_exit_status
+def hash_main(argv: list[str] | None = None) -> int:
+    "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
+    parser = CommandParser(prog="kvref hash", description="Hash token ids into vLLM 0.33 block hashes, "
+                           "one per full block, or verify vector files with --check.")
+    parser.add_argument("tokens", nargs="*", help="token ids (integers >= 0)")
+    parser.add_argument("--file", help="read token ids from FILE (JSON list or whitespace/comma separated; - for stdin)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    parser.add_argument("--algo", default="sha256", help=f"hash algorithm: {', '.join(HASH_FUNCTIONS)} (default sha256)")
+    parser.add_argument("--salt", help="cache salt")
+    parser.add_argument("--lora", metavar="NAME:PATH", help="LoRA adapter name and path")
+    parser.add_argument("--mm", metavar="ID:OFFSET:LENGTH", action="append", default=[], help="multimodal item (repeatable)")
+    parser.add_argument("--seed", help="NONE_HASH seed (default: PYTHONHASHSEED, else vLLM's default for the algorithm)")
+    parser.add_argument("--format", choices=("hex", "int64", "json"), default="hex", help="output format (default hex)")
+    parser.add_argument("--check", nargs="+", metavar="FILE", help="verify vector files instead of hashing")
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            if args.tokens or args.file: raise ValueError("--check takes no token ids")
+            count, mismatch = check_vectors(args.check)
+            if mismatch:
+                m = mismatch
+                print(f"{m.path}: vector {m.vector}, block {m.block}: expected {m.expected}, got {m.got}")
+                return 1
+            print(f"{count} vectors, {count} match")
+            return 0
+        if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
+        if not args.file and not args.tokens: raise ValueError("give token ids, --file or --check")
+        tokens = _read_token_file(args.file) if args.file else _parse_ints(args.tokens, "tokens")
+        hashes = hash_request_tokens(tokens, args.block_size, args.algo, cache_salt=args.salt, seed=args.seed,
+                                     lora=_parse_lora(args.lora) if args.lora else None,
+                                     mm_items=[_parse_mm(s) for s in args.mm])
+    except (ValueError, TypeError, OSError) as e:
+        print(f"kvref hash: error: {e}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps({"algo": args.algo, "block_size": args.block_size, "block_hashes": [h.hex() for h in hashes],
+                          "block_ids_int64": [block_hash_to_int64(h) for h in hashes]}))
+    else:
+        for h in hashes: print(h.hex() if args.format == "hex" else block_hash_to_int64(h))
+    return 0
+
+# %% ../nbs/12_cli.ipynb #81387204
+def _divergence(n: int, op: dict, expected: dict | None, got: dict | None) -> str:
+    return (f"op {n} diverges: {json.dumps(op)}\n  expected: {json.dumps(expected)}\n"
+            f"  got:      {json.dumps(got)}")
+
+@returns_exit_status
+def replay_main(argv: list[str] | None = None) -> int:
+    "`kvref replay TRACE.jsonl [--behavior B] [--expect D.jsonl] [--strict] [--stats] [--svg DIR]`; the exit status."
+    parser = CommandParser(prog="kvref replay", description="Replay an allocator trace (format version "
+                           f"{TRACE_FORMAT_VERSION}) and print kvref's decision for each op as JSONL.")
+    parser.add_argument("trace", metavar="TRACE.jsonl", help="the allocator trace to replay")
+    parser.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33", help="allocator behaviour (default: vllm_0_33)")
+    parser.add_argument("--expect", metavar="DECISIONS.jsonl", help="compare with these decisions; stop at the first divergence")
+    parser.add_argument("--strict", action="store_true", help="freeing an unknown or already freed request is an error")
+    parser.add_argument("--stats", action="store_true", help="print hit rates, evictions, refusals, preemptions, peak usage")
+    parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (needs matplotlib)")
+    args = parser.parse_args(argv)
+    try:
+        ops = load_trace(args.trace)
+        expected = load_decisions(args.expect) if args.expect else None
+    except (OSError, ValueError) as e:
+        print(f"kvref replay: error: {e}", file=sys.stderr); return 2
+    replayer, keep = TraceReplayer(args.behavior, args.strict), args.stats or args.svg
+    quiet, decisions = keep or expected is not None, []  # quiet: decisions are not printed, so show progress
+    for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ops, 1):
+        try: got = replayer.apply(op)
+        except (ValueError, TypeError) as e:
+            print(f"kvref replay: error: op {n}: {e}", file=sys.stderr); return 2
+        if keep: decisions.append(got)
+        if not quiet: print(json.dumps(got))
+        elif expected is not None:
+            want = expected[n - 1] if n <= len(expected) else None
+            if got != want: print(_divergence(n, op, want, got)); return 1
+    if expected is not None:
+        if len(expected) > len(ops):
+            print(f"op {len(ops) + 1} diverges: the trace ended but {len(expected) - len(ops)} more decisions were expected")
+            return 1
+        print(f"kvref replay: all {len(ops)} decisions match ({args.behavior})")
+    if args.stats: print(replay_stats(ops, decisions).report())
+    if args.svg:
+        try: written = write_svgs(ops, decisions, args.svg)
+        except ImportError:
+            print("kvref replay: error: --svg needs matplotlib (pip install 'kvref[pictures]')", file=sys.stderr); return 2
+        except OSError as e:
+            print(f"kvref replay: error: --svg {args.svg}: {e}", file=sys.stderr); return 2
+        print(f"kvref replay: wrote {len(written)} pictures to {args.svg}")
+    return 0
+
+# %% ../nbs/12_cli.ipynb #99ab20f8
+def load_adapter(spec: str) -> Callable[[dict], AllocatorAdapter]:
+    "The factory named by `module:attribute` (e.g. `kvref.nano:NanoAdapter`)."
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name: raise ValueError(f"--adapter must look like module:factory, got {spec!r}")
+    try: factory = getattr(importlib.import_module(module), name)
+    except ImportError as e: raise ValueError(f"cannot import module {module!r}: {e}") from None
+    except AttributeError: raise ValueError(f"module {module!r} has no attribute {name!r}") from None
+    if not callable(factory): raise ValueError(f"{spec} is not callable")
+    return factory
+
+# %% ../nbs/12_cli.ipynb #bd08abb1
+@returns_exit_status
+def check_main(argv: list[str] | None = None) -> int:
+    "`kvref check`: 0 if every trace conforms, 1 if one diverged (minimal traces written), 2 on bad input."
+    p = CommandParser(prog="kvref check", description="Check an engine's allocator against kvref, op by op.")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="allocator traces (JSONL)")
+    p.add_argument("--adapter", required=True, help="module:factory; factory(config dict) -> AllocatorAdapter")
+    p.add_argument("--behavior", default="vllm_0_33", choices=["vllm_0_33", "design_doc"])
+    p.add_argument("--fields", default=",".join(FIELDS), help="comma-separated decision fields to compare")
+    p.add_argument("--out", default=".", help="folder for minimal diverging traces")
+    ns = p.parse_args(argv)
+    try:
+        factory, fields = load_adapter(ns.adapter), [f for f in ns.fields.split(",") if f]
+        if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
+        traces = {t: load_trace(t) for t in ns.traces}
+    except (ValueError, OSError) as e:
+        print(f"kvref check: error: {e}", file=sys.stderr); return 2
+    status = 0
+    for path, ops in traces.items():
+        try: d = check(factory, ops, ns.behavior, fields)
+        except ValueError as e:
+            print(f"kvref check: error: {path}: {e}", file=sys.stderr); return 2
+        if d is None: print(f"{path}: conforms ({len(ops)} ops)"); continue
+        out = Path(ns.out) / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        minimal = shrink(factory, ops, ns.behavior, fields)
+        out.write_text("".join(json.dumps(o) + "\n" for o in minimal))
+        print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {out}"); status = 1
+    return status
+
+# %% ../nbs/12_cli.ipynb #022a7511
+def _cudagraph_parser() -> CommandParser:
+    from kvref.cudagraph import ATTENTION_CG_SUPPORT  # imports torch: only when the command runs
+    p = CommandParser(prog="kvref cudagraph", description="Resolve a CUDA graph mode, build the dispatcher's keys, "
+                      "and show which graph runs each batch (vLLM 0.33 rules).")
+    p.add_argument("batches", nargs="*", metavar="TOKENS[u]", help="batch sizes in tokens; suffix u for a uniform decode batch")
+    p.add_argument("--mode", default="FULL_AND_PIECEWISE", help="requested cudagraph_mode (default FULL_AND_PIECEWISE)")
+    p.add_argument("--backend", action="append", default=[], help=f"attention backend in use (repeatable): {', '.join(ATTENTION_CG_SUPPORT)}")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--num-speculative-tokens", type=int, default=0)
+    p.add_argument("--capture-sizes", help="comma-separated cudagraph_capture_sizes (default: vLLM's ladder)")
+    p.add_argument("--max-capture-size", type=int, help="max_cudagraph_capture_size")
+    p.add_argument("--no-attention-split", action="store_true", help="attention is not a piecewise split point")
+    p.add_argument("--no-piecewise-compilation", action="store_true", help="compilation mode is not VLLM_COMPILE")
+    return p
+
+def _parse_batch(text: str) -> tuple[int, bool]:
+    uniform = text.endswith("u")
+    digits = text[:-1] if uniform else text
+    if not digits.isdigit(): raise ValueError(f"batch {text!r} is not a token count like 3 or 3u")
+    return int(digits), uniform
+def _parse_sizes(text: str) -> list[int]:
+    sizes = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in sizes if not s.isdigit()]
+    if bad: raise ValueError(f"--capture-sizes takes comma-separated integers like 1,2,4,8; got {bad[0]!r}")
+    return [int(s) for s in sizes]
+
+# %% ../nbs/12_cli.ipynb #09e35e4d
+@returns_exit_status
+def cudagraph_main(argv: list[str] | None = None, # arguments after `kvref cudagraph`
+                  ) -> int:
+    "`kvref cudagraph`: print the resolved mode, capture sizes, key counts and each batch's dispatch; the exit code."
+    from kvref.cudagraph import CudagraphDispatcher, min_cg_support, resolve_cudagraph_mode_and_sizes
+    ns = _cudagraph_parser().parse_args(argv)
+    try:
+        batches = [_parse_batch(b) for b in ns.batches]
+        sizes = None if ns.capture_sizes is None else _parse_sizes(ns.capture_sizes)
+        support, backend = min_cg_support(ns.backend)
+        split, compiled = not ns.no_attention_split, not ns.no_piecewise_compilation
+        resolution, sizes, top = resolve_cudagraph_mode_and_sizes(
+            ns.mode, support, ns.max_num_seqs, ns.max_num_batched_tokens, ns.num_speculative_tokens, sizes,
+            ns.max_capture_size, backend, split and compiled, compiled)
+        dispatcher = CudagraphDispatcher(sizes, ns.max_num_seqs, attention_split=split and compiled)
+        dispatcher.initialize_cudagraph_keys(resolution.mode, 1 + ns.num_speculative_tokens)
+        lines = [f"mode: {resolution.requested.name}" + "".join(f" -> {d.after.name} ({d.reason})" for d in resolution.downgrades),
+                 f"capture sizes: {sizes} (max {top})",
+                 "keys: " + ", ".join(f"{m.name} {len(k)}" for m, k in dispatcher.cudagraph_keys.items())]
+        for n, uniform in batches:
+            mode, key = dispatcher.dispatch(n, uniform_decode=uniform)
+            lines.append(f"{n}{' uniform' if uniform else ''} -> {mode.name} ({key.num_tokens}, {key.num_reqs}, {key.uniform})")
+    except ValueError as e:
+        print(f"kvref cudagraph: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+# %% ../nbs/12_cli.ipynb #9d1e331a
+def _ints(values: list[str] | None, name: str) -> list[int]:
+    out = []
+    for v in " ".join(values or []).replace(",", " ").split():
+        if not v.lstrip("-").isdigit() or int(v) < 0: raise ValueError(f"{name} must be token ids (ints >= 0), got {v!r}")
+        out.append(int(v))
+    return out
+
+def _budget_arg(v: str) -> int | None:
+    from kvref.thinking_budget import check_thinking_token_budget
+    if v.lower() == "none": return None
+    if not v.lstrip("-").isdigit(): raise ValueError(f"thinking_token_budget must be an int >= -1 or none, got {v!r}")
+    return check_thinking_token_budget(int(v))
+
+def _run_field(path: str, i: int, case: dict, name: str):
+    if name not in case: raise ValueError(f"{path}: case {i}: a run lacks field {name!r}")
+    return case[name]
+
+def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | None]:
+    "Replay the greedy runs in a vector file; return (number of cases, first mismatch described or None)."
+    from kvref.thinking_budget import ReasoningConfig, ThinkingBudgetStateHolder, _token_ids, greedy_run
+    try: cases = json.loads(open(path).read())
+    except json.JSONDecodeError as e: raise ValueError(f"{path} is not JSON ({e})") from None
+    except RecursionError: raise ValueError(f"{path} is nested too deeply to be a file of recorded runs") from None
+    cases = cases.get("cases") if isinstance(cases, dict) else None
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise ValueError(f"{path} must be a JSON object whose \"cases\" is a list of recorded runs")
+    if not cases: raise ValueError(f"{path} has no cases: there is nothing to compare")
+    for i, c in enumerate(cases):
+        start, end, budget, prompt = (_run_field(path, i, c, k) for k in ("start", "end", "budget", "prompt"))
+        wish, emitted, forced = (_run_field(path, i, c, k) for k in ("wish", "emitted", "forced"))
+        for name, ids in (("wish", wish), ("emitted", emitted)): _token_ids(f"{path}: case {i}: {name}", ids)
+        if not isinstance(forced, list) or not all(isinstance(f, bool) for f in forced):
+            raise ValueError(f"{path}: case {i}: forced must be a list of true/false")
+        if not len(wish) == len(emitted) == len(forced):
+            raise ValueError(f"{path}: case {i}: wish, emitted and forced must have the same length")
+        cfg = ReasoningConfig(start, end, c.get("natural_end"))  # N: the run's "natural_end", else E
+        got = greedy_run(ThinkingBudgetStateHolder(cfg, 1, behavior=behavior), prompt, wish, budget)
+        if got != (emitted, forced):
+            j = next(k for k in range(len(wish)) if (got[0][k], got[1][k]) != (emitted[k], forced[k]))
+            return len(cases), (f"{path}: case {i}, position {j}: expected {emitted[j]} forced={forced[j]}, "
+                                f"got {got[0][j]} forced={got[1][j]}")
+    return len(cases), None
+
+# %% ../nbs/12_cli.ipynb #59fff33c
+@returns_exit_status
+def thinking_budget_main(argv: list[str] | None = None) -> int:
+    "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
+    from kvref.thinking_budget import BEHAVIORS, ReasoningConfig, contract_forcings  # imports torch
+    p = CommandParser(prog="kvref thinking-budget", description="Print the (row, token) forcings the thinking-budget "
+                      "contract requires for one step, or replay recorded greedy runs with --check.")
+    p.add_argument("--start", nargs="+", help="think-start token ids (S)")
+    p.add_argument("--end", nargs="+", help="forced end token ids (E)")
+    p.add_argument("--natural-end", nargs="+", help="the model's own end tag (N; default: E)")
+    p.add_argument("--budget", default="none", help="thinking_token_budget: an int >= -1, or none")
+    p.add_argument("--prompt", nargs="*", help="prompt token ids")
+    p.add_argument("--output", nargs="*", help="committed output token ids")
+    p.add_argument("--drafts", nargs="*", help="this step's draft token ids")
+    p.add_argument("--check", nargs="+", metavar="FILE", help="replay recorded greedy runs instead")
+    p.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33_v1", help="behaviour for --check")
+    args = p.parse_args(argv)
+    try:
+        if args.check:
+            total = 0
+            for path in args.check:
+                n, mismatch = check_runs(path, args.behavior)
+                if mismatch: print(mismatch); return 1
+                total += n
+            print(f"{total} runs, {total} match ({args.behavior})")
+            return 0
+        if not args.start or not args.end: raise ValueError("give --start and --end token ids, or --check FILE")
+        cfg = ReasoningConfig(_ints(args.start, "--start"), _ints(args.end, "--end"),
+                              _ints(args.natural_end, "--natural-end") or None)
+        forcings = contract_forcings(_ints(args.prompt, "--prompt"), _ints(args.output, "--output"),
+                                     _ints(args.drafts, "--drafts"), cfg, _budget_arg(args.budget))
+    except (ValueError, TypeError, OSError, KeyError) as e:
+        print(f"kvref thinking-budget: error: {f'a run lacks field {e}' if isinstance(e, KeyError) else e}",
+              file=sys.stderr)
+        return 2
+    print(json.dumps({"forcings": forcings}))
+    return 0
+
 # %% ../nbs/12_cli.ipynb #9f06ef68
-SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "hash":      ("kvref.hashing", "hash_main", "hash token ids into vLLM block hashes; verify vector files"),
-    "replay":    ("kvref.replay", "replay_main", "replay an allocator trace and print kvref's decisions"),
-    "check":     ("kvref.conformance", "check_main", "check another engine's allocator against kvref in lockstep"),
-    "cudagraph": ("kvref.cudagraph", "cudagraph_main",
-                  "resolve a CUDA graph mode and show which graph runs each batch"),
-    "thinking-budget": ("kvref.thinking_budget", "thinking_budget_main",
-                        "thinking-budget forcings for one step; --check recorded greedy runs"),
+SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
+    "hash":      (hash_main, "hash token ids into vLLM block hashes; verify vector files"),
+    "replay":    (replay_main, "replay an allocator trace and print kvref's decisions"),
+    "check":     (check_main, "check another engine's allocator against kvref in lockstep"),
+    "cudagraph": (cudagraph_main, "resolve a CUDA graph mode and show which graph runs each batch"),
+    "thinking-budget": (thinking_budget_main, "thinking-budget forcings for one step; --check recorded greedy runs"),
 }
 
 # %% ../nbs/12_cli.ipynb #ebba3da6
 def _top_parser() -> CommandParser:
-    commands = "\n".join(f"  {name:<17}{help_}" for name, (_, _, help_) in SUBCOMMANDS.items())
+    commands = "\n".join(f"  {name:<17}{help_}" for name, (_, help_) in SUBCOMMANDS.items())
     parser = CommandParser(prog="kvref", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="kvref: a reference implementation of vLLM V1's core, used as a correctness oracle.",
         epilog=f"commands:\n{commands}\n\nRun `kvref COMMAND --help` for a command's options.")
@@ -57,7 +361,5 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if ns.command not in SUBCOMMANDS:
         parser.error(f"unknown command {ns.command!r} (choose from {', '.join(SUBCOMMANDS)})")
-    module, function, _ = SUBCOMMANDS[ns.command]
-    run = getattr(importlib.import_module(module), function, None)
-    if run is None: parser.error(f"command {ns.command!r} is not available in this version of kvref")
+    run, _ = SUBCOMMANDS[ns.command]
     return run(ns.args)

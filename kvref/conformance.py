@@ -6,20 +6,19 @@ Docs: https://kvref.github.io/kvref/conformance.html.md"""
 
 # %% ../nbs/07_conformance.ipynb #089a5c78
 from __future__ import annotations
-import importlib, json, sys
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, runtime_checkable
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
-from .cli import returns_exit_status
 from .hashing import LoRARequest
 from .kv_cache_manager import KVCacheManager, Request
 from .replay import TraceReplayer, load_trace
 
 # %% auto #0
 __all__ = ['FIELDS', 'AllocatorAdapter', 'KVRefAdapter', 'Driver', 'kvref_factory', 'run_adapter', 'Divergence', 'check',
-           'shrink', 'ConformanceMachine', 'conformance_machine', 'load_adapter', 'check_main']
+           'shrink', 'ConformanceMachine', 'conformance_machine']
 
 # %% ../nbs/07_conformance.ipynb #f6d91947
 @runtime_checkable
@@ -334,45 +333,3 @@ def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory:
     return type("ConformanceMachineFor", (ConformanceMachine,), dict(
         factory=staticmethod(_as_factory(adapter)), behavior=behavior, fields=tuple(fields), out_path=Path(out_path),
         caching=tuple(caching)))
-
-# %% ../nbs/07_conformance.ipynb #99ab20f8
-def load_adapter(spec: str) -> Callable[[dict], AllocatorAdapter]:
-    "The factory named by `module:attribute` (e.g. `kvref.nano:NanoAdapter`)."
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name: raise ValueError(f"--adapter must look like module:factory, got {spec!r}")
-    try: factory = getattr(importlib.import_module(module), name)
-    except ImportError as e: raise ValueError(f"cannot import module {module!r}: {e}") from None
-    except AttributeError: raise ValueError(f"module {module!r} has no attribute {name!r}") from None
-    if not callable(factory): raise ValueError(f"{spec} is not callable")
-    return factory
-
-# %% ../nbs/07_conformance.ipynb #bd08abb1
-@returns_exit_status
-def check_main(argv: list[str] | None = None) -> int:
-    "`kvref check`: 0 if every trace conforms, 1 if one diverged (minimal traces written), 2 on bad input."
-    from kvref.cli import CommandParser
-    p = CommandParser(prog="kvref check", description="Check an engine's allocator against kvref, op by op.")
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="allocator traces (JSONL)")
-    p.add_argument("--adapter", required=True, help="module:factory; factory(config dict) -> AllocatorAdapter")
-    p.add_argument("--behavior", default="vllm_0_33", choices=["vllm_0_33", "design_doc"])
-    p.add_argument("--fields", default=",".join(FIELDS), help="comma-separated decision fields to compare")
-    p.add_argument("--out", default=".", help="folder for minimal diverging traces")
-    ns = p.parse_args(argv)
-    try:
-        factory, fields = load_adapter(ns.adapter), [f for f in ns.fields.split(",") if f]
-        if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
-        traces = {t: load_trace(t) for t in ns.traces}
-    except (ValueError, OSError) as e:
-        print(f"kvref check: error: {e}", file=sys.stderr); return 2
-    status = 0
-    for path, ops in traces.items():
-        try: d = check(factory, ops, ns.behavior, fields)
-        except ValueError as e:
-            print(f"kvref check: error: {path}: {e}", file=sys.stderr); return 2
-        if d is None: print(f"{path}: conforms ({len(ops)} ops)"); continue
-        out = Path(ns.out) / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        minimal = shrink(factory, ops, ns.behavior, fields)
-        out.write_text("".join(json.dumps(o) + "\n" for o in minimal))
-        print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {out}"); status = 1
-    return status

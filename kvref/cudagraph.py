@@ -13,15 +13,13 @@ from itertools import product
 from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from fastcore.basics import patch
-from .cli import returns_exit_status
 
 # %% auto #0
 __all__ = ['RUNTIME_MODES', 'ATTENTION_CG_SUPPORT', 'MAX_DEFAULT_CAPTURE_SIZE', 'CUDAGraphMode', 'as_mode', 'AttentionCGSupport',
            'min_cg_support', 'default_capture_sizes', 'derive_capture_sizes', 'round_capture_sizes_for_spec_decode',
            'Downgrade', 'ModeResolution', 'resolve_cudagraph_mode', 'resolve_cudagraph_mode_and_sizes',
            'BatchDescriptor', 'LoRASettings', 'CudagraphDispatcher', 'ForwardContext', 'set_forward_context',
-           'get_forward_context', 'StandInGraph', 'CUDAGraphEntry', 'CUDAGraphWrapper', 'capture_cudagraphs',
-           'cudagraph_main']
+           'get_forward_context', 'StandInGraph', 'CUDAGraphEntry', 'CUDAGraphWrapper', 'capture_cudagraphs']
 
 # %% ../nbs/10_cudagraph.ipynb #d00d9380
 class CUDAGraphMode(enum.Enum):
@@ -575,60 +573,3 @@ def capture_cudagraphs(dummy_run: Callable[[BatchDescriptor], Any], # runs the m
             with set_forward_context(mode, key, capturing=True): dummy_run(key)
             captured += 1
     return captured
-
-# %% ../nbs/10_cudagraph.ipynb #022a7511
-def _cudagraph_parser():
-    from kvref.cli import CommandParser
-    p = CommandParser(prog="kvref cudagraph", description="Resolve a CUDA graph mode, build the dispatcher's keys, "
-                      "and show which graph runs each batch (vLLM 0.33 rules).")
-    p.add_argument("batches", nargs="*", metavar="TOKENS[u]", help="batch sizes in tokens; suffix u for a uniform decode batch")
-    p.add_argument("--mode", default="FULL_AND_PIECEWISE", help="requested cudagraph_mode (default FULL_AND_PIECEWISE)")
-    p.add_argument("--backend", action="append", default=[], help=f"attention backend in use (repeatable): {', '.join(ATTENTION_CG_SUPPORT)}")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--num-speculative-tokens", type=int, default=0)
-    p.add_argument("--capture-sizes", help="comma-separated cudagraph_capture_sizes (default: vLLM's ladder)")
-    p.add_argument("--max-capture-size", type=int, help="max_cudagraph_capture_size")
-    p.add_argument("--no-attention-split", action="store_true", help="attention is not a piecewise split point")
-    p.add_argument("--no-piecewise-compilation", action="store_true", help="compilation mode is not VLLM_COMPILE")
-    return p
-
-def _parse_batch(text: str) -> tuple[int, bool]:
-    uniform = text.endswith("u")
-    digits = text[:-1] if uniform else text
-    if not digits.isdigit(): raise ValueError(f"batch {text!r} is not a token count like 3 or 3u")
-    return int(digits), uniform
-def _parse_sizes(text: str) -> list[int]:
-    sizes = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in sizes if not s.isdigit()]
-    if bad: raise ValueError(f"--capture-sizes takes comma-separated integers like 1,2,4,8; got {bad[0]!r}")
-    return [int(s) for s in sizes]
-
-# %% ../nbs/10_cudagraph.ipynb #09e35e4d
-@returns_exit_status
-def cudagraph_main(argv: list[str] | None = None, # arguments after `kvref cudagraph`
-                  ) -> int:
-    "`kvref cudagraph`: print the resolved mode, capture sizes, key counts and each batch's dispatch; the exit code."
-    import sys
-    ns = _cudagraph_parser().parse_args(argv)
-    try:
-        batches = [_parse_batch(b) for b in ns.batches]
-        sizes = None if ns.capture_sizes is None else _parse_sizes(ns.capture_sizes)
-        support, backend = min_cg_support(ns.backend)
-        split, compiled = not ns.no_attention_split, not ns.no_piecewise_compilation
-        resolution, sizes, top = resolve_cudagraph_mode_and_sizes(
-            ns.mode, support, ns.max_num_seqs, ns.max_num_batched_tokens, ns.num_speculative_tokens, sizes,
-            ns.max_capture_size, backend, split and compiled, compiled)
-        dispatcher = CudagraphDispatcher(sizes, ns.max_num_seqs, attention_split=split and compiled)
-        dispatcher.initialize_cudagraph_keys(resolution.mode, 1 + ns.num_speculative_tokens)
-        lines = [f"mode: {resolution.requested.name}" + "".join(f" -> {d.after.name} ({d.reason})" for d in resolution.downgrades),
-                 f"capture sizes: {sizes} (max {top})",
-                 "keys: " + ", ".join(f"{m.name} {len(k)}" for m, k in dispatcher.cudagraph_keys.items())]
-        for n, uniform in batches:
-            mode, key = dispatcher.dispatch(n, uniform_decode=uniform)
-            lines.append(f"{n}{' uniform' if uniform else ''} -> {mode.name} ({key.num_tokens}, {key.num_reqs}, {key.uniform})")
-    except ValueError as e:
-        print(f"kvref cudagraph: error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(lines))
-    return 0

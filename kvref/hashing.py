@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/hashing.html.md"""
 
 # %% ../nbs/01_hashing.ipynb #2f110631
 from __future__ import annotations
-import bisect, hashlib, json, os, pickle, sys
+import bisect, hashlib, json, os, pickle
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,8 +17,6 @@ from typing import Any
 import cbor2
 import numpy as np
 
-from .cli import returns_exit_status
-
 try:  # optional, like in vLLM: environments with strict security controls leave it out
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover
@@ -28,7 +26,7 @@ except ImportError:  # pragma: no cover
 __all__ = ['HASH_FUNCTIONS', 'SHA256_FAMILY', 'NONE_HASH_SEED', 'sha256', 'sha256_cbor', 'xxhash', 'xxhash_cbor', 'builtin',
            'get_hash_fn_by_name', 'init_none_hash', 'hash_block_tokens', 'LoRARequest', 'MultiModalItem',
            'generate_block_hash_extra_keys', 'hash_request_tokens', 'block_hash_to_int64', 'load_vectors',
-           'VectorMismatch', 'check_vectors', 'hash_main']
+           'VectorMismatch', 'check_vectors']
 
 # %% ../nbs/01_hashing.ipynb #c844f5b7
 def sha256(obj: Any) -> bytes:
@@ -388,72 +386,3 @@ def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | No
                     g = have[b] if b < len(have) else "(no block)"
                     if w != g: return count, VectorMismatch(str(path), i, b, w, g)
     return count, None
-
-# %% ../nbs/01_hashing.ipynb #63b14aec
-def _read_token_file(path: str) -> list[int]:
-    "Token ids from a JSON list or whitespace/comma-separated integers ('-' reads stdin)."
-    try: text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e: raise ValueError(f"--file {path}: cannot read: {e}") from None
-    if text.lstrip().startswith("["):
-        try: return json.loads(text)
-        except json.JSONDecodeError as e: raise ValueError(f"{path}: not a JSON list of token ids: {e}") from None
-    return _parse_ints(text.replace(",", " ").split(), path)
-
-def _parse_ints(words: Sequence[str], where: str) -> list[int]:
-    try: return [int(w) for w in words]
-    except ValueError: raise ValueError(f"{where}: token ids must be integers, got {next(w for w in words if not w.lstrip('-').isdigit())!r}") from None
-
-def _parse_mm(spec: str) -> MultiModalItem:
-    parts = spec.rsplit(":", 2)
-    if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts[1:]):
-        raise ValueError(f"--mm {spec!r}: expected ID:OFFSET:LENGTH with integer OFFSET and LENGTH")
-    return MultiModalItem(parts[0], int(parts[1]), int(parts[2]))
-
-def _parse_lora(spec: str) -> LoRARequest:
-    name, sep, path = spec.partition(":")
-    if not sep or not name: raise ValueError(f"--lora {spec!r}: expected NAME:PATH")
-    return LoRARequest(name, path)
-
-# %% ../nbs/01_hashing.ipynb #c1f8addb
-@returns_exit_status
-def hash_main(argv: list[str] | None = None) -> int:
-    "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
-    from kvref.cli import CommandParser
-    parser = CommandParser(prog="kvref hash", description="Hash token ids into vLLM 0.33 block hashes, "
-                           "one per full block, or verify vector files with --check.")
-    parser.add_argument("tokens", nargs="*", help="token ids (integers >= 0)")
-    parser.add_argument("--file", help="read token ids from FILE (JSON list or whitespace/comma separated; - for stdin)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
-    parser.add_argument("--algo", default="sha256", help=f"hash algorithm: {', '.join(HASH_FUNCTIONS)} (default sha256)")
-    parser.add_argument("--salt", help="cache salt")
-    parser.add_argument("--lora", metavar="NAME:PATH", help="LoRA adapter name and path")
-    parser.add_argument("--mm", metavar="ID:OFFSET:LENGTH", action="append", default=[], help="multimodal item (repeatable)")
-    parser.add_argument("--seed", help="NONE_HASH seed (default: PYTHONHASHSEED, else vLLM's default for the algorithm)")
-    parser.add_argument("--format", choices=("hex", "int64", "json"), default="hex", help="output format (default hex)")
-    parser.add_argument("--check", nargs="+", metavar="FILE", help="verify vector files instead of hashing")
-    args = parser.parse_args(argv)
-    try:
-        if args.check:
-            if args.tokens or args.file: raise ValueError("--check takes no token ids")
-            count, mismatch = check_vectors(args.check)
-            if mismatch:
-                m = mismatch
-                print(f"{m.path}: vector {m.vector}, block {m.block}: expected {m.expected}, got {m.got}")
-                return 1
-            print(f"{count} vectors, {count} match")
-            return 0
-        if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
-        if not args.file and not args.tokens: raise ValueError("give token ids, --file or --check")
-        tokens = _read_token_file(args.file) if args.file else _parse_ints(args.tokens, "tokens")
-        hashes = hash_request_tokens(tokens, args.block_size, args.algo, cache_salt=args.salt, seed=args.seed,
-                                     lora=_parse_lora(args.lora) if args.lora else None,
-                                     mm_items=[_parse_mm(s) for s in args.mm])
-    except (ValueError, TypeError, OSError) as e:
-        print(f"kvref hash: error: {e}", file=sys.stderr)
-        return 2
-    if args.format == "json":
-        print(json.dumps({"algo": args.algo, "block_size": args.block_size, "block_hashes": [h.hex() for h in hashes],
-                          "block_ids_int64": [block_hash_to_int64(h) for h in hashes]}))
-    else:
-        for h in hashes: print(h.hex() if args.format == "hex" else block_hash_to_int64(h))
-    return 0

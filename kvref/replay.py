@@ -6,17 +6,15 @@ Docs: https://kvref.github.io/kvref/replay.html.md"""
 
 # %% ../nbs/05_replay.ipynb #2f052368
 from __future__ import annotations
-import json, sys
+import json
 from pathlib import Path
 from typing import Iterable, Iterator
 from fastcore.basics import patch
-from .cli import returns_exit_status
 from .hashing import LoRARequest, MultiModalItem
 from .kv_cache_manager import BEHAVIORS, KVCacheManager, Request
 
 # %% auto #0
-__all__ = ['TRACE_FORMAT_VERSION', 'OP_FIELDS', 'validate_op', 'load_trace', 'load_decisions', 'TraceReplayer', 'replay',
-           'replay_main']
+__all__ = ['TRACE_FORMAT_VERSION', 'OP_FIELDS', 'validate_op', 'load_trace', 'load_decisions', 'TraceReplayer', 'replay']
 
 # %% ../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 1
@@ -187,54 +185,3 @@ def replay(ops: Iterable[dict],              # trace ops, `config` first
     "The decision for each op, in order, as the ops are applied."
     replayer = TraceReplayer(behavior, strict)
     for op in ops: yield replayer.apply(op)
-
-# %% ../nbs/05_replay.ipynb #81387204
-def _divergence(n: int, op: dict, expected: dict | None, got: dict | None) -> str:
-    return (f"op {n} diverges: {json.dumps(op)}\n  expected: {json.dumps(expected)}\n"
-            f"  got:      {json.dumps(got)}")
-
-@returns_exit_status
-def replay_main(argv: list[str] | None = None) -> int:
-    "`kvref replay TRACE.jsonl [--behavior B] [--expect D.jsonl] [--strict] [--stats] [--svg DIR]`; the exit status."
-    from kvref.cli import CommandParser
-    from kvref.pictures import progress, write_svgs
-    from kvref.workloads import replay_stats
-    parser = CommandParser(prog="kvref replay", description="Replay an allocator trace (format version "
-                           f"{TRACE_FORMAT_VERSION}) and print kvref's decision for each op as JSONL.")
-    parser.add_argument("trace", metavar="TRACE.jsonl", help="the allocator trace to replay")
-    parser.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33", help="allocator behaviour (default: vllm_0_33)")
-    parser.add_argument("--expect", metavar="DECISIONS.jsonl", help="compare with these decisions; stop at the first divergence")
-    parser.add_argument("--strict", action="store_true", help="freeing an unknown or already freed request is an error")
-    parser.add_argument("--stats", action="store_true", help="print hit rates, evictions, refusals, preemptions, peak usage")
-    parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (needs matplotlib)")
-    args = parser.parse_args(argv)
-    try:
-        ops = load_trace(args.trace)
-        expected = load_decisions(args.expect) if args.expect else None
-    except (OSError, ValueError) as e:
-        print(f"kvref replay: error: {e}", file=sys.stderr); return 2
-    replayer, keep = TraceReplayer(args.behavior, args.strict), args.stats or args.svg
-    quiet, decisions = keep or expected is not None, []  # quiet: decisions are not printed, so show progress
-    for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ops, 1):
-        try: got = replayer.apply(op)
-        except (ValueError, TypeError) as e:
-            print(f"kvref replay: error: op {n}: {e}", file=sys.stderr); return 2
-        if keep: decisions.append(got)
-        if not quiet: print(json.dumps(got))
-        elif expected is not None:
-            want = expected[n - 1] if n <= len(expected) else None
-            if got != want: print(_divergence(n, op, want, got)); return 1
-    if expected is not None:
-        if len(expected) > len(ops):
-            print(f"op {len(ops) + 1} diverges: the trace ended but {len(expected) - len(ops)} more decisions were expected")
-            return 1
-        print(f"kvref replay: all {len(ops)} decisions match ({args.behavior})")
-    if args.stats: print(replay_stats(ops, decisions).report())
-    if args.svg:
-        try: written = write_svgs(ops, decisions, args.svg)
-        except ImportError:
-            print("kvref replay: error: --svg needs matplotlib (pip install 'kvref[pictures]')", file=sys.stderr); return 2
-        except OSError as e:
-            print(f"kvref replay: error: --svg {args.svg}: {e}", file=sys.stderr); return 2
-        print(f"kvref replay: wrote {len(written)} pictures to {args.svg}")
-    return 0

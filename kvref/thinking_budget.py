@@ -12,14 +12,13 @@ from enum import Enum
 
 from fastcore.basics import patch
 
-from .cli import returns_exit_status
 from .logits_processors import BatchUpdate, MoveDirectionality
 from .sampling_params import SamplingParams
 
 # %% auto #0
 __all__ = ['FORCED_LOGIT', 'BEHAVIORS', 'GREEDY_RUN_MAX_VOCAB', 'ReasoningConfig', 'check_thinking_token_budget', 'Phase',
            'ThinkState', 'advance', 'next_forced', 'think_state', 'plan_forcings', 'contract_forcings', 'force_index',
-           'ThinkingBudgetStateHolder', 'greedy_run', 'check_runs', 'thinking_budget_main']
+           'ThinkingBudgetStateHolder', 'greedy_run']
 
 # %% ../nbs/09_thinking_budget.ipynb #0ff1975d
 FORCED_LOGIT = 1e9  # the logit a forced token gets: large and finite, so softmax never sees inf - inf
@@ -523,85 +522,3 @@ def _vllm_cells(self: ThinkingBudgetStateHolder, predict_bonus_token: bool, num_
             if predict_bonus_token:
                 if e.end_count > 0: e.bonus_token_forced, e.force_index = False, []
                 else: e.bonus_token_forced = True
-
-# %% ../nbs/09_thinking_budget.ipynb #9d1e331a
-def _ints(values: list[str] | None, name: str) -> list[int]:
-    out = []
-    for v in " ".join(values or []).replace(",", " ").split():
-        if not v.lstrip("-").isdigit() or int(v) < 0: raise ValueError(f"{name} must be token ids (ints >= 0), got {v!r}")
-        out.append(int(v))
-    return out
-
-def _budget_arg(v: str) -> int | None:
-    if v.lower() == "none": return None
-    if not v.lstrip("-").isdigit(): raise ValueError(f"thinking_token_budget must be an int >= -1 or none, got {v!r}")
-    return check_thinking_token_budget(int(v))
-
-def _run_field(path: str, i: int, case: dict, name: str):
-    if name not in case: raise ValueError(f"{path}: case {i}: a run lacks field {name!r}")
-    return case[name]
-
-def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | None]:
-    "Replay the greedy runs in a vector file; return (number of cases, first mismatch described or None)."
-    import json
-    try: cases = json.loads(open(path).read())
-    except json.JSONDecodeError as e: raise ValueError(f"{path} is not JSON ({e})") from None
-    except RecursionError: raise ValueError(f"{path} is nested too deeply to be a file of recorded runs") from None
-    cases = cases.get("cases") if isinstance(cases, dict) else None
-    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
-        raise ValueError(f"{path} must be a JSON object whose \"cases\" is a list of recorded runs")
-    if not cases: raise ValueError(f"{path} has no cases: there is nothing to compare")
-    for i, c in enumerate(cases):
-        start, end, budget, prompt = (_run_field(path, i, c, k) for k in ("start", "end", "budget", "prompt"))
-        wish, emitted, forced = (_run_field(path, i, c, k) for k in ("wish", "emitted", "forced"))
-        for name, ids in (("wish", wish), ("emitted", emitted)): _token_ids(f"{path}: case {i}: {name}", ids)
-        if not isinstance(forced, list) or not all(isinstance(f, bool) for f in forced):
-            raise ValueError(f"{path}: case {i}: forced must be a list of true/false")
-        if not len(wish) == len(emitted) == len(forced):
-            raise ValueError(f"{path}: case {i}: wish, emitted and forced must have the same length")
-        cfg = ReasoningConfig(start, end, c.get("natural_end"))  # N: the run's "natural_end", else E
-        got = greedy_run(ThinkingBudgetStateHolder(cfg, 1, behavior=behavior), prompt, wish, budget)
-        if got != (emitted, forced):
-            j = next(k for k in range(len(wish)) if (got[0][k], got[1][k]) != (emitted[k], forced[k]))
-            return len(cases), (f"{path}: case {i}, position {j}: expected {emitted[j]} forced={forced[j]}, "
-                                f"got {got[0][j]} forced={got[1][j]}")
-    return len(cases), None
-
-# %% ../nbs/09_thinking_budget.ipynb #59fff33c
-@returns_exit_status
-def thinking_budget_main(argv: list[str] | None = None) -> int:
-    "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
-    import json, sys
-    from kvref.cli import CommandParser
-    p = CommandParser(prog="kvref thinking-budget", description="Print the (row, token) forcings the thinking-budget "
-                      "contract requires for one step, or replay recorded greedy runs with --check.")
-    p.add_argument("--start", nargs="+", help="think-start token ids (S)")
-    p.add_argument("--end", nargs="+", help="forced end token ids (E)")
-    p.add_argument("--natural-end", nargs="+", help="the model's own end tag (N; default: E)")
-    p.add_argument("--budget", default="none", help="thinking_token_budget: an int >= -1, or none")
-    p.add_argument("--prompt", nargs="*", help="prompt token ids")
-    p.add_argument("--output", nargs="*", help="committed output token ids")
-    p.add_argument("--drafts", nargs="*", help="this step's draft token ids")
-    p.add_argument("--check", nargs="+", metavar="FILE", help="replay recorded greedy runs instead")
-    p.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33_v1", help="behaviour for --check")
-    args = p.parse_args(argv)
-    try:
-        if args.check:
-            total = 0
-            for path in args.check:
-                n, mismatch = check_runs(path, args.behavior)
-                if mismatch: print(mismatch); return 1
-                total += n
-            print(f"{total} runs, {total} match ({args.behavior})")
-            return 0
-        if not args.start or not args.end: raise ValueError("give --start and --end token ids, or --check FILE")
-        cfg = ReasoningConfig(_ints(args.start, "--start"), _ints(args.end, "--end"),
-                              _ints(args.natural_end, "--natural-end") or None)
-        forcings = contract_forcings(_ints(args.prompt, "--prompt"), _ints(args.output, "--output"),
-                                     _ints(args.drafts, "--drafts"), cfg, _budget_arg(args.budget))
-    except (ValueError, TypeError, OSError, KeyError) as e:
-        print(f"kvref thinking-budget: error: {f'a run lacks field {e}' if isinstance(e, KeyError) else e}",
-              file=sys.stderr)
-        return 2
-    print(json.dumps({"forcings": forcings}))
-    return 0

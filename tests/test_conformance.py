@@ -10,8 +10,9 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvref.conformance import (FIELDS, Driver, KVRefAdapter, check, check_main, conformance_machine, kvref_factory,
-                               load_adapter, run_adapter, shrink)
+from kvref.conformance import (FIELDS, Driver, KVRefAdapter, check, conformance_machine, kvref_factory,
+                               run_adapter, shrink)
+from kvref.cli import check_main, load_adapter
 from kvref.kv_cache_manager import KVCacheManager
 from kvref.nano import NanoAdapter
 from kvref.replay import load_trace, replay

@@ -462,7 +462,7 @@ def test_real_cuda_graphs_replay_like_eager():
 # ---------------------------------------------------------------- the CLI
 
 def test_cli(capsys):
-    from kvref.cudagraph import cudagraph_main
+    from kvref.cli import cudagraph_main
     assert cudagraph_main(["--max-num-seqs", "8", "--capture-sizes", "1,2,4,8", "--backend", "FlashAttention v2", "3u", "3", "9"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "mode: FULL_AND_PIECEWISE", "capture sizes: [1, 2, 4, 8] (max 8)", "keys: PIECEWISE 4, FULL 4",

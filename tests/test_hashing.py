@@ -13,7 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvref import hashing as H
 from kvref.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, generate_block_hash_extra_keys,
-                           get_hash_fn_by_name, hash_block_tokens, hash_main, hash_request_tokens, init_none_hash)
+                           get_hash_fn_by_name, hash_block_tokens, hash_request_tokens, init_none_hash)
+from kvref.cli import hash_main
 
 xxhash = pytest.importorskip("xxhash")
 SEED = "vllm-none-hash"

@@ -6,8 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvref.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors, hash_main,
+from kvref.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens, load_vectors)
+from kvref.cli import hash_main
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "golden" / "hashing"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvref.replay import (TraceReplayer, load_decisions, load_trace, replay, replay_main, validate_op)
+from kvref.cli import replay_main
+from kvref.replay import (TraceReplayer, load_decisions, load_trace, replay, validate_op)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "traces"
 TRACES = sorted(p for p in GOLDEN.glob("*.jsonl") if not p.name.endswith(".vllm.jsonl"))

@@ -386,7 +386,7 @@ def test_thinking_forever_gets_exactly_budget_then_E(budget, num_spec, seed, E, 
 
 # ---------------------------------------------------------------- command line
 def test_cli_forcings_and_check(capsys, tmp_path):
-    from kvref.thinking_budget import thinking_budget_main as main
+    from kvref.cli import thinking_budget_main as main
     assert main(["--start", "100", "--end", "200", "--budget", "2", "--output", "100", "60", "--drafts", "60,60"]) == 0
     assert json.loads(capsys.readouterr().out) == {"forcings": [[1, 200]]}
     assert main(["--check", str(GOLDEN)]) == 0

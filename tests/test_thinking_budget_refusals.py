@@ -9,8 +9,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from kvref.logits_processors import BatchUpdate, MoveDirectionality
+from kvref.cli import check_runs
 from kvref.sampling_params import SamplingParams
-from kvref.thinking_budget import (BEHAVIORS, ReasoningConfig, ThinkingBudgetStateHolder, check_runs,
+from kvref.thinking_budget import (BEHAVIORS, ReasoningConfig, ThinkingBudgetStateHolder,
                                    contract_forcings, force_index, greedy_run, think_state)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "thinking_budget"
