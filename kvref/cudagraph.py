@@ -15,11 +15,11 @@ import torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['RUNTIME_MODES', 'ATTENTION_CG_SUPPORT', 'CUDAGraphMode', 'as_mode', 'AttentionCGSupport', 'min_cg_support',
-           'default_capture_sizes', 'derive_capture_sizes', 'round_capture_sizes_for_spec_decode', 'Downgrade',
-           'ModeResolution', 'resolve_cudagraph_mode', 'resolve_cudagraph_mode_and_sizes', 'BatchDescriptor',
-           'LoRASettings', 'CudagraphDispatcher', 'ForwardContext', 'set_forward_context', 'get_forward_context',
-           'StandInGraph', 'CUDAGraphEntry', 'CUDAGraphWrapper', 'capture_cudagraphs']
+__all__ = ['RUNTIME_MODES', 'ATTENTION_CG_SUPPORT', 'MAX_DEFAULT_CAPTURE_SIZE', 'CUDAGraphMode', 'as_mode', 'AttentionCGSupport',
+           'min_cg_support', 'default_capture_sizes', 'derive_capture_sizes', 'round_capture_sizes_for_spec_decode',
+           'Downgrade', 'ModeResolution', 'resolve_cudagraph_mode', 'resolve_cudagraph_mode_and_sizes',
+           'BatchDescriptor', 'LoRASettings', 'CudagraphDispatcher', 'ForwardContext', 'set_forward_context',
+           'get_forward_context', 'StandInGraph', 'CUDAGraphEntry', 'CUDAGraphWrapper', 'capture_cudagraphs']
 
 # %% ../nbs/10_cudagraph.ipynb #d00d9380
 class CUDAGraphMode(enum.Enum):
@@ -102,6 +102,8 @@ def min_cg_support(backends: Iterable[str], # the attention backends the model u
                    table: dict[str, AttentionCGSupport] = ATTENTION_CG_SUPPORT, # what each backend declares
                   ) -> tuple[AttentionCGSupport, str | None]:
     "The weakest support among `backends`, and the first backend that has it (ALWAYS and None for no backends)."
+    if isinstance(backends, (str, bytes)) or not isinstance(backends, Iterable):
+        raise TypeError(f"backends must be a list of attention backend names, got {backends!r}")
     weakest, name = AttentionCGSupport.ALWAYS, None
     for backend in backends:
         if backend not in table:
@@ -111,19 +113,29 @@ def min_cg_support(backends: Iterable[str], # the attention backends the model u
     return weakest, name
 
 # %% ../nbs/10_cudagraph.ipynb #ba63afb6
+def _check_count(name: str, value: Any, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+
+def _check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool): raise TypeError(f"{name} must be a bool, got {value!r}")
+
+MAX_DEFAULT_CAPTURE_SIZE = 1 << 17  # kvref builds the default ladder up to here (8211 sizes); vLLM has no cap
+
 def default_capture_sizes(max_capture_size: int, # the largest size to capture
                          ) -> list[int]:
     "vLLM's default capture sizes up to `max_capture_size`: 1, 2, 4, then steps of 8 below 256, then steps of 16."
+    _check_count("max_cudagraph_capture_size", max_capture_size, 0)
+    if max_capture_size > MAX_DEFAULT_CAPTURE_SIZE:
+        raise ValueError(f"max_cudagraph_capture_size={max_capture_size} would make a default ladder of about "
+                         f"{max_capture_size // 16:,} capture sizes, one CUDA graph each; kvref builds the ladder only "
+                         f"up to a size of at most {MAX_DEFAULT_CAPTURE_SIZE} (lower the ceiling or list cudagraph_capture_sizes)")
     sizes = [s for s in (1, 2, 4) if s <= max_capture_size]
     if max_capture_size >= 8: sizes += range(8, min(max_capture_size + 1, 256), 8)
     if max_capture_size >= 256: sizes += range(256, max_capture_size + 1, 16)
     return sizes
 
 # %% ../nbs/10_cudagraph.ipynb #7b093bf0
-def _check_count(name: str, value: Any, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-
 def derive_capture_sizes(max_num_seqs: int,             # SchedulerConfig.max_num_seqs
                          max_num_batched_tokens: int,   # SchedulerConfig.max_num_batched_tokens
                          num_speculative_tokens: int = 0,        # draft tokens per request per step
@@ -139,6 +151,8 @@ def derive_capture_sizes(max_num_seqs: int,             # SchedulerConfig.max_nu
     ceiling = min(ceiling, max_num_batched_tokens)
     if capture_sizes is None: sizes = default_capture_sizes(ceiling)
     else:
+        if isinstance(capture_sizes, (str, bytes)) or not isinstance(capture_sizes, Sequence):
+            raise TypeError(f"cudagraph_capture_sizes must be a list of ints or None, got {capture_sizes!r}")
         if len(capture_sizes) == 0: raise ValueError("cudagraph_capture_sizes is empty; give at least one size, or None for the default ladder")
         for s in capture_sizes: _check_count("each capture size", s, 1)
         sizes = sorted({s for s in capture_sizes if s <= max_num_batched_tokens})
@@ -156,6 +170,8 @@ def round_capture_sizes_for_spec_decode(sizes: Sequence[int],       # the captur
     "Sizes rounded up to multiples of the uniform decode query length, those above the ceiling dropped; and the new ceiling."
     q = uniform_decode_query_len
     _check_count("uniform_decode_query_len", q, 1)
+    _check_count("max_capture_size", max_capture_size, 0)
+    for s in sizes: _check_count("each capture size", s, 1)
     if not sizes or q == 1: return list(sizes), max_capture_size
     rounded = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= max_capture_size})
     if not rounded and q <= max_capture_size: rounded = [q]
@@ -191,6 +207,8 @@ def resolve_cudagraph_mode(requested: CUDAGraphMode | str, # CompilationConfig.c
     mode, steps, q = as_mode(requested), [], uniform_decode_query_len
     if not isinstance(min_support, AttentionCGSupport): raise TypeError(f"min_support must be an AttentionCGSupport, got {min_support!r}")
     _check_count("uniform_decode_query_len", q, 1)
+    _check_flag("attention_split", attention_split)
+    _check_flag("piecewise_compilation", piecewise_compilation)
     if attention_split and not piecewise_compilation:
         raise ValueError("attention_split=True needs piecewise_compilation=True: split points exist only in piecewise compilation")
     supports = f"attention backend {backend} supports" if backend else "the attention backends support"
@@ -261,16 +279,22 @@ class LoRASettings:
     specialize: bool = True                # CompilationConfig.cudagraph_specialize_lora: separate graphs without LoRA
     specialize_active_loras: bool = False  # LoRAConfig.specialize_active_lora: graphs per active-adapter count
 
-    def __post_init__(self): _check_count("max_loras", self.max_loras, 1)
+    def __post_init__(self):
+        _check_count("max_loras", self.max_loras, 1)
+        _check_flag("specialize", self.specialize)
+        _check_flag("specialize_active_loras", self.specialize_active_loras)
 
     def cases(self) -> list[int]:
         "The active-adapter counts captured for every size; 0 is a batch without LoRA."
-        top = self.max_loras + 1
-        counts = [n for n in range(1, top + 1) if n & (n - 1) == 0 or n == top] if self.specialize_active_loras else [top]
+        top = self.max_loras + 1  # with specialize_active_loras: the powers of two below it, then itself
+        counts = [1 << i for i in range(top.bit_length()) if 1 << i < top] + [top] if self.specialize_active_loras else [top]
         return [0] + counts if self.specialize else [top]
 
     def effective_count(self, num_active_loras: int) -> int:
         "The captured count a batch with `num_active_loras` adapters dispatches to."
+        _check_count("num_active_loras", num_active_loras, 0)
+        if num_active_loras > self.max_loras:
+            raise ValueError(f"num_active_loras={num_active_loras} exceeds max_loras={self.max_loras}")
         if num_active_loras == 0: return 0
         if not self.specialize_active_loras: return self.max_loras + 1
         counts = [n for n in self.cases() if n]
@@ -285,6 +309,10 @@ class CudagraphDispatcher:
                  lora: LoRASettings | None = None, # LoRA settings, or None without LoRA
                  attention_split: bool = True,    # attention ops are piecewise split points
                 ):
+        if isinstance(capture_sizes, (str, bytes)) or not isinstance(capture_sizes, Sequence):
+            raise TypeError(f"capture_sizes must be a list of ints, got {capture_sizes!r}")
+        if lora is not None and not isinstance(lora, LoRASettings): raise TypeError(f"lora must be a LoRASettings or None, got {lora!r}")
+        _check_flag("attention_split", attention_split)
         sizes = list(capture_sizes)
         for s in sizes: _check_count("each capture size", s, 1)
         if sizes != sorted(set(sizes)): raise ValueError(f"capture sizes must be strictly ascending, got {sizes}")
@@ -297,14 +325,19 @@ class CudagraphDispatcher:
 
     def padded_size(self, num_tokens: int) -> int:
         "The smallest capture size that holds `num_tokens` (which must not exceed the largest)."
+        _check_count("num_tokens", num_tokens, 1)
+        if not self.capture_sizes: raise ValueError("this dispatcher has no capture sizes to pad to")
+        if num_tokens > self.max_capture_size:
+            raise ValueError(f"num_tokens={num_tokens} exceeds the largest capture size {self.max_capture_size}")
         return self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
 
 # %% ../nbs/10_cudagraph.ipynb #b94c2375
 @patch
-def _descriptor(self: CudagraphDispatcher, num_tokens: int, uniform: bool, num_active_loras: int) -> BatchDescriptor:
-    "vLLM's `_create_padded_batch_descriptor`: pad the batch, then count its requests."
-    padded, q = self.padded_size(num_tokens), self.uniform_decode_query_len
-    if uniform and self.cudagraph_mode.has_mode(CUDAGraphMode.FULL):
+def _descriptor(self: CudagraphDispatcher, num_tokens: int, uniform: bool, num_active_loras: int,
+                mode: CUDAGraphMode, q: int) -> BatchDescriptor:
+    "vLLM's `_create_padded_batch_descriptor` under `mode` and decode query length `q`: pad, then count requests."
+    padded = self.padded_size(num_tokens)
+    if uniform and mode.has_mode(CUDAGraphMode.FULL):
         if padded % q:
             raise ValueError(f"a uniform decode batch of {num_tokens} tokens pads to capture size {padded}, which is not a "
                              f"multiple of the uniform decode query length {q} (1 + num_speculative_tokens); "
@@ -325,18 +358,17 @@ def initialize_cudagraph_keys(self: CudagraphDispatcher,
     if mode.requires_piecewise_compilation() and not self.attention_split:
         raise ValueError(f"cudagraph_mode={mode.name} has piecewise graphs, but attention is not a split point; "
                          "resolve the mode first (resolve_cudagraph_mode)")
-    self.keys_initialized, self.cudagraph_mode, self.uniform_decode_query_len = False, mode, q
-    self.cudagraph_keys = {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}
+    keys = {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}  # built aside: a refused call changes nothing
     loras, mixed = (self.lora.cases() if self.lora else [0]), mode.mixed_mode()
     if mixed != CUDAGraphMode.NONE:
         for size, n in product(self.capture_sizes, loras):
-            key = self._descriptor(size, False, n)
-            self.cudagraph_keys[mixed].add(key.relax_for_mixed_batch_cudagraphs() if mixed == CUDAGraphMode.PIECEWISE else key)
+            key = self._descriptor(size, False, n, mode, q)
+            keys[mixed].add(key.relax_for_mixed_batch_cudagraphs() if mixed == CUDAGraphMode.PIECEWISE else key)
     if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
         decode_sizes = [s for s in self.capture_sizes if q <= s <= q * self.max_num_seqs]
         for size, n in product(decode_sizes, loras):
-            self.cudagraph_keys[CUDAGraphMode.FULL].add(self._descriptor(size, True, n))
-    self.keys_initialized = True
+            keys[CUDAGraphMode.FULL].add(self._descriptor(size, True, n, mode, q))
+    self.cudagraph_mode, self.uniform_decode_query_len, self.cudagraph_keys, self.keys_initialized = mode, q, keys, True
 
 # %% ../nbs/10_cudagraph.ipynb #eb297e2c
 @patch
@@ -355,7 +387,8 @@ def dispatch(self: CudagraphDispatcher,
             or num_tokens > self.max_capture_size or allowed <= {CUDAGraphMode.NONE}):
         return CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
     loras = self.lora.effective_count(num_active_loras) if has_lora else 0
-    key = self._descriptor(num_tokens, uniform_decode and self.cudagraph_mode.separate_routine(), loras)
+    key = self._descriptor(num_tokens, uniform_decode and self.cudagraph_mode.separate_routine(), loras,
+                           self.cudagraph_mode, self.uniform_decode_query_len)
     if CUDAGraphMode.FULL in allowed and key in self.cudagraph_keys[CUDAGraphMode.FULL]: return CUDAGraphMode.FULL, key
     relaxed = key.relax_for_mixed_batch_cudagraphs()
     if CUDAGraphMode.PIECEWISE in allowed and relaxed in self.cudagraph_keys[CUDAGraphMode.PIECEWISE]:
@@ -380,6 +413,8 @@ def _allowed_modes(self: CudagraphDispatcher, valid_modes, invalid_modes) -> fro
 def _check_batch(self: CudagraphDispatcher, num_tokens, uniform_decode, has_lora, num_active_loras) -> None:
     _check_count("num_tokens", num_tokens, 1)
     _check_count("num_active_loras", num_active_loras, 0)
+    _check_flag("uniform_decode", uniform_decode)
+    _check_flag("has_lora", has_lora)
     q = self.uniform_decode_query_len
     if uniform_decode and (num_tokens % q or num_tokens > q * self.max_num_seqs):
         raise ValueError(f"a uniform decode batch has a multiple of {q} tokens, at most {q * self.max_num_seqs} "
@@ -417,6 +452,9 @@ def set_forward_context(cudagraph_runtime_mode: CUDAGraphMode | str = CUDAGraphM
     "Run the model inside this block to tell its wrappers which graph, if any, to use."
     global _forward_context
     mode = as_mode(cudagraph_runtime_mode)
+    if batch_descriptor is not None and not isinstance(batch_descriptor, BatchDescriptor):
+        raise TypeError(f"batch_descriptor must be a BatchDescriptor or None, got {batch_descriptor!r}")
+    _check_flag("capturing", capturing)
     if mode not in RUNTIME_MODES: raise ValueError(f"the forward context takes a runtime mode (NONE, PIECEWISE, FULL), not {mode.name}; dispatch first")
     if mode != CUDAGraphMode.NONE and batch_descriptor is None: raise ValueError(f"runtime mode {mode.name} needs a batch descriptor")
     outer, _forward_context = _forward_context, ForwardContext(mode, batch_descriptor, capturing)
@@ -472,6 +510,7 @@ class CUDAGraphWrapper:
                  runtime_mode: CUDAGraphMode | str,      # FULL or PIECEWISE
                  device: str | None = None,              # "cuda" (real graphs) or "cpu" (stand-in); default: cuda if present
                 ):
+        if not callable(runnable): raise TypeError(f"runnable must be callable, got {runnable!r}")
         mode = as_mode(runtime_mode)
         if mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
             raise ValueError(f"a wrapper is bound to FULL or PIECEWISE, not {mode.name}")
@@ -523,6 +562,8 @@ def capture_cudagraphs(dummy_run: Callable[[BatchDescriptor], Any], # runs the m
                        num_warmups: int = 1,                         # eager runs before each capture
                       ) -> int:
     "Capture a graph for every key in `dispatcher.get_capture_descs()` order, each after warm-up; the number captured."
+    if not callable(dummy_run): raise TypeError(f"dummy_run must be callable, got {dummy_run!r}")
+    if not isinstance(dispatcher, CudagraphDispatcher): raise TypeError(f"dispatcher must be a CudagraphDispatcher, got {dispatcher!r}")
     _check_count("num_warmups", num_warmups, 0)
     captured = 0
     for mode, keys in dispatcher.get_capture_descs():

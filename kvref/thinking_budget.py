@@ -16,8 +16,8 @@ from .logits_processors import BatchUpdate, MoveDirectionality
 from .sampling_params import SamplingParams
 
 # %% auto #0
-__all__ = ['FORCED_LOGIT', 'BEHAVIORS', 'ReasoningConfig', 'check_thinking_token_budget', 'Phase', 'ThinkState', 'advance',
-           'next_forced', 'think_state', 'plan_forcings', 'contract_forcings', 'force_index',
+__all__ = ['FORCED_LOGIT', 'BEHAVIORS', 'GREEDY_RUN_MAX_VOCAB', 'ReasoningConfig', 'check_thinking_token_budget', 'Phase',
+           'ThinkState', 'advance', 'next_forced', 'think_state', 'plan_forcings', 'contract_forcings', 'force_index',
            'ThinkingBudgetStateHolder', 'greedy_run']
 
 # %% ../nbs/09_thinking_budget.ipynb #0ff1975d
@@ -26,6 +26,7 @@ BEHAVIORS = ("contract", "vllm_0_33_v1")  # the holder's two named behaviours
 
 # %% ../nbs/09_thinking_budget.ipynb #76f0c130
 def _token_ids(name: str, ids) -> tuple[int, ...]:
+    "`ids` as a tuple after checking it is a list of ints >= 0 (None: empty); `name` goes in the error."
     if ids is None: return ()
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
         raise TypeError(f"{name} must be a list of token ids, got {ids!r}")
@@ -117,6 +118,8 @@ def think_state(tokens: Sequence[int],  # prompt and output, in order
                 config: ReasoningConfig, budget: int | None,
                 state: ThinkState = ThinkState()) -> ThinkState:  # the state before `tokens`
     "The contract's state after reading `tokens`."
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+        raise TypeError(f"tokens must be a list of token ids, got {tokens!r}")
     for token in tokens: state = advance(state, token, config, budget)
     return state
 
@@ -139,14 +142,26 @@ def contract_forcings(prompt: Sequence[int] | None,  # the prompt token ids
                       config: ReasoningConfig,  # the markers
                       budget: int | None) -> list[tuple[int, int]]:  # thinking_token_budget
     "The contract's (row, token) forcings for one step; rows as in `plan_forcings`."
+    if not isinstance(config, ReasoningConfig): raise TypeError(f"config must be a ReasoningConfig, got {config!r}")
+    for name, ids in (("output", output), ("drafts", drafts)):
+        if ids is None: raise TypeError(f"{name} must be a list of token ids, got None")
+    prompt, output, drafts = _token_ids("prompt", prompt), _token_ids("output", output), _token_ids("drafts", drafts)
     budget = check_thinking_token_budget(budget)
     if budget is None or budget == -1: return []
-    return plan_forcings(think_state([*(prompt or ()), *output], config, budget), drafts, config, budget)
+    return plan_forcings(think_state([*prompt, *output], config, budget), drafts, config, budget)
 
 # %% ../nbs/09_thinking_budget.ipynb #6bc521ac
+def _check_int(name: str, value, least: int | None = None) -> int:
+    "`value` after checking it is an int (not a bool) and, when `least` is given, at least `least`."
+    if not isinstance(value, int) or isinstance(value, bool): raise TypeError(f"{name} must be an int, got {value!r}")
+    if least is not None and value < least: raise ValueError(f"{name} must be an int >= {least}, got {value}")
+    return value
+
 def force_index(remaining: int,  # budget minus thinking tokens already spent
                 num_drafts: int) -> int:  # draft tokens this step
-    "The seed's row rule: remaining <= 0 forces row 0, 0 < remaining < d forces row `remaining`, else the bonus row d."
+    "vLLM's row rule: remaining <= 0 forces row 0, 0 < remaining < d forces row `remaining`, else the bonus row d."
+    _check_int("remaining", remaining)
+    _check_int("num_drafts", num_drafts, 0)
     if remaining <= 0: return 0
     return remaining if remaining < num_drafts else num_drafts
 
@@ -177,10 +192,12 @@ class ThinkingBudgetStateHolder:
                  device=None, is_pin_memory: bool = False,  # accepted for vLLM's signature; unused
                  behavior: str = "contract"):  # "contract" or "vllm_0_33_v1"
         if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
+        if reasoning_config is not None and not isinstance(reasoning_config, ReasoningConfig):
+            raise TypeError(f"reasoning_config must be a ReasoningConfig or None, got {reasoning_config!r}")
         for name, v, low in (("max_num_seqs", max_num_seqs, 1), ("num_spec_tokens", num_spec_tokens, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-        self.behavior, self.is_enabled = behavior, reasoning_config is not None
+        self.behavior, self.is_enabled, self.max_num_seqs = behavior, reasoning_config is not None, max_num_seqs
         self.config = reasoning_config or ReasoningConfig()
         self.think_start_token_ids = list(self.config.reasoning_start_token_ids)
         self.think_end_token_ids = list(self.config.reasoning_end_token_ids)
@@ -195,23 +212,42 @@ class ThinkingBudgetStateHolder:
 
 # %% ../nbs/09_thinking_budget.ipynb #cc7db986
 def _new_entry(self: ThinkingBudgetStateHolder, params, prompt, output):
-    budget = check_thinking_token_budget(params.thinking_token_budget)
+    budget = check_thinking_token_budget(getattr(params, "thinking_token_budget", "<missing>"))
     if budget is None: return None
     if budget != -1 and not (self.think_start_token_ids and self.think_end_token_ids):
         raise ValueError(f"thinking_token_budget={budget} needs reasoning start and end token ids, but the reasoning "
                          f"config has start={self.think_start_token_ids} end={self.think_end_token_ids}")
+    _token_ids("prompt_tok_ids", prompt)
+    if isinstance(output, (str, bytes)) or not isinstance(output, Sequence):
+        raise TypeError(f"output_tok_ids must be the request's live list of output token ids, got {output!r}")
     if self.behavior == "contract":
         return _ContractEntry(budget, list(prompt or ()), think_state(prompt or (), self.config, budget))
     return _vllm_entry(self, prompt, output, budget)
 
+def _check_row(self: ThinkingBudgetStateHolder, index) -> int:
+    if not isinstance(index, int) or isinstance(index, bool): raise TypeError(f"a batch row must be an int, got {index!r}")
+    if not 0 <= index < self.max_num_seqs:
+        raise ValueError(f"batch row {index} is outside the holder's {self.max_num_seqs} rows (max_num_seqs)")
+    return index
+
+def _new_entries(self: ThinkingBudgetStateHolder, batch_update: BatchUpdate) -> list:
+    "Check every part of `batch_update` and build the added entries, changing nothing."
+    if not isinstance(batch_update, BatchUpdate): raise TypeError(f"batch_update must be a BatchUpdate, got {batch_update!r}")
+    for index in batch_update.removed: _check_row(self, index)
+    for i, j, direction in batch_update.moved:
+        _check_row(self, i), _check_row(self, j)
+        if not isinstance(direction, MoveDirectionality): raise TypeError(f"a move's direction must be a MoveDirectionality, got {direction!r}")
+    return [(_check_row(self, index), None if params is None else _new_entry(self, params, prompt, output))
+            for index, params, prompt, output in batch_update.added]
+
 @patch
 def sync_batch(self: ThinkingBudgetStateHolder,
                batch_update: BatchUpdate | None):  # this step's batch changes, or None
-    "Add, remove and move per-row entries (no state update)."
-    if not self.is_enabled or not batch_update: return
+    "Add, remove and move per-row entries (no state update); a refused update changes nothing."
+    if not self.is_enabled or batch_update is None: return
+    added = _new_entries(self, batch_update)
     for index in batch_update.removed: self._state.pop(index, None)
-    for index, params, prompt, output in batch_update.added:
-        entry = None if params is None else _new_entry(self, params, prompt, output)
+    for index, entry in added:
         if entry is None: self._state.pop(index, None)
         else: self._state[index] = entry
     for i, j, direction in batch_update.moved:
@@ -221,69 +257,106 @@ def sync_batch(self: ThinkingBudgetStateHolder,
         if b is not None: self._state[i] = b
 
 # %% ../nbs/09_thinking_budget.ipynb #427230d6
+def _row_inputs(self: ThinkingBudgetStateHolder, output_token_ids, spec_token_ids, repeat_indices) -> list:
+    "Check this step's inputs and pair each tracked entry with its (output, drafts), changing nothing."
+    if isinstance(output_token_ids, (str, bytes)) or not isinstance(output_token_ids, Sequence):
+        raise TypeError(f"output_token_ids must be a list of token lists, one per row, got {output_token_ids!r}")
+    specs = [list(_token_ids(f"spec_token_ids[{i}]", s)) for i, s in enumerate(spec_token_ids or [])]
+    last_row = None
+    if repeat_indices is not None:
+        rows = repeat_indices.tolist() if hasattr(repeat_indices, "tolist") else list(repeat_indices)
+        last_row = {_check_int("each repeat_indices entry", req, 0): row for row, req in enumerate(rows)}
+    pairs = []
+    for index, entry in self._state.items():
+        row = index if last_row is None else last_row.get(index)
+        if row is None or row >= len(output_token_ids): continue
+        output, spec = output_token_ids[row], specs[index] if index < len(specs) else []
+        if isinstance(output, (str, bytes)) or not isinstance(output, Sequence):
+            raise TypeError(f"output_token_ids[{row}] must be a list of token ids, got {output!r}")
+        if len(spec) > self.num_spec_tokens:
+            raise ValueError(f"batch row {index} has {len(spec)} drafts but the holder was built with num_spec_tokens={self.num_spec_tokens}")
+        pairs.append((entry, output, spec))
+    return pairs
+
 @patch
 def update_state(self: ThinkingBudgetStateHolder,
                  output_token_ids: Sequence[Sequence[int]],  # committed output per row
                  spec_token_ids: Sequence[Sequence[int]] | None,  # this step's drafts per row, or None
                  repeat_indices=None):  # optional: the request of each output row (list or tensor)
-    "Read this step's committed outputs and drafts and work out which rows to force."
+    "Read this step's committed outputs and drafts and work out which rows to force; a refused call changes nothing."
     if not self.is_enabled or not self._state: return
-    specs = spec_token_ids or []
-    last_row = None
-    if repeat_indices is not None:
-        rows = repeat_indices.tolist() if hasattr(repeat_indices, "tolist") else list(repeat_indices)
-        last_row = {req: row for row, req in enumerate(rows)}
-    for index, entry in self._state.items():
-        row = index if last_row is None else last_row.get(index)
-        if row is None or row >= len(output_token_ids): continue
-        spec = list(specs[index]) if index < len(specs) else []
-        if len(spec) > self.num_spec_tokens:
-            raise ValueError(f"batch row {index} has {len(spec)} drafts but the holder was built with num_spec_tokens={self.num_spec_tokens}")
-        if self.behavior == "contract": entry.update(output_token_ids[row], spec, self.config)
-        else: _vllm_update(self, entry, output_token_ids[row], spec)
+    for entry, output, spec in _row_inputs(self, output_token_ids, spec_token_ids, repeat_indices):
+        if self.behavior == "contract": entry.update(output, spec, self.config)
+        else: _vllm_update(self, entry, output, spec)
 
 # %% ../nbs/09_thinking_budget.ipynb #6c228a47
-def _layout(self: ThinkingBudgetStateHolder, one_row_each: bool, specs: Sequence[Sequence[int]]):
-    self.cu_num_tokens.clear()
-    total = 0
+def _layout(self: ThinkingBudgetStateHolder, one_row_each: bool, specs: Sequence[Sequence[int]]) -> dict[int, int]:
+    "Each batch row's first logits row in this call (vLLM's `cu_num_tokens`)."
+    starts, total = {}, 0
     for index in range(max(len(specs), max(self._state) + 1)):
-        self.cu_num_tokens[index] = total
+        starts[index] = total
         total += 1 if one_row_each else (len(specs[index]) if index < len(specs) else 0)
+    return starts
 
-def _contract_cells(self: ThinkingBudgetStateHolder, bonus_call: bool, specs, num_rows: int):
+def _check_drafts_seen(self: ThinkingBudgetStateHolder, specs) -> None:
     for index, entry in sorted(self._state.items()):
         laid_out = len(specs[index]) if index < len(specs) else 0
-        if self.in_spec_mode and laid_out != len(entry.spec):
+        if laid_out != len(entry.spec):
             raise ValueError(f"batch row {index}: apply_to_logits got {laid_out} drafts but update_state saw "
                              f"{len(entry.spec)}")
+
+def _contract_cells(self: ThinkingBudgetStateHolder, bonus_call: bool, num_rows: int) -> dict[int, int]:
+    cells = {}
+    for index, entry in sorted(self._state.items()):
         for row, token in entry.plan:
             if bonus_call != (row == len(entry.spec)): continue
             at = self.cu_num_tokens[index] + (0 if bonus_call else row)
-            if at < num_rows: yield at, token
+            if at < num_rows: cells[at] = token
+    return cells
+
+def _check_logits(self: ThinkingBudgetStateHolder, logits, predict_bonus_token, spec_token_ids) -> list[list[int]]:
+    "Check one `apply_to_logits` call's inputs and return the drafts per row, changing nothing."
+    import torch
+    if not isinstance(logits, torch.Tensor): raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2: raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point(): raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    if not isinstance(predict_bonus_token, bool): raise TypeError(f"predict_bonus_token must be a bool, got {predict_bonus_token!r}")
+    if max(self.think_end_token_ids, default=-1) >= logits.shape[1]:
+        raise ValueError(f"forced token {max(self.think_end_token_ids)} (reasoning_end_token_ids) is outside the "
+                         f"{logits.shape[1]} logits")
+    specs = [list(_token_ids(f"spec_token_ids[{i}]", s)) for i, s in enumerate(spec_token_ids or [])]
+    if self.behavior == "contract" and self.in_spec_mode: _check_drafts_seen(self, specs)
+    return specs
 
 @patch
 def apply_to_logits(self: ThinkingBudgetStateHolder,
                     logits,  # [rows, vocab] tensor, changed in place
                     predict_bonus_token: bool,  # True for the bonus rows under speculative decoding
                     spec_token_ids: Sequence[Sequence[int]] | None):  # this step's drafts per row (the layout)
-    "Set the forced tokens' logits to `FORCED_LOGIT` and return `logits`."
+    "Set the forced tokens' logits to `FORCED_LOGIT` and return `logits`; a refused call changes nothing."
     if not self.is_enabled or not self._state: return logits
-    if logits.dim() != 2: raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
-    specs = spec_token_ids or []
+    specs = _check_logits(self, logits, predict_bonus_token, spec_token_ids)
     one_row_each = predict_bonus_token or not self.in_spec_mode
     if self.behavior == "contract":
         one_row_each = one_row_each or not any(specs)  # a step without drafts goes through the plain sampler
-        _layout(self, one_row_each, specs)
-        cells = dict(_contract_cells(self, one_row_each, specs, logits.shape[0]))
+        self.cu_num_tokens = _layout(self, one_row_each, specs)
+        cells = _contract_cells(self, one_row_each, logits.shape[0])
     else:
-        _layout(self, one_row_each, specs)
+        self.cu_num_tokens = _layout(self, one_row_each, specs)
         cells = dict(_vllm_cells(self, predict_bonus_token, logits.shape[0]))  # a later write to a row wins
-    if cells and max(cells.values()) >= logits.shape[1]:
-        raise ValueError(f"forced token {max(cells.values())} (reasoning_end_token_ids) is outside the {logits.shape[1]} logits")
     if cells: logits[list(cells), list(cells.values())] = FORCED_LOGIT
     return logits
 
 # %% ../nbs/09_thinking_budget.ipynb #bd83e17a
+GREEDY_RUN_MAX_VOCAB = 1 << 20  # greedy_run's scripted logits are 1 + the largest token id wide: at most this
+
+def _scripted_vocab(*token_lists: Sequence[int]) -> int:
+    vocab = 1 + max((t for ids in token_lists for t in ids), default=0)
+    if vocab > GREEDY_RUN_MAX_VOCAB:
+        raise ValueError(f"token id {vocab - 1} needs {vocab} logits per row, but greedy_run's scripted vocabulary is "
+                         f"capped at {GREEDY_RUN_MAX_VOCAB} (GREEDY_RUN_MAX_VOCAB); real vocabularies are smaller")
+    return vocab
+
 def greedy_run(holder: ThinkingBudgetStateHolder,  # a fresh holder (max_num_seqs >= 1)
                prompt: Sequence[int],  # prompt token ids
                wants: Sequence[int],  # the token the scripted model wants at each output position
@@ -291,16 +364,17 @@ def greedy_run(holder: ThinkingBudgetStateHolder,  # a fresh holder (max_num_seq
                drafter=None) -> tuple[list[int], list[bool]]:  # output -> drafts; needs num_spec_tokens > 0
     "Greedy decoding of one request with a scripted model; returns (emitted tokens, forced flags)."
     import torch
-    out, forced = [], []
-    holder.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=budget), list(prompt), out)], []))
-    vocab = 1 + max([*wants, *holder.think_end_token_ids, 0])
+    if not isinstance(holder, ThinkingBudgetStateHolder): raise TypeError(f"holder must be a ThinkingBudgetStateHolder, got {holder!r}")
+    prompt, wants, out, forced = list(_token_ids("prompt", prompt)), _token_ids("wants", wants), [], []
+    vocab = _scripted_vocab(wants, holder.think_end_token_ids)
+    holder.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=budget), prompt, out)], []))
     def logits_for(positions):
         x = torch.zeros(len(positions), vocab)
         for i, p in enumerate(positions): x[i, wants[min(p, len(wants) - 1)]] = 1.0
         return x
     while len(out) < len(wants):
-        drafts = list(drafter(list(out)))[:holder.num_spec_tokens] if drafter else []
-        vocab = max(vocab, 1 + max(drafts, default=0))
+        drafts = list(_token_ids("drafts", drafter(list(out))))[:holder.num_spec_tokens] if drafter else []
+        vocab = max(vocab, _scripted_vocab(drafts))
         holder.update_state([out], [drafts] if holder.in_spec_mode else None)
         n = len(out)
         bonus = holder.apply_to_logits(logits_for([n + len(drafts)]), bool(drafts), [drafts])
@@ -386,7 +460,8 @@ def _vllm_update(self: ThinkingBudgetStateHolder, e: _VllmEntry, output: Sequenc
     if e.continue_thinking or e.prev_output_length: sampled = len(out) - e.prev_output_length
     else: sampled = len(out) - len(self.think_start_token_ids)
     countdown = e.check_count_down - sampled
-    if not e.in_end and countdown - len(spec) - 1 >= 0:  # the countdown shortcut
+    closed_prompt_block = e.continue_thinking and e.end_thinking != -1  # the model ended the prompt's block
+    if not e.in_end and countdown - len(spec) - 1 >= 0 and not closed_prompt_block:  # the countdown shortcut
         e.check_count_down, e.prev_output_length = countdown, len(out)
         return
     if not out:
