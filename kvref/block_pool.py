@@ -6,10 +6,11 @@ Docs: https://kvref.github.io/kvref/block_pool.html.md"""
 
 # %% ../nbs/03_block_pool.ipynb #c181b47e
 from __future__ import annotations
+from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 from fastcore.basics import patch
-from .free_queue import KVCacheBlock, FreeKVCacheBlockQueue, block_ids
+from .free_queue import KVCacheBlock, FreeKVCacheBlockQueue, block_ids, _check_bool, _check_count, _checked_blocks
 
 # %% auto #0
 __all__ = ['KVCacheEvent', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'BlockPool']
@@ -44,9 +45,9 @@ class BlockPool:
                  null_block: bool = True,              # reserve block 0 as vLLM's null block
                  enable_kv_cache_events: bool = False  # record BlockStored/BlockRemoved/AllBlocksCleared
                 ):
-        if not isinstance(num_blocks, int) or num_blocks < 1 + null_block:
-            raise ValueError(f"num_blocks must be an integer >= {1 + null_block} "
-                             f"(null_block={null_block}), got {num_blocks!r}")
+        _check_count("num_blocks", num_blocks, 1)
+        for name, flag in (("enable_caching", enable_caching), ("null_block", null_block),
+                           ("enable_kv_cache_events", enable_kv_cache_events)): _check_bool(name, flag)
         self.num_blocks, self.enable_caching = num_blocks, enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
@@ -62,9 +63,20 @@ class BlockPool:
         return self.free_block_queue.num_free_blocks
 
     def get_usage(self) -> float:
-        "Fraction of the usable blocks (the null block excluded) held by requests."
+        "Fraction of the usable blocks (the null block excluded) held by requests; 0 when there are none."
         usable = self.num_blocks - (self.null_block is not None)
-        return 1.0 - self.get_num_free_blocks() / usable
+        return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
+
+# %% ../nbs/03_block_pool.ipynb #afee2611
+@patch
+def _checked_own(self: BlockPool, blocks: Iterable[KVCacheBlock], name: str) -> list[KVCacheBlock]:
+    "`blocks` as a list, after checking that each is one of this pool's blocks."
+    blocks = _checked_blocks(blocks, name)
+    for block in blocks:
+        bid = block.block_id
+        if not (type(bid) is int and 0 <= bid < self.num_blocks and self.blocks[bid] is block):
+            raise ValueError(f"{name}: block {bid} is not a block of this pool")
+    return blocks
 
 # %% ../nbs/03_block_pool.ipynb #450defbb
 @patch
@@ -82,6 +94,7 @@ def _maybe_evict_cached_block(self: BlockPool, block: KVCacheBlock) -> bool:
 @patch
 def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
     "Take `num_blocks` blocks from the head of the free queue, evicting cached ones, each with count 1."
+    _check_count("num_blocks", num_blocks)
     if num_blocks > self.get_num_free_blocks():
         raise ValueError(f"cannot get {num_blocks} free blocks from the pool: only {self.get_num_free_blocks()} are free")
     blocks = self.free_block_queue.popleft_n(num_blocks)
@@ -102,19 +115,16 @@ def cache_full_blocks(self: BlockPool,
                       lora_name: str | None = None # the request's LoRA adapter (for the event)
                      ) -> None:
     "Give the newly full blocks their hashes and enter them in the cache map, duplicates allowed."
-    if num_full_blocks <= num_cached_blocks: return
-    if len(block_hashes) < num_full_blocks or len(blocks) < num_full_blocks:
-        raise ValueError(f"cannot cache {num_full_blocks} full blocks with {len(blocks)} blocks "
-                         f"and {len(block_hashes)} block hashes")
-    new_hashes = block_hashes[num_cached_blocks:num_full_blocks]
-    for block, block_hash in zip(blocks[num_cached_blocks:num_full_blocks], new_hashes):
-        if block.block_hash is not None: raise ValueError(f"block {block.block_id} is already cached")
+    new_blocks, new_hashes = self._checked_cache_args(blocks, block_hashes, num_cached_blocks, num_full_blocks,
+                                                      block_size, lora_name)
+    if not new_blocks: return
+    for block, block_hash in zip(new_blocks, new_hashes):
         block.block_hash = block_hash
         self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block
     if self.kv_event_queue is not None:
         parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
         tokens = list(token_ids[num_cached_blocks * block_size:num_full_blocks * block_size])
-        self.kv_event_queue.append(BlockStored(list(new_hashes), parent, tokens, block_size, lora_name))
+        self.kv_event_queue.append(BlockStored(new_hashes, parent, tokens, block_size, lora_name))
 
 @patch
 def get_cached_block(self: BlockPool, block_hash: bytes) -> KVCacheBlock | None:
@@ -122,11 +132,38 @@ def get_cached_block(self: BlockPool, block_hash: bytes) -> KVCacheBlock | None:
     holders = self.cached_block_hash_to_block.get(block_hash)
     return next(iter(holders.values())) if holders else None
 
+# %% ../nbs/03_block_pool.ipynb #9841b473
+@patch
+def _checked_cache_args(self: BlockPool, blocks, block_hashes, num_cached_blocks, num_full_blocks, block_size,
+                        lora_name) -> tuple[list[KVCacheBlock], list[bytes]]:
+    "The blocks `cache_full_blocks` caches and their hashes, after checking every argument."
+    for name, value, low in (("num_cached_blocks", num_cached_blocks, 0), ("num_full_blocks", num_full_blocks, 0),
+                             ("block_size", block_size, 1)): _check_count(name, value, low)
+    if lora_name is not None and not isinstance(lora_name, str):
+        raise TypeError(f"lora_name must be a str or None, got {type(lora_name).__name__}")
+    for name, seq in (("blocks", blocks), ("block_hashes", block_hashes)):
+        if not isinstance(seq, Sequence): raise TypeError(f"{name} must be a list, got {type(seq).__name__}")
+    if num_full_blocks <= num_cached_blocks: return [], []
+    if len(block_hashes) < num_full_blocks or len(blocks) < num_full_blocks:
+        raise ValueError(f"cannot cache {num_full_blocks} full blocks with {len(blocks)} blocks "
+                         f"and {len(block_hashes)} block hashes")
+    new_blocks = self._checked_own(blocks[num_cached_blocks:num_full_blocks], "cache_full_blocks")
+    new_hashes = list(block_hashes[num_cached_blocks:num_full_blocks])
+    for i, (block, block_hash) in enumerate(zip(new_blocks, new_hashes), num_cached_blocks):
+        if type(block_hash) is not bytes or not block_hash:
+            raise TypeError(f"block_hashes[{i}] must be non-empty bytes, got {block_hash!r:.40}")
+        if block.block_hash is not None: raise ValueError(f"block {block.block_id} is already cached")
+        if block.ref_cnt <= 0 or block.is_null: raise ValueError(f"block {block.block_id} is not held: only held blocks are cached")
+    if len(set(new_blocks)) < len(new_blocks):
+        twice = next(b for i, b in enumerate(new_blocks) if b in new_blocks[:i])
+        raise ValueError(f"block {twice.block_id} appears twice in the blocks to cache")
+    return new_blocks, new_hashes
+
 # %% ../nbs/03_block_pool.ipynb #275de75c
 @patch
 def touch(self: BlockPool, blocks: Iterable[KVCacheBlock]) -> None:
     "Take hit blocks into use: count + 1, and out of the free queue if they were free."
-    for block in blocks:
+    for block in self._checked_own(blocks, "touch"):
         if block.ref_cnt == 0 and not block.is_null: self.free_block_queue.remove(block)
         block.ref_cnt += 1
 
@@ -136,10 +173,14 @@ def free_blocks(self: BlockPool,
                 unhashed_first: bool = False             # vLLM 0.33: hashless blocks go to the head
                ) -> None:
     "Release one reference to each block; those no longer held return to the free queue."
+    blocks = self._checked_own(ordered_blocks, "free_blocks")
+    for block, n in Counter(b for b in blocks if not b.is_null).items():  # check every count before changing one
+        if n > block.ref_cnt:
+            raise ValueError(f"block {block.block_id} is freed but not held" if block.ref_cnt <= 0 else
+                             f"block {block.block_id} is freed {n} times but held {block.ref_cnt} times")
     to_head, to_tail = [], []
-    for block in ordered_blocks:
+    for block in blocks:
         if block.is_null: continue
-        if block.ref_cnt <= 0: raise ValueError(f"block {block.block_id} is freed but not held")
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
             (to_head if unhashed_first and block.block_hash is None else to_tail).append(block)

@@ -32,16 +32,34 @@ def block_ids(blocks: Iterable[KVCacheBlock]) -> list[int]:
     "The ids of `blocks`, in order: how block tables and queues are shown everywhere in kvref."
     return [b.block_id for b in blocks]
 
+# %% ../nbs/02_free_queue.ipynb #4fa9085a
+def _check_count(name: str, value, low: int = 0) -> None:
+    "Refuse `value` unless it is an int >= `low`; a bool is not a count."
+    if type(value) is not int or value < low: raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+def _check_bool(name: str, value) -> None:
+    "Refuse `value` unless it is True or False."
+    if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
+
+def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> list[KVCacheBlock]:
+    "`blocks` as a list, refusing anything but KVCacheBlocks with a TypeError that names `name`."
+    if not hasattr(blocks, "__iter__"):
+        raise TypeError(f"{name} must be an iterable of KVCacheBlock, got {type(blocks).__name__}")
+    blocks = list(blocks)
+    if not set(map(type, blocks)) <= {KVCacheBlock}:  # one C-speed pass; find the culprit only on failure
+        bad = next(b for b in blocks if type(b) is not KVCacheBlock)
+        raise TypeError(f"{name} must be KVCacheBlocks, got {type(bad).__name__}")
+    return blocks
+
 # %% ../nbs/02_free_queue.ipynb #1ac36fbc
 class FreeKVCacheBlockQueue:
     "The free blocks in eviction order (head first), as a doubly linked list threaded through the blocks."
-    def __init__(self, blocks: list[KVCacheBlock]):  # every block starts free, in id order
-        self.num_free_blocks = len(blocks)
-        self.version = 0  # bumped by every change, so a reader can tell its snapshot is still current
+    def __init__(self, blocks: Iterable[KVCacheBlock]):  # every block starts free, in the order given
         self.fake_head, self.fake_tail = KVCacheBlock(-1), KVCacheBlock(-1)
-        chain = [self.fake_head, *blocks, self.fake_tail]
-        for left, right in zip(chain, chain[1:]):
-            left.next_free_block, right.prev_free_block = right, left
+        self.fake_head.next_free_block, self.fake_tail.prev_free_block = self.fake_tail, self.fake_head
+        self.num_free_blocks, self.version = 0, 0  # version: bumped by every change, so snapshots can tell
+        self._queued: set[KVCacheBlock] = set()   # the blocks linked here (blocks hash by identity)
+        self._link(blocks, self.fake_head, self.fake_tail)
 
     def __len__(self) -> int: return self.num_free_blocks
 
@@ -53,15 +71,42 @@ class FreeKVCacheBlockQueue:
             block = block.next_free_block
         return out
 
+# %% ../nbs/02_free_queue.ipynb #a9a06cb2
+@patch
+def _checked_unqueued(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> list[KVCacheBlock]:
+    "`blocks` as a list, after checking that none is in a queue (this one or another) and none repeats."
+    blocks = _checked_blocks(blocks)
+    for block in blocks:
+        if block.prev_free_block is not None:
+            raise ValueError(f"block {block.block_id} is already in {'the' if block in self._queued else 'another'} free queue")
+    if len(set(blocks)) < len(blocks):
+        seen: set[KVCacheBlock] = set()
+        twice = next(b for b in blocks if b in seen or seen.add(b))
+        raise ValueError(f"block {twice.block_id} appears twice in the blocks to queue")
+    return blocks
+
+@patch
+def _link(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock], prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
+    "Splice `blocks`, in order, between the adjacent queue nodes `prev` and `nxt`, after checking them all."
+    blocks = self._checked_unqueued(blocks)
+    for block in blocks:
+        prev.next_free_block, block.prev_free_block = block, prev
+        prev = block
+    prev.next_free_block, nxt.prev_free_block = nxt, prev
+    self._queued.update(blocks)
+    self.num_free_blocks += len(blocks)
+    self.version += 1
+
 # %% ../nbs/02_free_queue.ipynb #07275f9e
 @patch
 def remove(self: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     "Unlink `block` from wherever it sits in the queue, in O(1)."
+    if type(block) is not KVCacheBlock: raise TypeError(f"block must be a KVCacheBlock, got {type(block).__name__}")
+    if block not in self._queued: raise ValueError(f"block {block.block_id} is not in the free queue")
     prev, nxt = block.prev_free_block, block.next_free_block
-    if prev is None or nxt is None:
-        raise ValueError(f"block {block.block_id} is not in the free queue")
     prev.next_free_block, nxt.prev_free_block = nxt, prev
     block.prev_free_block = block.next_free_block = None
+    self._queued.remove(block)
     self.num_free_blocks -= 1
     self.version += 1
 
@@ -76,26 +121,14 @@ def popleft(self: FreeKVCacheBlockQueue) -> KVCacheBlock:
 @patch
 def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
     "Take the first `n` blocks, head first."
+    _check_count("n", n)
     if n > self.num_free_blocks:
         raise ValueError(f"asked for {n} free blocks but only {self.num_free_blocks} are free")
     return [self.popleft() for _ in range(n)]
 
 # %% ../nbs/02_free_queue.ipynb #2b82c459
 @patch
-def _link(self: FreeKVCacheBlockQueue, blocks: list[KVCacheBlock], prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
-    "Splice `blocks`, in order, between the adjacent queue nodes `prev` and `nxt`."
-    for block in blocks:
-        if block.prev_free_block is not None:
-            raise ValueError(f"block {block.block_id} is already in the free queue")
-    for block in blocks:
-        prev.next_free_block, block.prev_free_block = block, prev
-        prev = block
-    prev.next_free_block, nxt.prev_free_block = nxt, prev
-    self.num_free_blocks += len(blocks)
-    self.version += 1
-
-@patch
-def append_n(self: FreeKVCacheBlockQueue, blocks: list[KVCacheBlock]) -> None:
+def append_n(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> None:
     "Put `blocks` at the tail, in order (the last one becomes the tail)."
     self._link(blocks, self.fake_tail.prev_free_block, self.fake_tail)
 
@@ -105,6 +138,6 @@ def append(self: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     self._link([block], self.fake_tail.prev_free_block, self.fake_tail)
 
 @patch
-def prepend_n(self: FreeKVCacheBlockQueue, blocks: list[KVCacheBlock]) -> None:
+def prepend_n(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> None:
     "Put `blocks` at the head, in order (the first one becomes the head)."
     self._link(blocks, self.fake_head, self.fake_head.next_free_block)

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 from fastcore.basics import patch
-from .free_queue import KVCacheBlock, block_ids
+from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count, _checked_blocks
 from .block_pool import BlockPool, KVCacheEvent
-from .hashing import LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens
+from .hashing import (LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens,
+                           _checked_mm_items, _checked_tokens)
 
 # %% auto #0
 __all__ = ['BEHAVIORS', 'Request', 'cdiv', 'KVCacheManager']
@@ -32,23 +33,47 @@ class Request:
     def __post_init__(self):
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"request_id must be a non-empty str, got {self.request_id!r}")
-        self.all_token_ids = _checked_token_ids(self.request_id, self.prompt_token_ids)
-        if not self.all_token_ids: raise ValueError(f"request {self.request_id!r} has an empty prompt")
+        with _naming_request(self.request_id):
+            self.all_token_ids = _checked_token_ids(self.prompt_token_ids, "prompt_token_ids")
+            _check_request_fields(self)
 
     @property
     def num_tokens(self) -> int: return len(self.all_token_ids)
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
-        "Add generated tokens (their KV is computed when they are next scheduled)."
-        if type(token_ids) is int and token_ids >= 0: self.all_token_ids.append(token_ids)  # the decode fast path
-        else: self.all_token_ids.extend(_checked_token_ids(self.request_id, [token_ids] if isinstance(token_ids, int) else token_ids))
+        "Add generated tokens (their KV is computed when they are next scheduled); all checked before any is added."
+        if type(token_ids) is int and 0 <= token_ids < 1 << 64: self.all_token_ids.append(token_ids)  # decode fast path
+        else:
+            with _naming_request(self.request_id):
+                self.all_token_ids += _checked_token_ids([token_ids] if isinstance(token_ids, int) else token_ids, "token_ids")
 
-def _checked_token_ids(request_id: str, token_ids: Sequence[int]) -> list[int]:
-    token_ids = list(token_ids)
-    if token_ids and (not set(map(type, token_ids)) <= {int} or min(token_ids) < 0):  # C-speed check first
-        bad = next(t for t in token_ids if type(t) is not int or t < 0)
-        raise ValueError(f"request {request_id!r}: token ids must be ints >= 0, got {bad!r}")
-    return token_ids
+# %% ../nbs/04_kv_cache_manager.ipynb #85d3d1b3
+class _naming_request:
+    "Context manager: prefix a TypeError/ValueError raised inside with the request's id."
+    def __init__(self, request_id: str): self.request_id = request_id
+    def __enter__(self): return self
+    def __exit__(self, kind, error, tb):
+        if kind in (TypeError, ValueError): raise kind(f"request {self.request_id!r}: {error}") from None
+
+def _checked_token_ids(token_ids: Sequence[int], name: str) -> list[int]:
+    "`token_ids` as a new list of ints in [0, 2**64) (the hashing chapter's check)."
+    if isinstance(token_ids, (str, bytes, dict, set)) or not hasattr(token_ids, "__iter__"):
+        raise TypeError(f"{name} must be a list of ints, got {type(token_ids).__name__}")
+    return list(_checked_tokens(token_ids if hasattr(token_ids, "__getitem__") else list(token_ids), 0, None))
+
+def _check_request_fields(request: Request) -> None:
+    "Refuse an empty prompt, a computed count outside it, and a salt, adapter or items that could not be hashed."
+    if not request.all_token_ids: raise ValueError("empty prompt: a request needs at least one token")
+    _check_count("num_computed_tokens", request.num_computed_tokens)
+    if request.num_computed_tokens > request.num_tokens:
+        raise ValueError(f"num_computed_tokens={request.num_computed_tokens} but the prompt has {request.num_tokens} tokens")
+    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
+        raise TypeError(f"cache_salt must be a str or None, got {type(request.cache_salt).__name__}")
+    if request.lora_request is not None and not isinstance(request.lora_request, LoRARequest):
+        raise TypeError(f"lora_request must be a LoRARequest or None, got {type(request.lora_request).__name__}")
+    if not isinstance(request.mm_items, (tuple, list)):
+        raise TypeError(f"mm_items must be a tuple of MultiModalItem, got {type(request.mm_items).__name__}")
+    _checked_mm_items(request.mm_items, request.num_tokens)
 
 # %% ../nbs/04_kv_cache_manager.ipynb #5c03ccbd
 BEHAVIORS = ("vllm_0_33", "design_doc")
@@ -68,18 +93,11 @@ class KVCacheManager:
                  hash_algo: str = "sha256",           # block hash algorithm (see the hashing chapter)
                  max_model_len: int | None = None,    # refuse requests longer than this (None: no limit)
                  strict: bool = False,                # raise on freeing a request that holds nothing
-                 num_preallocate_tokens: int = 0,     # design doc only: extra slots per new allocation (seed 000)
+                 num_preallocate_tokens: int = 0,     # design doc only: extra slots per new allocation
                  enable_kv_cache_events: bool = False # record KV events for routers
                 ):
-        if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
-        for name, value, low in (("block_size", block_size, 1), ("num_preallocate_tokens", num_preallocate_tokens, 0)):
-            if type(value) is not int or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if max_model_len is not None and (type(max_model_len) is not int or max_model_len < 1):
-            raise ValueError(f"max_model_len must be an int >= 1 or None, got {max_model_len!r}")
-        if num_preallocate_tokens and behavior == "vllm_0_33":
-            raise ValueError("num_preallocate_tokens is a design_doc feature; vLLM 0.33 does not preallocate")
-        get_hash_fn_by_name(hash_algo)  # fail early on an unknown algorithm
+        _check_config(behavior, block_size, max_model_len, num_preallocate_tokens, hash_algo,
+                      enable_caching=enable_caching, strict=strict, enable_kv_cache_events=enable_kv_cache_events)
         self.behavior, self.block_size, self.enable_caching = behavior, block_size, enable_caching
         self.hash_algo, self.max_model_len, self.strict = hash_algo, max_model_len, strict
         self.num_preallocate_blocks = cdiv(num_preallocate_tokens, block_size)
@@ -87,6 +105,7 @@ class KVCacheManager:
                                     enable_kv_cache_events=enable_kv_cache_events)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
+        self.live_requests: dict[str, Request] = {}  # the Request object that holds each block table
         self._free_queue_ids: tuple[int, list[int]] = (-1, [])  # (queue version, ids): reread only on change
 
     @property
@@ -110,6 +129,19 @@ class KVCacheManager:
         "KV events since the last call (when created with `enable_kv_cache_events=True`)."
         return self.block_pool.take_events()
 
+# %% ../nbs/04_kv_cache_manager.ipynb #f2a0fcb7
+def _check_config(behavior, block_size, max_model_len, num_preallocate_tokens, hash_algo,
+                  **flags) -> None:
+    "Refuse a configuration the manager could not run, naming the argument."
+    if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
+    _check_count("block_size", block_size, 1)
+    _check_count("num_preallocate_tokens", num_preallocate_tokens)
+    if max_model_len is not None: _check_count("max_model_len", max_model_len, 1)
+    for name, flag in flags.items(): _check_bool(name, flag)
+    if num_preallocate_tokens and behavior == "vllm_0_33":
+        raise ValueError("num_preallocate_tokens is a design_doc feature; vLLM 0.33 does not preallocate")
+    get_hash_fn_by_name(hash_algo)  # fail early on an unknown algorithm
+
 # %% ../nbs/04_kv_cache_manager.ipynb #fd774a60
 @patch
 def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
@@ -123,6 +155,7 @@ def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
 @patch
 def get_computed_blocks(self: KVCacheManager, request: Request) -> tuple[list[KVCacheBlock], int]:
     "The longest cached prefix of full blocks (leaving at least one token to compute) and its token count."
+    self._checked_request(request)
     if not self.enable_caching: return [], 0
     max_hit_blocks = (request.num_tokens - 1) // self.block_size
     hits = []
@@ -142,31 +175,33 @@ def allocate_slots(self: KVCacheManager,
                    num_lookahead_tokens: int = 0,          # extra slots for speculative tokens
                   ) -> list[KVCacheBlock] | None:
     "Grow the request's block table for this step; the new blocks, or None (and no change) if they do not fit."
-    hits = list(new_computed_blocks) if new_computed_blocks else []
-    rid = request.request_id
+    hits = _checked_blocks(new_computed_blocks or (), "new_computed_blocks")
     table = self._checked_step(request, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens)
-    num_computed = request.num_computed_tokens + num_new_computed_tokens
+    rid, num_computed = request.request_id, request.num_computed_tokens + num_new_computed_tokens
     num_slots = num_computed + num_new_tokens + num_lookahead_tokens
     if self.max_model_len is not None: num_slots = min(num_slots, self.max_model_len)
     num_new_blocks = cdiv(num_slots, self.block_size) - len(table) - len(hits)
     num_evictable_hits = sum(b.ref_cnt == 0 and not b.is_null for b in hits) if hits else 0
     if max(num_new_blocks, 0) + num_evictable_hits > self.block_pool.get_num_free_blocks(): return None
-    self.req_to_blocks[rid] = table
+    self.req_to_blocks[rid], self.live_requests[rid] = table, request
     if hits:
         self.block_pool.touch(hits)
         table.extend(hits)
         self.num_cached_block[rid] = len(table)
     new_blocks = []
     if num_new_blocks > 0:
-        if self.num_preallocate_blocks:  # seed 000: a few blocks more, within the pool and max_model_len
-            extra = min(self.num_preallocate_blocks, self.block_pool.get_num_free_blocks() - num_new_blocks)
-            if self.max_model_len is not None:
-                extra = min(extra, cdiv(self.max_model_len, self.block_size) - len(table) - num_new_blocks)
-            num_new_blocks += extra
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks + self._num_preallocate(len(table), num_new_blocks))
         table.extend(new_blocks)
     if self.enable_caching: self._cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
     return new_blocks
+
+@patch
+def _num_preallocate(self: KVCacheManager, num_held: int, num_new_blocks: int) -> int:
+    "Design doc only: blocks to take beyond `num_new_blocks`, within the pool and `max_model_len`."
+    extra = min(self.num_preallocate_blocks, self.block_pool.get_num_free_blocks() - num_new_blocks)
+    if self.max_model_len is not None:
+        extra = min(extra, cdiv(self.max_model_len, self.block_size) - num_held - num_new_blocks)
+    return extra
 
 @patch
 def _cache_blocks(self: KVCacheManager, request: Request, num_tokens: int) -> None:
@@ -184,35 +219,60 @@ def _cache_blocks(self: KVCacheManager, request: Request, num_tokens: int) -> No
 def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
                   hits: list[KVCacheBlock], num_lookahead_tokens: int) -> list[KVCacheBlock]:
     "Validate one `allocate_slots` call; return the request's block table (a new empty list if it has none)."
-    rid = request.request_id
-    if (not type(num_new_tokens) is type(num_new_computed_tokens) is type(num_lookahead_tokens) is int
-            or num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0):  # one cheap test
-        counts = {"num_new_tokens": num_new_tokens, "num_new_computed_tokens": num_new_computed_tokens,
-                  "num_lookahead_tokens": num_lookahead_tokens}
-        name, value = next((k, v) for k, v in counts.items() if type(v) is not int or v < 0)
-        raise ValueError(f"request {rid!r}: {name} must be an int >= 0, got {value!r}")
+    rid = self._checked_request(request).request_id
+    for name, value in (("num_new_tokens", num_new_tokens), ("num_new_computed_tokens", num_new_computed_tokens),
+                        ("num_lookahead_tokens", num_lookahead_tokens)): _check_count(f"request {rid!r}: {name}", value)
     if num_new_tokens == 0:
         raise ValueError(f"request {rid!r}: num_new_tokens must be > 0; vLLM refuses a step with nothing to compute")
     if num_new_computed_tokens != len(hits) * self.block_size:
         raise ValueError(f"request {rid!r}: num_new_computed_tokens={num_new_computed_tokens} but "
                          f"{len(hits)} hit blocks of {self.block_size} tokens were given")
-    table = self.req_to_blocks.get(rid, [])
-    if hits and (table or request.num_computed_tokens):
+    table, num_computed = self.req_to_blocks.get(rid, []), request.num_computed_tokens
+    if type(num_computed) is not int or not 0 <= num_computed <= len(table) * self.block_size:
+        raise ValueError(f"request {rid!r}: num_computed_tokens={num_computed!r} but its block table holds "
+                         f"{len(table) * self.block_size} slots")
+    if hits and (table or num_computed):
         raise ValueError(f"request {rid!r} already has computed tokens; prefix hits are only adopted by a new request")
-    total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+    total = num_computed + num_new_computed_tokens + num_new_tokens
     if total > request.num_tokens:
         raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {request.num_tokens}")
     if self.max_model_len is not None and total > self.max_model_len:
         raise ValueError(f"request {rid!r} needs {total} tokens but max_model_len is {self.max_model_len}")
+    if hits: self._check_hits(request, hits)
+    if self.enable_caching: self._block_hashes(request)
     return table
+
+# %% ../nbs/04_kv_cache_manager.ipynb #23ebfe02
+@patch
+def _checked_request(self: KVCacheManager, request: Request) -> Request:
+    "`request`, after checking it is a Request and not a second object under a live request's id."
+    if not isinstance(request, Request): raise TypeError(f"request must be a Request, got {type(request).__name__}")
+    live = self.live_requests.get(request.request_id)
+    if live is not None and live is not request:
+        raise ValueError(f"request {request.request_id!r} is live as another Request object; free it before reusing its id")
+    return request
+
+@patch
+def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]) -> None:
+    "Refuse hit blocks that are not exactly the blocks cached under the request's first block hashes, in order."
+    rid = request.request_id
+    if not self.enable_caching: raise ValueError(f"request {rid!r}: prefix caching is off, so no block can be a hit")
+    self.block_pool._checked_own(hits, "new_computed_blocks")
+    for i, (block, block_hash) in enumerate(zip(hits, self._block_hashes(request))):
+        if block.block_hash != block_hash:
+            raise ValueError(f"request {rid!r}: new_computed_blocks[{i}] (block {block.block_id}) "
+                             f"is not the block cached for the request's block {i}")
 
 # %% ../nbs/04_kv_cache_manager.ipynb #a15428cd
 @patch
 def free(self: KVCacheManager, request: Request | str) -> None:
     "Release all of the request's blocks, last block first; unknown requests are a no-op unless `strict`."
-    rid = request if isinstance(request, str) else request.request_id
+    if isinstance(request, Request): rid = self._checked_request(request).request_id
+    elif isinstance(request, str): rid = request
+    else: raise TypeError(f"request must be a Request or a request id (str), got {type(request).__name__}")
     table = self.req_to_blocks.pop(rid, None)
     self.num_cached_block.pop(rid, None)
+    self.live_requests.pop(rid, None)
     if table is None:
         if self.strict: raise ValueError(f"request {rid!r} holds no blocks: never allocated, or already freed")
         return

@@ -129,6 +129,13 @@ def test_lookahead_slots_are_allocated_but_not_cached():
     assert m.get_free_queue_ids()[:2] == [3, 2]   # hashless blocks to the head, last block first
 
 
+def test_lookahead_is_capped_by_max_model_len():
+    "7 tokens + 4 lookahead at block size 4 would need 3 blocks; max_model_len=8 caps the slots at 2 blocks."
+    m = KVCacheManager(10, 4, max_model_len=8)
+    r = Request("r", list(range(7)))
+    assert len(m.allocate_slots(r, 7, num_lookahead_tokens=4)) == 2
+
+
 def test_chunked_prefill_caches_only_the_computed_blocks():
     m = KVCacheManager(20, 4)
     r = Request("r", list(range(16)))
@@ -178,15 +185,15 @@ def test_bad_input():
         m.allocate_slots(r, 1, 4, [])
     with pytest.raises(ValueError, match="block_size must be an int >= 1, got 0"):
         KVCacheManager(8, 0)
-    with pytest.raises(ValueError, match="num_blocks must be an integer >= 2"):
-        KVCacheManager(1, 4)
+    with pytest.raises(ValueError, match="num_blocks must be an int >= 1"):
+        KVCacheManager(0, 4)
     with pytest.raises(ValueError, match=">= 1"):
         KVCacheManager(0, 4, behavior="design_doc")
     with pytest.raises(ValueError, match="max_model_len must be an int >= 1"):
         KVCacheManager(8, 4, max_model_len=0)
     with pytest.raises(ValueError, match="request_id must be a non-empty str"):
         Request("", [1])
-    with pytest.raises(ValueError, match="request 'x': token ids must be ints >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"request 'x': token_ids\[0\] is -1; token ids must be ints in \[0, 2\*\*64\)"):
         Request("x", [1]).append_output_token_ids([-1])
     assert m.get_free_queue_ids() == list(range(1, 8))
 
