@@ -10,9 +10,10 @@ import hashlib
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from fastcore.basics import patch
 from .hashing import LoRARequest
 from .kv_cache_manager import KVCacheManager, Request
-from .workloads import RequestSpec, Workload
+from .workloads import RequestSpec, Workload, _checked
 
 # %% auto #0
 __all__ = ['FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'Scheduler', 'SchedulerRun', 'run_workload']
@@ -22,6 +23,8 @@ class FakeModel:
     "Stands in for the forward pass: the next token is a seeded hash of the request's recent tokens."
     def __init__(self, seed: int = 0,  # different seeds, different 'models'
                  vocab_size: int = 1000):  # tokens are drawn from range(vocab_size)
+        if type(seed) is not int: raise TypeError(f"seed must be an int, got {seed!r}")
+        if type(vocab_size) is not int or vocab_size < 1: raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
         self.seed, self.vocab_size = seed, vocab_size
 
     def next_token(self, token_ids: list[int]) -> int:
@@ -62,6 +65,18 @@ class SchedulerOutput:
     @property
     def total_num_scheduled_tokens(self) -> int: return sum(self.num_scheduled_tokens.values())
 
+# %% ../nbs/06_scheduler.ipynb #e98bee38
+def _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions) -> None:
+    "Raise a named error for the first bad `Scheduler` argument."
+    if not isinstance(kv_cache_manager, KVCacheManager):
+        raise TypeError(f"kv_cache_manager must be a KVCacheManager, got {type(kv_cache_manager).__name__}")
+    for name, value in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
+        if type(value) is not int or value < 1: raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if model is not None and not callable(getattr(model, "next_token", None)):
+        raise TypeError(f"model must have a next_token(token_ids) method, got {type(model).__name__}")
+    if policy not in ("fcfs", "priority"): raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+    if type(record_decisions) is not bool: raise TypeError(f"record_decisions must be a bool, got {record_decisions!r}")
+
 # %% ../nbs/06_scheduler.ipynb #a8dd6bfc
 class Scheduler:
     "vLLM V1's scheduling loop in miniature, over a `KVCacheManager`; writes the allocator trace of what it does."
@@ -71,25 +86,23 @@ class Scheduler:
                  model: FakeModel | None = None,  # emits tokens for requests without a script
                  policy: str = "fcfs",  # "fcfs": preempt the last scheduled; "priority": the largest (priority, arrival)
                  record_decisions: bool = False):  # keep each op's decision (costs a free-queue copy per op)
-        for name, value in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
-            if type(value) is not int or value < 1: raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if policy not in ("fcfs", "priority"): raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions)
         self.kv, self.max_num_batched_tokens, self.max_num_seqs = kv_cache_manager, max_num_batched_tokens, max_num_seqs
         self.model, self.policy, self.record = model or FakeModel(), policy, record_decisions
         self.waiting: deque[SchedulerRequest] = deque()
         self.running: list[SchedulerRequest] = []
-        self.requests: dict[str, SchedulerRequest] = {}
+        self.requests: dict[str, SchedulerRequest] = {}  # live: waiting or running
         self.finished: dict[str, SchedulerRequest] = {}
         self.num_steps, self.num_arrived = 0, 0
-        kv = kv_cache_manager
-        config = {"op": "config", "num_blocks": kv.block_pool.num_blocks, "block_size": kv.block_size,
-                  "enable_caching": kv.enable_caching, "hash_algo": kv.hash_algo}
-        if kv.max_model_len is not None: config["max_model_len"] = kv.max_model_len
         self.trace: list[dict] = []
         self.decisions: list[dict] = []
-        self._emit(config)
+        kv = kv_cache_manager
+        self._emit({"op": "config", "num_blocks": kv.block_pool.num_blocks, "block_size": kv.block_size,
+                    "enable_caching": kv.enable_caching, "hash_algo": kv.hash_algo,
+                    **({"max_model_len": kv.max_model_len} if kv.max_model_len is not None else {})})
 
 # %% ../nbs/06_scheduler.ipynb #26aeefdd
+@patch
 def _emit(self: Scheduler, op: dict, **decision) -> None:
     "Append `op` to the trace (and its decision, if recording)."
     self.trace.append(op)
@@ -98,29 +111,44 @@ def _emit(self: Scheduler, op: dict, **decision) -> None:
         d["free_queue"], d["num_free"] = self.kv.get_free_queue_ids(), self.kv.num_free_blocks
         self.decisions.append(d)
 
-def _add_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None = None) -> SchedulerRequest:
-    "Queue a request (a workload's `RequestSpec`); it stops after `max_tokens` or its scripted output."
+# %% ../nbs/06_scheduler.ipynb #d994ddaa
+@patch
+def _checked_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None) -> SchedulerRequest:
+    "The `SchedulerRequest` for `spec`, or a named error (nothing changed)."
+    if not isinstance(spec, RequestSpec): raise TypeError(f"add_request takes a RequestSpec, got {type(spec).__name__}")
+    spec.check()
     if spec.id in self.requests or spec.id in self.finished: raise ValueError(f"request {spec.id!r} was already added")
+    limit, n = self.kv.max_model_len, len(spec.prompt)
+    if limit is not None and n > limit: raise ValueError(f"request {spec.id!r} needs {n} tokens but max_model_len is {limit}")
+    num = len(spec.output) if max_tokens is None else max_tokens
+    if type(num) is not int: raise TypeError(f"request {spec.id!r}: max_tokens must be an int, got {num!r}")
+    if num < 1: raise ValueError(f"request {spec.id!r}: max_tokens must be >= 1, got {num}")
     lora = LoRARequest(spec.lora["name"], spec.lora["path"]) if spec.lora else None
-    req = SchedulerRequest(Request(spec.id, list(spec.prompt), cache_salt=spec.cache_salt, lora_request=lora),
-                           max_tokens if max_tokens is not None else len(spec.output),
-                           list(spec.output) if max_tokens is None else None, spec.priority, self.num_arrived)
-    if req.max_tokens < 1: raise ValueError(f"request {spec.id!r}: max_tokens must be >= 1, got {req.max_tokens}")
+    return SchedulerRequest(Request(spec.id, list(spec.prompt), cache_salt=spec.cache_salt, lora_request=lora),
+                            num, list(spec.output) if max_tokens is None else None, spec.priority, self.num_arrived)
+
+# %% ../nbs/06_scheduler.ipynb #0acf23e3
+@patch
+def add_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None = None) -> SchedulerRequest:
+    "Queue a request; it stops after `max_tokens` or its scripted output."
+    req = self._checked_request(spec, max_tokens)
     self.num_arrived += 1
     self.requests[spec.id] = req; self.waiting.append(req)
     self._emit({"op": "add", "id": spec.id, "prompt": list(spec.prompt), "cache_salt": spec.cache_salt, "lora": spec.lora})
     return req
 
-Scheduler._emit, Scheduler.add_request = _emit, _add_request
-
 # %% ../nbs/06_scheduler.ipynb #c998f24e
+@patch
 def _try_allocate(self: Scheduler, req: SchedulerRequest, num_new: int, budget: int, hits=(), num_hit: int = 0) -> bool:
+    "Ask the manager for `num_new` tokens' slots (adopting `hits`); advance the computed count if granted."
     ok = self.kv.allocate_slots(req.request, num_new, num_hit, list(hits)) is not None
     if ok: req.request.num_computed_tokens += num_hit + num_new
     self._emit({"op": "schedule", "id": req.request_id, "budget": budget}, hit_tokens=num_hit, num_new_tokens=num_new,
                allocated=ok, block_ids=self.kv.get_block_ids(req.request_id))
     return ok
 
+# %% ../nbs/06_scheduler.ipynb #c998f24f
+@patch
 def _preempt(self: Scheduler, req: SchedulerRequest) -> None:
     "Recompute preemption: free the blocks, forget the computed tokens, back to the front of the waiting queue."
     self.running.remove(req)
@@ -130,18 +158,33 @@ def _preempt(self: Scheduler, req: SchedulerRequest) -> None:
     self.waiting.appendleft(req)
     self._emit({"op": "preempt", "id": req.request_id})
 
+# %% ../nbs/06_scheduler.ipynb #c9b226bd
+@patch
 def _victim(self: Scheduler) -> SchedulerRequest:
     "The running request to preempt: the last scheduled (fcfs) or the largest (priority, arrival)."
     return self.running[-1] if self.policy == "fcfs" else max(self.running, key=lambda r: (r.priority, r.arrival))
 
-Scheduler._try_allocate, Scheduler._preempt, Scheduler._victim = _try_allocate, _preempt, _victim
-
 # %% ../nbs/06_scheduler.ipynb #cc62bf5f
+@patch
+def _schedule_waiting(self: Scheduler, scheduled: dict, budget: int) -> None:
+    "Admit waiting requests in order, each after a prefix lookup, while they fit."
+    while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        req = self.waiting[0]
+        hits, num_hit = self.kv.get_computed_blocks(req.request)
+        num_new = min(req.request.num_tokens - num_hit, budget)
+        if not self._try_allocate(req, num_new, budget, hits, num_hit): break
+        self.waiting.popleft(); self.running.append(req); req.status = RequestStatus.RUNNING
+        scheduled[req.request_id] = num_new; budget -= num_new
+
+# %% ../nbs/06_scheduler.ipynb #6ac128a2
+@patch
 def _schedule_running(self: Scheduler, scheduled: dict, preempted: list) -> int:
+    "Give running requests their tokens, preempting when blocks run out; return the budget left."
     budget, i = self.max_num_batched_tokens, 0
     while i < len(self.running) and budget > 0:
         req = self.running[i]
         num_new = min(req.request.num_tokens - req.request.num_computed_tokens, budget)
+        if num_new == 0: i += 1; continue
         while not self._try_allocate(req, num_new, budget):
             victim = self._victim()
             budget += scheduled.pop(victim.request_id, 0)
@@ -152,47 +195,47 @@ def _schedule_running(self: Scheduler, scheduled: dict, preempted: list) -> int:
             scheduled[req.request_id] = num_new; budget -= num_new; i += 1
     return budget
 
-def _schedule_waiting(self: Scheduler, scheduled: dict, budget: int) -> None:
-    while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-        req = self.waiting[0]
-        hits, num_hit = self.kv.get_computed_blocks(req.request)
-        num_new = min(req.request.num_tokens - num_hit, budget)
-        if not self._try_allocate(req, num_new, budget, hits, num_hit): break
-        self.waiting.popleft(); self.running.append(req); req.status = RequestStatus.RUNNING
-        scheduled[req.request_id] = num_new; budget -= num_new
-
 # %% ../nbs/06_scheduler.ipynb #8ca5c37b
-def _schedule(self: Scheduler) -> SchedulerOutput:
+@patch
+def schedule(self: Scheduler) -> SchedulerOutput:
     "Decide this step's batch: tokens per request, preempting when blocks run out."
     scheduled, preempted = {}, []
     budget = self._schedule_running(scheduled, preempted)
     if not preempted: self._schedule_waiting(scheduled, budget)
     return SchedulerOutput(self.num_steps, scheduled, preempted)
 
-Scheduler._schedule_running, Scheduler._schedule_waiting, Scheduler.schedule = _schedule_running, _schedule_waiting, _schedule
+# %% ../nbs/06_scheduler.ipynb #47d5006a
+@patch
+def _next_token(self: Scheduler, req: SchedulerRequest) -> int:
+    "The request's next token: its script's, or the model's (checked)."
+    if req.script is not None: return req.script[len(req.output)]
+    token = self.model.next_token(req.request.all_token_ids)
+    if type(token) is not int or not 0 <= token < 1 << 64:
+        raise ValueError(f"request {req.request_id!r}: the model returned {token!r}; token ids must be ints in [0, 2**64)")
+    return token
 
 # %% ../nbs/06_scheduler.ipynb #51b6dcd2
-def _update_from_output(self: Scheduler, out: SchedulerOutput) -> SchedulerOutput:
-    "Run the (fake) model on the scheduled requests: append their next tokens, finish and free the done ones."
-    for rid in out.num_scheduled_tokens:
-        req = self.requests[rid]
-        if req.request.num_computed_tokens < req.request.num_tokens: continue  # prefill continues next step
-        token = req.script[len(req.output)] if req.script is not None else self.model.next_token(req.request.all_token_ids)
-        req.output.append(token); req.request.append_output_token_ids([token])
-        self._emit({"op": "append", "id": rid, "tokens": [token]})
-        limit = self.kv.max_model_len
+@patch
+def update_from_output(self: Scheduler, out: SchedulerOutput) -> SchedulerOutput:
+    "Run the (fake) model on the requests whose tokens are all computed: append their tokens, finish the done ones."
+    done = [r for r in self.running if r.request.num_computed_tokens == r.request.num_tokens]
+    tokens = [self._next_token(r) for r in done]  # every model call and check before any change
+    limit = self.kv.max_model_len
+    for req, token in zip(done, tokens):
+        req.output.append(token); req.request.append_output_token_ids(token)
+        self._emit({"op": "append", "id": req.request_id, "tokens": [token]})
         if len(req.output) >= req.max_tokens or (limit is not None and req.request.num_tokens >= limit):
             self.running.remove(req); self.kv.free(req.request); req.status = RequestStatus.FINISHED
-            self.finished[rid] = self.requests.pop(rid); out.finished.append(rid)
-            self._emit({"op": "free", "id": rid})
+            self.finished[req.request_id] = self.requests.pop(req.request_id); out.finished.append(req.request_id)
+            self._emit({"op": "free", "id": req.request_id})
     self.num_steps += 1
     return out
 
-def _step(self: Scheduler) -> SchedulerOutput:
+# %% ../nbs/06_scheduler.ipynb #2d0d20ad
+@patch
+def step(self: Scheduler) -> SchedulerOutput:
     "One engine step: schedule, run the model, update."
     return self.update_from_output(self.schedule())
-
-Scheduler.update_from_output, Scheduler.step = _update_from_output, _step
 
 # %% ../nbs/06_scheduler.ipynb #ac09f03b
 @dataclass
@@ -203,6 +246,16 @@ class SchedulerRun:
     steps: list[SchedulerOutput]  # one per step
     num_preemptions: int  # preemptions over the run
 
+# %% ../nbs/06_scheduler.ipynb #75b36276
+def _manager_for(workload: Workload, behavior: str) -> KVCacheManager:
+    "A fresh `KVCacheManager` built from the workload's config."
+    c = workload.config
+    for key in ("num_blocks", "block_size"):
+        if key not in c: raise ValueError(f"workload {workload.name!r}: config needs {key}")
+    return KVCacheManager(c["num_blocks"], c["block_size"], behavior=behavior, enable_caching=c.get("enable_caching", True),
+                          hash_algo=c.get("hash_algo", "sha256"), max_model_len=c.get("max_model_len"))
+
+# %% ../nbs/06_scheduler.ipynb #129b7c0b
 def run_workload(workload: Workload,  # requests and allocator config
                  behavior: str = "vllm_0_33",  # allocator behaviour
                  max_num_batched_tokens: int = 256,  # token budget per step
@@ -210,10 +263,8 @@ def run_workload(workload: Workload,  # requests and allocator config
                  max_steps: int = 100_000,  # give up (ValueError) after this many steps
                  ) -> SchedulerRun:
     "Schedule `workload` to completion over a fresh `KVCacheManager`."
-    c = workload.config
-    kv = KVCacheManager(c["num_blocks"], c["block_size"], behavior=behavior, enable_caching=c.get("enable_caching", True),
-                        hash_algo=c.get("hash_algo", "sha256"), max_model_len=c.get("max_model_len"))
-    s = Scheduler(kv, max_num_batched_tokens, max_num_seqs)
+    if type(max_steps) is not int or max_steps < 1: raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+    s = Scheduler(_manager_for(_checked(workload), behavior), max_num_batched_tokens, max_num_seqs)
     blocked = {}
     for spec in workload.requests:
         if spec.after is None: s.add_request(spec)

@@ -1,5 +1,7 @@
 """Scheduler invariants under hypothesis: budgets, no starvation, preemption keeps outputs, blocks come back,
 and every run's trace replays to the decisions the scheduler saw."""
+import re
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -77,7 +79,7 @@ def test_a_tight_pool_preempts_and_resumes():
     assert s.finished["B"].num_preemptions == 1
 
 
-def test_chunked_prefill_seed_004():
+def test_chunked_prefill_as_in_vllms_scheduler_example():
     s = Scheduler(KVCacheManager(32, 4), max_num_batched_tokens=10, max_num_seqs=4)
     for rid, n in (("R1", 3), ("R2", 5), ("R3", 4)):
         s.add_request(RequestSpec(rid, list(range(100 * n, 100 * n + n)), [7] * 4))
@@ -128,3 +130,172 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="did not finish in 20 steps"):
         run_workload(Workload("big", [RequestSpec("x", list(range(64)), [1])], {"num_blocks": 3, "block_size": 4}),
                      max_steps=20)
+
+
+# ---- refusals change nothing (issue 12) ----
+
+def state(s):
+    "Everything a refused call must leave as it was."
+    return (list(s.requests), [r.request_id for r in s.waiting], [r.request_id for r in s.running], list(s.finished),
+            len(s.trace), len(s.decisions), s.num_arrived, s.num_steps, s.kv.get_free_queue_ids(),
+            {r: s.kv.get_block_ids(r) for r in s.requests})
+
+
+def test_a_prompt_longer_than_max_model_len_is_refused_at_add_request():
+    s = Scheduler(KVCacheManager(64, 4, max_model_len=16), record_decisions=True)
+    s.add_request(RequestSpec("ok", [1, 2, 3], [4, 5]))
+    before = state(s)
+    with pytest.raises(ValueError, match="request 'long' needs 20 tokens but max_model_len is 16"):
+        s.add_request(RequestSpec("long", list(range(20)), [1]))
+    assert state(s) == before
+    s.add_request(RequestSpec("edge", list(range(100, 116)), [9, 9]))  # exactly max_model_len: one token, then capped
+    run(s)
+    assert s.finished["ok"].output == [4, 5] and s.finished["edge"].output == [9]
+    assert list(replay(s.trace)) == s.decisions
+
+
+class Bad:
+    "A value of no expected type."
+
+
+bad_specs = [  # (RequestSpec fields, max_tokens, error, message)
+    (dict(cache_salt=123), None, TypeError, "cache_salt must be a str or None"),
+    (dict(lora={"name": "x"}), None, ValueError, "lora must be None or a dict with str 'name' and 'path'"),
+    (dict(lora="x"), None, ValueError, "lora must be None or a dict"),
+    (dict(prompt=[1, 2 ** 64]), None, ValueError, "token ids must be ints in [0, 2**64)"),
+    (dict(prompt=[1, -2]), None, ValueError, "token ids must be ints in [0, 2**64)"),
+    (dict(prompt=[1, True]), None, ValueError, "token ids must be ints in [0, 2**64)"),
+    (dict(output=["x"]), None, ValueError, "token ids must be ints in [0, 2**64)"),
+    (dict(prompt=[]), None, ValueError, "empty prompt"),
+    (dict(prompt=(1, 2)), None, TypeError, "prompt must be a list"),
+    (dict(output=None), None, TypeError, "output must be a list"),
+    (dict(id=7), None, TypeError, "id must be a non-empty str"),
+    (dict(id=""), None, TypeError, "id must be a non-empty str"),
+    (dict(priority=True), None, TypeError, "priority must be an int"),
+    (dict(after=5), None, TypeError, "after must be a str or None"),
+    (dict(output=[]), 0, ValueError, "max_tokens must be >= 1, got 0"),
+    (dict(output=[]), True, TypeError, "max_tokens must be an int, got True"),
+    (dict(output=[]), "3", TypeError, "max_tokens must be an int, got '3'"),
+    (dict(output=[]), None, ValueError, "max_tokens must be >= 1, got 0"),
+]
+
+
+def add(s, fields, max_tokens):
+    "Build the spec and add it: a bad field may be refused by either."
+    spec = RequestSpec(**{**dict(id="new", prompt=[1, 2], output=[3]), **fields})
+    return s.add_request(spec) if max_tokens is None else s.add_request(spec, max_tokens=max_tokens)
+
+
+@pytest.mark.parametrize("fields, max_tokens, error, message", bad_specs)
+def test_a_refused_add_request_changes_nothing(fields, max_tokens, error, message):
+    s = make([(0, 6, 2, 0), (1, 5, 3, 1)], 16, 4, 8, 4)
+    s.step()
+    before = state(s)
+    with pytest.raises(error, match=re.escape(message)): add(s, fields, max_tokens)
+    assert state(s) == before
+    run(s)  # and the scheduler still works
+    assert sorted(s.finished) == ["r0", "r1"]
+
+
+@pytest.mark.parametrize("field, value, message", [("prompt", [2 ** 64], "token ids must be ints in [0, 2**64)"),
+                                                   ("cache_salt", 5, "cache_salt must be a str or None"),
+                                                   ("lora", {"name": "x"}, "lora must be None or a dict")])
+def test_a_spec_spoiled_after_it_was_built_is_refused_too(field, value, message):
+    s = make([(0, 6, 2, 0)], 16, 4, 8, 4)
+    spec = RequestSpec("new", [1, 2], [3])
+    setattr(spec, field, value)
+    before = state(s)
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)): s.add_request(spec)
+    assert state(s) == before
+
+
+@pytest.mark.parametrize("spec", ["a", None, ("a", [1], [2])])
+def test_add_request_takes_a_request_spec(spec):
+    s = make([], 16, 4, 8, 4)
+    with pytest.raises(TypeError, match="add_request takes a RequestSpec"): s.add_request(spec, max_tokens=3)
+    assert state(s) == state(make([], 16, 4, 8, 4))
+
+
+@given(st.sampled_from([None, True, 1.5, "x", -1, 0, 2 ** 64, [1], {}, Bad()]),
+       st.sampled_from(["id", "prompt", "output", "cache_salt", "lora", "after", "priority", "max_tokens"]))
+@settings(deadline=None)
+def test_fuzz_add_request_named_errors_and_no_change(value, field):
+    s = make([(0, 6, 2, 0)], 16, 4, 8, 4)
+    s.step()
+    kw = dict(id="new", prompt=[1, 2, 3], output=[4], cache_salt=None, lora=None, after=None, priority=0)
+    max_tokens = value if field == "max_tokens" else None
+    if field != "max_tokens": kw[field] = value
+    before = state(s)
+    try: s.add_request(RequestSpec(**kw), max_tokens=max_tokens)
+    except (ValueError, TypeError): assert state(s) == before
+    else: assert len(s.requests) == 2
+    run(s)
+    assert set(s.finished) >= {"r0"}
+
+
+class FlakyModel(FakeModel):
+    "Fails (raises, or returns a bad token) on chosen calls, otherwise behaves as FakeModel(seed=3)."
+    def __init__(self, failures): super().__init__(seed=3); self.failures, self.calls = dict(failures), 0
+
+    def next_token(self, token_ids):
+        self.calls += 1
+        bad = self.failures.get(self.calls)
+        if bad == "raise": raise RuntimeError("the model fell over")
+        return bad if bad is not None else super().next_token(token_ids)
+
+
+@pytest.mark.parametrize("failure, error, message", [
+    ("raise", RuntimeError, "fell over"), (-1, ValueError, "the model returned -1"),
+    (2 ** 64, ValueError, "the model returned"), ("7", ValueError, "the model returned '7'"),
+    (True, ValueError, "the model returned True")])
+def test_a_model_failure_inside_step_leaves_the_scheduler_working(failure, error, message):
+    specs = [(0, 6, 4, 0), (1, 5, 3, 0), (2, 9, 2, 0)]
+    good = make(specs, 32, 4, 8, 4); run(good)
+    s = make(specs, 32, 4, 8, 4)
+    s.model = FlakyModel({3: failure})
+    steps = 0
+    while s.requests:
+        try: s.step()
+        except error as e: assert message in str(e); steps += 1
+        assert steps <= 1
+    assert steps == 1
+    assert {r: q.output for r, q in s.finished.items()} == {r: q.output for r, q in good.finished.items()}
+    assert list(replay(s.trace)) == s.decisions
+
+
+def test_fuzz_scheduler_constructor():
+    kv = KVCacheManager(8, 4)
+    for kwargs, error, message in [
+            (dict(kv_cache_manager="kv"), TypeError, "kv_cache_manager must be a KVCacheManager"),
+            (dict(kv_cache_manager=kv, max_num_batched_tokens=True), ValueError, "max_num_batched_tokens must be an int >= 1"),
+            (dict(kv_cache_manager=kv, max_num_seqs=2.0), ValueError, "max_num_seqs must be an int >= 1"),
+            (dict(kv_cache_manager=kv, model=object()), TypeError, "model must have a next_token"),
+            (dict(kv_cache_manager=kv, policy=None), ValueError, "policy must be"),
+            (dict(kv_cache_manager=kv, record_decisions="yes"), TypeError, "record_decisions must be a bool")]:
+        with pytest.raises(error, match=message): Scheduler(**kwargs)
+    for kwargs, message in [(dict(seed="x"), "seed must be an int"), (dict(vocab_size=0), "vocab_size must be an int >= 1"),
+                            (dict(vocab_size=True), "vocab_size must be an int >= 1")]:
+        with pytest.raises((TypeError, ValueError), match=message): FakeModel(**kwargs)
+
+
+def test_fuzz_run_workload():
+    w = shared_system_prompts(num_prompts=1, num_users=2, system_len=8, user_len=2, output_len=2, block_size=4)
+    for args, kwargs, error, message in [
+            (("w",), {}, TypeError, "workload must be a Workload"),
+            ((Workload("x", [RequestSpec("a", [1], [2])], {"block_size": 4}),), {}, ValueError, "config needs num_blocks"),
+            ((Workload("x", [RequestSpec("a", [1], [2])], {"num_blocks": 4}),), {}, ValueError, "config needs block_size"),
+            ((w,), dict(behavior="vllm"), ValueError, "behavior must be one of"),
+            ((w,), dict(max_steps=True), ValueError, "max_steps must be an int >= 1"),
+            ((w,), dict(max_steps=0), ValueError, "max_steps must be an int >= 1"),
+            ((w,), dict(max_num_seqs=0), ValueError, "max_num_seqs must be an int >= 1"),
+            ((w,), dict(max_num_batched_tokens=-1), ValueError, "max_num_batched_tokens must be an int >= 1")]:
+        with pytest.raises(error, match=message): run_workload(*args, **kwargs)
+    spoiled = shared_system_prompts(num_prompts=1, num_users=2, block_size=4)
+    spoiled.requests = tuple(spoiled.requests)
+    with pytest.raises(TypeError, match="requests must be a list of RequestSpec"): run_workload(spoiled)
+    spoiled.requests = list(spoiled.requests)
+    spoiled.requests.append(spoiled.requests[0])  # changed after it was built: checked again when used
+    with pytest.raises(ValueError, match="duplicate request ids"): run_workload(spoiled)
+    spoiled.requests[1:] = [RequestSpec("z", [1], [2])]
+    spoiled.requests[1].after = "nobody"
+    with pytest.raises(ValueError, match="'z' waits for 'nobody', which never runs"): run_workload(spoiled)

@@ -131,3 +131,38 @@ def test_stats_on_scheduler_runs_match_the_run():
     assert s.num_requests == 12 and s.preemptions == run.num_preemptions
     assert s.lookups == 12 + run.num_preemptions  # one per scheduling: first, and after every preemption
     assert s.lookup_attempts >= s.lookups and 0 < s.peak_usage <= 1
+
+
+# ---- wrong types and sizes: named errors (issue 12) ----
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(seed="x"), TypeError, "seed must be an int"), (dict(seed=1.5), TypeError, "seed must be an int"),
+    (dict(block_size=True), TypeError, "block_size must be an int"), (dict(num_blocks=0), ValueError, "num_blocks must be >= 1"),
+    (dict(block_size=None), TypeError, "block_size must be an int")])
+def test_generators_refuse_bad_arguments_by_name(name, kwargs, error, message):
+    with pytest.raises(error, match=message): WORKLOADS[name](**kwargs)
+
+
+@pytest.mark.parametrize("fields, error, message", [
+    (dict(id=None), TypeError, "request id must be a non-empty str"),
+    (dict(prompt="abc"), TypeError, "prompt must be a list"),
+    (dict(prompt=[1.0]), ValueError, "token ids must be ints in"),
+    (dict(output=[2 ** 64]), ValueError, "token ids must be ints in"),
+    (dict(lora={"name": "x", "path": 3}), ValueError, "lora must be None or a dict"),
+    (dict(lora={"name": "x", "path": "p", "extra": 1}), ValueError, "lora must be None or a dict"),
+    (dict(cache_salt=b"s"), TypeError, "cache_salt must be a str or None"),
+    (dict(priority=1.5), TypeError, "priority must be an int")])
+def test_request_spec_refuses_bad_fields_by_name(fields, error, message):
+    with pytest.raises(error, match=message): RequestSpec(**{**dict(id="a", prompt=[1], output=[2]), **fields})
+
+
+def test_workloads_are_checked_when_built_and_when_used():
+    with pytest.raises(TypeError, match="requests must be a list of RequestSpec"): Workload("w", [("a", [1], [2])])
+    with pytest.raises(TypeError, match="config must be a dict"): Workload("w", [], config=None)
+    with pytest.raises(TypeError, match="workload must be a Workload"): to_trace({"requests": []})
+    w = shared_system_prompts(num_prompts=1, num_users=2)
+    w.requests[1].prompt = [1, -1]
+    with pytest.raises(ValueError, match="request 'p0u1' prompt: token ids must be ints"): to_trace(w)
+    w.requests[1].prompt, w.requests[1].after = [1], "p0u1"  # waits for itself
+    with pytest.raises(ValueError, match="'p0u1' waits for 'p0u1', which never runs"): to_trace(w)
