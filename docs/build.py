@@ -1,82 +1,116 @@
-"""Build kvref's site offline: nbdev processes the notebooks, Sphinx (MyST-NB + Furo) renders them.
+"""Build kvref's site offline: nbdev-test executes the notebooks, nbdev processes them, Sphinx renders them.
 
-nbdev's own processors decide what a reader sees (`#| hide` cells dropped, export markers stripped, `show_doc`
-run and its markdown kept). Notebooks are committed without outputs, so where nbdev would execute only the cells
-`show_doc` needs, this build executes every cell `nbdev-test` runs, in `nbs/` as the tests do. This script then turns nbdev's Quarto-flavoured output into plain MyST notebooks (front
-matter becomes the page's H1 and lead, `show_doc` output becomes real sections, links into the docs stay
-on the site) and runs `sphinx-build`. Usage: `python docs/build.py [--out DIR]`.
+Notebooks are committed without outputs. `execute` runs `nbdev-test --save` over copies of them (the same run
+`scripts/test` makes as its notebook test, so no notebook runs twice), keyed by content so an unchanged
+notebook is not run again. nbdev's own processors then decide what a reader sees (`#| hide` cells dropped,
+export markers stripped, a `show_doc` after each exported definition), with one change: `show_doc` is rendered
+by `apidoc.py` from the exported package (classes as classes, Protocols with their methods, Enums with their
+members, long signatures wrapped) instead of in a kernel. This script then turns nbdev's Quarto-flavoured
+output into plain MyST notebooks (front matter becomes the page's H1 and lead, links into the docs stay on the
+site), adds the API reference page and runs `sphinx-build`.
+Usage: `python docs/build.py [--out DIR]`, or `--execute` to run the notebooks only.
 """
 from __future__ import annotations
 
 import argparse, json, re, shutil, subprocess, sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import apidoc  # noqa: E402  (docs/apidoc.py, beside this script)
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 NBS = ROOT / "nbs"
 SRC = ROOT / "_build" / "site_src"
-PROC = ROOT / "_proc"  # nbdev's processed notebooks, executed
+PROC = ROOT / "_proc"  # nbdev's processed notebooks
+EXECUTED = ROOT / "_build" / "executed"  # the notebooks as `nbdev-test --save` left them, with content keys
+BATCH = ROOT / "_exec"  # where they run: beside nbs/, so relative paths such as ../golden hold
 DOC_URL = "https://kvref.github.io/kvref/"
 HAND_WRITTEN = ["contributing.md"]  # docs/ pages that join the navigation after the chapters
 
 
-def _newest_source() -> float:
-    "Modification time of the newest file a notebook's outputs depend on (the package and golden files)."
-    files = [*(ROOT / "kvref").rglob("*.py"), *(ROOT / "golden").rglob("*"), Path(__file__)]
-    return max((f.stat().st_mtime for f in files if f.is_file()), default=0.0)
+def _content_key(nb: Path) -> str:
+    "What a notebook's outputs depend on: its own bytes, the package, the golden files and this script."
+    import hashlib
+    digest = hashlib.sha256(nb.read_bytes())
+    for f in sorted([*(ROOT / "kvref").rglob("*.py"), *(ROOT / "golden").rglob("*"), ROOT / "pyproject.toml",
+                     Path(__file__), DOCS / "apidoc.py"]):
+        if f.is_file() and "__pycache__" not in f.parts: digest.update(f.as_posix().encode() + f.read_bytes())
+    return digest.hexdigest()
 
 
-def _process_one(paths: tuple[Path, Path]) -> None:
-    "Execute and process one notebook (`src`, `dest`) with nbdev's doc processors, every cell executed."
-    src, dest = paths
-    import os
+def execute(force: bool = False) -> Path:
+    """Run `nbdev-test --save` over copies of the notebooks: the test run and the site share one execution.
+    Without `force`, only the notebooks whose content key changed since their last run."""
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    keys_file = EXECUTED / ".keys.json"
+    keys = json.loads(keys_file.read_text()) if keys_file.exists() and not force else {}
+    for stale in set(p.name for p in EXECUTED.glob("*.ipynb")) - set(p.name for p in NBS.glob("*.ipynb")):
+        (EXECUTED / stale).unlink()
+    want = {src.name: _content_key(src) for src in sorted(NBS.glob("*.ipynb"))}
+    todo = [name for name, key in want.items() if keys.get(name) != key or not (EXECUTED / name).exists()]
+    print(f"docs: executing {len(todo)} of {len(want)} notebooks with nbdev-test --save"
+          + ("" if todo else " (every executed copy is current)"), flush=True)
+    if not todo: return EXECUTED
+    if BATCH.exists(): shutil.rmtree(BATCH)
+    BATCH.mkdir()
+    for name in todo: shutil.copy(NBS / name, BATCH / name)
+    done = subprocess.run(["nbdev-test", str(BATCH), "--save", "--n-workers", "2"], cwd=ROOT)
+    if done.returncode: sys.exit(f"docs: nbdev-test failed (see above)")
+    for name in todo:
+        shutil.move(str(BATCH / name), EXECUTED / name)
+        keys[name] = want[name]
+    shutil.rmtree(BATCH)
+    keys_file.write_text(json.dumps(keys, indent=1, sort_keys=True))
+    return EXECUTED
+
+
+def _default_exp(nb) -> str | None:
+    "The module a notebook exports to (`#| default_exp name`)."
+    for cell in nb.cells:
+        if (m := re.search(r"^#\|\s*default_exp\s+(\S+)", cell.source, re.M)): return m.group(1)
+    return None
+
+
+def _process_one(src: Path, dest: Path) -> None:
+    """nbdev's doc processors over one executed notebook; `show_doc` cells are rendered from the exported
+    package by `apidoc` (classes as classes, Protocols with methods, Enums with members), not re-executed."""
+    import importlib, os
     from fastcore.xtras import working_directory
-    from nbdev.config import get_config
-    from nbdev.processors import FilterDefaults, exec_show_docs
     from fastcore.nbio import read_nb, write_nb
-    flags = get_config().tst_flags
-    flags = set(flags.split() if isinstance(flags, str) else flags)
+    from nbdev.processors import FilterDefaults, exec_show_docs
+    from nbdev.process import Processor
 
-    class execute_all(exec_show_docs):
-        "nbdev runs only the cells `show_doc` needs; notebooks are committed without outputs, so run them all."
+    class render_show_docs(Processor):
+        "Replace each `show_doc(name)` cell by the markdown `apidoc` renders for `name`."
+        def begin(self):
+            self.namespace = vars(importlib.import_module(f"kvref.{module}")) if module else {}
         def __call__(self, cell):
-            if cell.cell_type != "code" or not hasattr(self, "k") or "nbdev_export()" in cell.source: return
-            directives = getattr(cell, "directives_", None) or {}
-            if flags & directives.keys() or str(directives.get("eval", "")).lower() == "false": return
-            self.k.cell(cell)
-            if self.k.exc:
-                raise RuntimeError(f"docs: {src.name}, cell {cell.idx_} failed:\n{cell.source}\n"
-                                   f"{type(self.k.exc).__name__}: {self.k.exc}")
+            m = re.search(r"^show_doc\(([\w.]+)\)\s*$", cell.source, re.M) if cell.cell_type == "code" else None
+            if not m: return
+            head, *rest = m.group(1).split(".")
+            if head not in self.namespace: raise RuntimeError(f"docs: {src.name}: show_doc({m.group(1)}): "
+                                                             f"{head!r} is not exported by this chapter's module")
+            obj = self.namespace[head]
+            for attr in rest: obj = getattr(obj, attr)
+            cell.cell_type, cell.source, cell.outputs = "markdown", apidoc.render(obj, m.group(1)), []
+            cell.pop("execution_count", None)
 
     class Filter(FilterDefaults):
-        def base_procs(self): return [execute_all if p is exec_show_docs else p for p in super().base_procs()]
+        def base_procs(self): return [render_show_docs if p is exec_show_docs else p for p in super().base_procs()]
 
     os.environ["IN_TEST"] = "1"
     nb = read_nb(src)
+    module = _default_exp(nb)
     with working_directory(NBS): Filter()(nb)
     write_nb(nb, dest)
 
 
-def process_notebooks() -> Path:
-    """Run nbdev's documentation processors over `nbs/` into `_proc/`, executing every notebook top to bottom
-    as `nbdev-test` does (cells flagged in `tst_flags` skipped). Unchanged notebooks are reused."""
-    from concurrent.futures import ThreadPoolExecutor
-    PROC.mkdir(exist_ok=True)
-    for stale in set(p.name for p in PROC.glob("*.ipynb")) - set(p.name for p in NBS.glob("*.ipynb")):
-        (PROC / stale).unlink()
-    newest = _newest_source()
-    todo = [src for src in sorted(NBS.glob("*.ipynb"))
-            if not (PROC / src.name).exists()
-            or (PROC / src.name).stat().st_mtime <= max(src.stat().st_mtime, newest)]
-    for src in todo: (PROC / src.name).unlink(missing_ok=True)
-    def run(src: Path) -> str | None:  # a fresh interpreter per notebook, as nbdev-test gives each a fresh kernel
-        done = subprocess.run([sys.executable, __file__, "--process-one", str(src), str(PROC / src.name)],
-                              capture_output=True, text=True)
-        return None if done.returncode == 0 else f"{src.name}:\n{done.stderr[-3000:]}"
-    with ThreadPoolExecutor(2) as pool: failures = [f for f in pool.map(run, todo) if f]
-    if failures: sys.exit("\n\n".join(failures))
-    missing = [p.name for p in NBS.glob("*.ipynb") if not (PROC / p.name).exists()]
-    if missing: sys.exit(f"docs: could not process {', '.join(missing)} (see the errors above)")
+def process_notebooks(executed: Path) -> Path:
+    "Run nbdev's documentation processors over the executed notebooks into `_proc/`."
+    if PROC.exists(): shutil.rmtree(PROC)
+    PROC.mkdir()
+    for src in sorted(executed.glob("*.ipynb")): _process_one(src, PROC / src.name)
     return PROC
 
 
@@ -143,10 +177,6 @@ def to_myst(nb: dict) -> dict:
             continue
         if cell["cell_type"] == "code":
             found, body = _directives(src)
-            if found.get("output") == "asis":  # show_doc: its markdown becomes part of the page
-                md = "".join(_text(o.get("data", {}).get("text/markdown", "")) for o in cell.get("outputs", []))
-                cells.append(_cell("markdown", re.sub(r"\A\s*---\s*\n", "", md)))
-                continue
             tags = cell.setdefault("metadata", {}).setdefault("tags", [])
             if found.get("echo") == "false": tags.append("remove-input")
             if found.get("output") == "false": tags.append("remove-output")
@@ -158,6 +188,19 @@ def to_myst(nb: dict) -> dict:
     nb.setdefault("metadata", {}).setdefault("kernelspec", {"name": "python3", "display_name": "Python 3",
                                                             "language": "python"})
     return nb
+
+
+def reference_page() -> str:
+    "Every module's exported names, chapter by chapter: the page an oracle's user looks things up on."
+    import importlib
+    from fastcore.nbio import read_nb
+    parts = ["# API reference\n\n> Every name kvref exports, module by module in the book's order: classes with "
+             "their fields and methods, Protocols with the methods an implementation provides, Enums with their "
+             "members. Each chapter explains why; this page is for looking things up."]
+    for nb_path in sorted(NBS.glob("*.ipynb")):
+        if (module := _default_exp(read_nb(nb_path))):
+            parts.append(apidoc.module_reference(importlib.import_module(f"kvref.{module}"), all_methods=True))
+    return "\n\n".join(parts) + "\n"
 
 
 def stage(proc: Path) -> None:
@@ -172,12 +215,14 @@ def stage(proc: Path) -> None:
         pages[Path(out).stem] = p.stem
     converted = {p.stem: to_myst(json.loads(p.read_text())) for p in notebooks}
     anchors = {stem: _headings(nb) for stem, nb in converted.items()}
+    link = lambda text: _rewrite_links(apidoc.rewrite_doc_links(text), pages, anchors)
     for stem, nb in converted.items():
         for cell in nb["cells"]:
-            if cell["cell_type"] == "markdown": cell["source"] = _rewrite_links(_text(cell["source"]), pages, anchors)
+            if cell["cell_type"] == "markdown": cell["source"] = link(_text(cell["source"]))
         (SRC / f"{stem}.ipynb").write_text(json.dumps(nb, indent=1))
+    (SRC / "reference.md").write_text(link(reference_page()))
     for name in HAND_WRITTEN: shutil.copy(DOCS / name, SRC / name)
-    order = [p.stem for p in notebooks if p.stem != "index"] + [Path(n).stem for n in HAND_WRITTEN]
+    order = [p.stem for p in notebooks if p.stem != "index"] + ["reference"] + [Path(n).stem for n in HAND_WRITTEN]
     index = json.loads((SRC / "index.ipynb").read_text())
     toc = "```{toctree}\n:hidden:\n:maxdepth: 1\n:caption: Chapters\n\n" + "\n".join(order) + "\n```"
     index["cells"].append(_cell("markdown", toc))
@@ -188,7 +233,7 @@ def stage(proc: Path) -> None:
 
 def build(out: Path) -> None:
     "Process, stage and render the site into `out`."
-    stage(process_notebooks())
+    stage(process_notebooks(execute()))
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(SRC), str(out)]
     if subprocess.run(cmd).returncode: sys.exit("docs: sphinx-build failed")
     print(f"docs: built {out}")
@@ -197,7 +242,8 @@ def build(out: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "_site", help="where the HTML goes (default: _site)")
-    parser.add_argument("--process-one", nargs=2, type=Path, metavar=("SRC", "DEST"), help=argparse.SUPPRESS)
+    parser.add_argument("--execute", action="store_true",
+                        help="only run every notebook with nbdev-test --save (the test step; the build reuses it)")
     args = parser.parse_args()
-    if args.process_one: _process_one(tuple(args.process_one))
+    if args.execute: execute(force=True)
     else: build(args.out)

@@ -1,8 +1,8 @@
 """Check the built site in headless Chromium, the way a reader meets it.
 
 Serves the site on 127.0.0.1 and, for every page: HTTP 200, one H1, no page errors, no nbdev directive or export
-plumbing shown, every internal link (and its #anchor) resolves, and no request leaves 127.0.0.1 unless
-allow-listed; then checks that the search page finds something. Saves a screenshot of the front
+plumbing shown, no code block wider than its box at 1280 px, every internal link (and its #anchor) resolves, no
+link points at a page the site lacks, and no request leaves 127.0.0.1 unless allow-listed; then checks that the search page finds something. Saves a screenshot of the front
 page. Usage: `python docs/check_site.py [--site _site] [--screenshot _build/front-page.png]`.
 """
 from __future__ import annotations
@@ -17,6 +17,10 @@ ALLOWED_SCHEMES = {"data", "blob", "about"}  # never leave the machine
 ALLOWED_HOSTS: set[str] = set()              # the explicit allow-list of outside hosts: empty
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+PUBLISHED = "https://kvref.github.io/kvref/"  # nbdev's doc links: build.py points each at a page of the site
+# Code blocks wider than their box at 1280 px: [overflow in px, first 60 characters of the widest line].
+OVERFLOWING = """els => els.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => [e.scrollWidth - e.clientWidth,
+    e.innerText.split('\\n').reduce((a, b) => b.length > a.length ? b : a, '').slice(0, 60)])"""
 SKIP_PAGES = {"genindex.html", "search.html", "py-modindex.html"}  # Sphinx's own pages have no chapter H1
 
 
@@ -67,8 +71,14 @@ def check(site: Path, screenshot: Path) -> list[str]:
                 code = "\n".join(page.eval_on_selector_all("div.cell_input", "els => els.map(e => e.innerText)"))
                 if re.search(r"^\s*#\|", code, re.M) or "nbdev_export()" in code:  # markers and plumbing stay hidden
                     problems.append(f"{name}: a code cell shows an nbdev directive or the export call")
+                wide = page.eval_on_selector_all("article pre", OVERFLOWING)
+                for width, text in wide[:3]:
+                    problems.append(f"{name}: a code block overflows the page by {width} px: {text!r}")
+                if len(wide) > 3: problems.append(f"{name}: {len(wide) - 3} more code blocks overflow")
             for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
                 if href.startswith(base): links.append((name, href[len(base):]))
+                elif href.startswith(PUBLISHED) or ".html.md" in href:  # a doc link build.py could not place
+                    problems.append(f"{name}: link to no page of this site: {href}")
             if name == "index.html":
                 screenshot.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(screenshot), full_page=False)
