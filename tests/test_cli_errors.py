@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvref import cli
 from kvref.cli import MAX_NUM_BLOCKS, main, parse_int
 from kvref.conformance import check
 from kvref.nano import NanoAdapter
@@ -144,12 +145,14 @@ def test_adapter_import_traceback_on_request(tmp_path, capsys, monkeypatch):
     assert err.splitlines()[-1] == "kvref check: error: cannot import module 'raising_engine': RuntimeError: deep"
 
 
-def test_num_blocks_limit_is_inclusive(tmp_path, capsys):
-    "A pool of exactly MAX_NUM_BLOCKS blocks is replayed (config only: building it is the whole cost)."
-    argv = _materialize(tmp_path, {"t.jsonl": f'{{"op": "config", "num_blocks": {MAX_NUM_BLOCKS}, "block_size": 4}}\n'},
-                        ["replay", "{f}/t.jsonl"])
-    assert main(argv) == 0
-    assert json.loads(capsys.readouterr().out)["num_free"] == MAX_NUM_BLOCKS - 1
+def test_num_blocks_limit_is_inclusive(tmp_path, capsys, monkeypatch):
+    "A pool of exactly MAX_NUM_BLOCKS blocks is replayed, one more is refused (the limit lowered to keep this fast)."
+    monkeypatch.setattr(cli, "MAX_NUM_BLOCKS", 64)
+    for num_blocks, status in ((64, 0), (65, 2)):
+        (tmp_path / "t.jsonl").write_text(f'{{"op": "config", "num_blocks": {num_blocks}, "block_size": 4}}\n')
+        assert main(["replay", str(tmp_path / "t.jsonl")]) == status
+    out, err = capsys.readouterr()
+    assert json.loads(out)["num_free"] == 63 and "num_blocks 65 is above the command line's limit of 64" in err
 
 
 def test_parse_int_takes_plain_integers_only():
