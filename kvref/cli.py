@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/cli.html.md"""
 
 # %% ../nbs/12_cli.ipynb #d85ddf7f
 from __future__ import annotations
-import argparse, functools, importlib, json, sys
+import argparse, functools, importlib, json, os, re, sys, traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -20,8 +20,10 @@ from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
 # %% auto #0
-__all__ = ['SUBCOMMANDS', 'CommandParser', 'returns_exit_status', 'hash_main', 'replay_main', 'load_adapter', 'check_main',
-           'cudagraph_main', 'check_runs', 'thinking_budget_main', 'main']
+__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'SUBCOMMANDS',
+           'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand', 'token_id',
+           'read_token_ids', 'check_vector_files', 'hash_main', 'load_trace_for_cli', 'replay_main', 'load_adapter',
+           'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -29,48 +31,116 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
-def returns_exit_status(run: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
-    "Wrap a subcommand so argparse's own exits (`--help`, a usage error) come back as its exit status."
-    @functools.wraps(run)
-    def command(argv: list[str] | None = None) -> int:
-        try: return run(argv)
-        except SystemExit as exit_: return exit_.code if isinstance(exit_.code, int) else 2
-    return command
+# %% ../nbs/12_cli.ipynb #f18f7c1c
+def parse_int(text: str,                # the integer as typed
+              name: str | None = None,  # what it is, for the error: "--block-size", "token 3"
+              low: int = -(1 << 63),    # smallest allowed value
+              high: int = (1 << 63) - 1 # largest allowed value
+             ) -> int:
+    "`text` as an int in [low, high], written as plain ASCII digits (and '-'); ValueError naming `name` otherwise."
+    if re.fullmatch(r"-?[0-9]{1,20}", text) is None or not low <= int(text) <= high:
+        shown, bounds = text if len(text) <= 30 else text[:27] + "...", "" if (low, high) == (-(1 << 63), (1 << 63) - 1) else f" from {low} to {high}"
+        raise ValueError(f"{name + ': ' if name else ''}invalid int value: {shown!r} (an integer{bounds})")
+    return int(text)
+
+def int_arg(low: int = -(1 << 63), high: int = (1 << 63) - 1) -> Callable[[str], int]:
+    "`parse_int` as an argparse `type`."
+    def parse(text: str) -> int:
+        try: return parse_int(text, None, low, high)
+        except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+# %% ../nbs/12_cli.ipynb #3de68226
+MAX_JSON_CHARS = 1 << 25  # 32 Mi characters: a longer JSON input is refused, not read whole
+
+def read_text(path: str) -> str:
+    "The text of file `path` ('-' is stdin), at most `MAX_JSON_CHARS` characters; ValueError naming the file."
+    try:
+        if path == "-": text = sys.stdin.read(MAX_JSON_CHARS + 1)
+        else:
+            with open(path, encoding="utf-8") as f: text = f.read(MAX_JSON_CHARS + 1)
+    except OSError as e: raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e: raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if len(text) > MAX_JSON_CHARS: raise ValueError(f"{path}: longer than {MAX_JSON_CHARS} characters")
+    return text
+
+def parse_json(text: str, path: str) -> object:
+    "`text`, read from `path`, parsed as JSON; ValueError naming the file and line if it is not JSON or nests too deeply."
+    try: return json.loads(text)
+    except json.JSONDecodeError as e: raise ValueError(f"{path} is not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError: raise ValueError(f"{path}: JSON nested too deeply") from None
+
+def read_json(path: str) -> object:
+    "The JSON value in file `path` ('-' is stdin); ValueError naming the file and line if it cannot be had."
+    return parse_json(read_text(path), path)
+
+# %% ../nbs/12_cli.ipynb #aeb6e1dc
+def _one_line(e: Exception) -> str:
+    if isinstance(e, OSError): return f"{e.filename}: {e.strerror}" if e.filename else f"cannot write output: {e.strerror or e}"
+    return " ".join(str(e).split())
+
+def subcommand(prog: str  # the command's name in error lines: "kvref hash"
+              ) -> Callable[[Callable[[list[str] | None], int]], Callable[[list[str] | None], int]]:
+    "Decorate a command `run(argv) -> exit status` so that every way it can end is an exit status."
+    def decorate(run: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+        @functools.wraps(run)
+        def command(argv: list[str] | None = None) -> int:
+            try:
+                status = run(argv)
+                sys.stdout.flush()
+                return status
+            except SystemExit as exit_: return exit_.code if isinstance(exit_.code, int) else 2
+            except BrokenPipeError: return 141
+            except (ValueError, TypeError, OSError) as e:
+                print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+                return 2
+        return command
+    return decorate
 
 # %% ../nbs/12_cli.ipynb #63b14aec
-def _read_token_file(path: str) -> list[int]:
-    "Token ids from a JSON list or whitespace/comma-separated integers ('-' reads stdin)."
-    try: text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e: raise ValueError(f"--file {path}: cannot read: {e}") from None
+TOKEN_ID_MAX = (1 << 64) - 1  # the largest token id kvref hashes
+
+def token_id(text: str, index: int) -> int:
+    "Token id number `index`, as typed; ValueError if it is not an integer from 0 to `TOKEN_ID_MAX`."
+    try: value = parse_int(text, None, -10 ** 20, 10 ** 20)
+    except ValueError: raise ValueError(f"token ids must be integers, got {text[:30]!r}") from None
+    if not 0 <= value <= TOKEN_ID_MAX: raise ValueError(f"token_ids[{index}] is {value}; token ids are integers from 0 to {TOKEN_ID_MAX}")
+    return value
+
+def read_token_ids(path: str) -> list[int]:
+    "Token ids from a JSON list or whitespace/comma-separated integers in file `path` ('-' reads stdin)."
+    try: text = read_text(path)
+    except ValueError as e: raise ValueError(f"--file {e}") from None
     if text.lstrip().startswith("["):
-        try: return json.loads(text)
-        except json.JSONDecodeError as e: raise ValueError(f"{path}: not a JSON list of token ids: {e}") from None
-    return _parse_ints(text.replace(",", " ").split(), path)
+        ids = parse_json(text, path)
+        for i, t in enumerate(ids):
+            if type(t) is not int or not 0 <= t <= TOKEN_ID_MAX:
+                raise ValueError(f"{path}: token_ids[{i}] is {json.dumps(t)[:30]}; token ids are integers from 0 to {TOKEN_ID_MAX}")
+    else:
+        ids = []
+        for n, line in enumerate(text.splitlines(), 1):
+            try: ids += [token_id(w, len(ids) + k) for k, w in enumerate(line.replace(",", " ").split())]
+            except ValueError as e: raise ValueError(f"{path}, line {n}: {e}") from None
+    if not ids: raise ValueError(f"{path}: no tokens")
+    return ids
 
-def _parse_ints(words: Sequence[str], where: str) -> list[int]:
-    try: return [int(w) for w in words]
-    except ValueError: raise ValueError(f"{where}: token ids must be integers, got {next(w for w in words if not w.lstrip('-').isdigit())!r}") from None
-
+# %% ../nbs/12_cli.ipynb #dfd7384b
 def _parse_mm(spec: str) -> MultiModalItem:
     parts = spec.rsplit(":", 2)
-    if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts[1:]):
-        raise ValueError(f"--mm {spec!r}: expected ID:OFFSET:LENGTH with integer OFFSET and LENGTH")
-    return MultiModalItem(parts[0], int(parts[1]), int(parts[2]))
+    if len(parts) != 3: raise ValueError(f"--mm {spec!r}: expected ID:OFFSET:LENGTH with integer OFFSET and LENGTH")
+    return MultiModalItem(parts[0], parse_int(parts[1], "--mm OFFSET", 0), parse_int(parts[2], "--mm LENGTH", 0))
 
 def _parse_lora(spec: str) -> LoRARequest:
     name, sep, path = spec.partition(":")
     if not sep or not name: raise ValueError(f"--lora {spec!r}: expected NAME:PATH")
     return LoRARequest(name, path)
 
-# %% ../nbs/12_cli.ipynb #c1f8addb
-@returns_exit_status
-def hash_main(argv: list[str] | None = None) -> int:
-    "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
+def _hash_parser() -> CommandParser:
     parser = CommandParser(prog="kvref hash", description="Hash token ids into vLLM 0.33 block hashes, "
                            "one per full block, or verify vector files with --check.")
-    parser.add_argument("tokens", nargs="*", help="token ids (integers >= 0)")
+    parser.add_argument("tokens", nargs="*", help=f"token ids (integers from 0 to {TOKEN_ID_MAX})")
     parser.add_argument("--file", help="read token ids from FILE (JSON list or whitespace/comma separated; - for stdin)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    parser.add_argument("--block-size", type=int_arg(), default=16, help="tokens per block (default 16)")
     parser.add_argument("--algo", default="sha256", help=f"hash algorithm: {', '.join(HASH_FUNCTIONS)} (default sha256)")
     parser.add_argument("--salt", help="cache salt")
     parser.add_argument("--lora", metavar="NAME:PATH", help="LoRA adapter name and path")
@@ -78,26 +148,39 @@ def hash_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", help="NONE_HASH seed (default: PYTHONHASHSEED, else vLLM's default for the algorithm)")
     parser.add_argument("--format", choices=("hex", "int64", "json"), default="hex", help="output format (default hex)")
     parser.add_argument("--check", nargs="+", metavar="FILE", help="verify vector files instead of hashing")
-    args = parser.parse_args(argv)
-    try:
-        if args.check:
-            if args.tokens or args.file: raise ValueError("--check takes no token ids")
-            count, mismatch = check_vectors(args.check)
-            if mismatch:
-                m = mismatch
-                print(f"{m.path}: vector {m.vector}, block {m.block}: expected {m.expected}, got {m.got}")
-                return 1
-            print(f"{count} vectors, {count} match")
-            return 0
-        if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
-        if not args.file and not args.tokens: raise ValueError("give token ids, --file or --check")
-        tokens = _read_token_file(args.file) if args.file else _parse_ints(args.tokens, "tokens")
-        hashes = hash_request_tokens(tokens, args.block_size, args.algo, cache_salt=args.salt, seed=args.seed,
-                                     lora=_parse_lora(args.lora) if args.lora else None,
-                                     mm_items=[_parse_mm(s) for s in args.mm])
-    except (ValueError, TypeError, OSError) as e:
-        print(f"kvref hash: error: {e}", file=sys.stderr)
-        return 2
+    return parser
+
+# %% ../nbs/12_cli.ipynb #7f20e458
+def check_vector_files(paths: Sequence[str]) -> int:
+    "`kvref hash --check`: 0 if every vector of every file matches, 1 on the first mismatch; each file must hold one."
+    count = 0
+    for path in paths:
+        try: n, mismatch = check_vectors([path])
+        except RecursionError: raise ValueError(f"{path}: JSON nested too deeply") from None
+        if mismatch:
+            print(f"{mismatch.path}: vector {mismatch.vector}, block {mismatch.block}: "
+                  f"expected {mismatch.expected}, got {mismatch.got}")
+            return 1
+        if n == 0: raise ValueError(f"{path}: no vectors, nothing to check")
+        count += n
+    print(f"{count} vectors, {count} match")
+    return 0
+
+# %% ../nbs/12_cli.ipynb #c1f8addb
+@subcommand("kvref hash")
+def hash_main(argv: list[str] | None = None) -> int:
+    "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
+    args = _hash_parser().parse_args(argv)
+    if args.check:
+        if args.tokens or args.file: raise ValueError("--check takes no token ids")
+        return check_vector_files(args.check)
+    if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
+    if not args.file and not args.tokens: raise ValueError("give token ids, --file or --check")
+    tokens = (read_token_ids(args.file) if args.file else
+              [token_id(t, i) for i, t in enumerate(args.tokens)])
+    hashes = hash_request_tokens(tokens, args.block_size, args.algo, cache_salt=args.salt, seed=args.seed,
+                                 lora=_parse_lora(args.lora) if args.lora else None,
+                                 mm_items=[_parse_mm(s) for s in args.mm])
     if args.format == "json":
         print(json.dumps({"algo": args.algo, "block_size": args.block_size, "block_hashes": [h.hex() for h in hashes],
                           "block_ids_int64": [block_hash_to_int64(h) for h in hashes]}))
@@ -105,14 +188,23 @@ def hash_main(argv: list[str] | None = None) -> int:
         for h in hashes: print(h.hex() if args.format == "hex" else block_hash_to_int64(h))
     return 0
 
+# %% ../nbs/12_cli.ipynb #e6a376bd
+MAX_NUM_BLOCKS = 1 << 20  # the largest pool `replay` and `check` build: kvref allocates every block up front
+
+def load_trace_for_cli(path: str) -> list[dict]:
+    "`load_trace(path)`, refusing a pool larger than `MAX_NUM_BLOCKS`."
+    ops = load_trace(path)
+    if ops[0]["num_blocks"] > MAX_NUM_BLOCKS:
+        raise ValueError(f"{path}: config: num_blocks {ops[0]['num_blocks']} is above the command line's limit of "
+                         f"{MAX_NUM_BLOCKS} (kvref builds every block up front)")
+    return ops
+
 # %% ../nbs/12_cli.ipynb #81387204
 def _divergence(n: int, op: dict, expected: dict | None, got: dict | None) -> str:
     return (f"op {n} diverges: {json.dumps(op)}\n  expected: {json.dumps(expected)}\n"
             f"  got:      {json.dumps(got)}")
 
-@returns_exit_status
-def replay_main(argv: list[str] | None = None) -> int:
-    "`kvref replay TRACE.jsonl [--behavior B] [--expect D.jsonl] [--strict] [--stats] [--svg DIR]`; the exit status."
+def _replay_parser() -> CommandParser:
     parser = CommandParser(prog="kvref replay", description="Replay an allocator trace (format version "
                            f"{TRACE_FORMAT_VERSION}) and print kvref's decision for each op as JSONL.")
     parser.add_argument("trace", metavar="TRACE.jsonl", help="the allocator trace to replay")
@@ -121,80 +213,93 @@ def replay_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="freeing an unknown or already freed request is an error")
     parser.add_argument("--stats", action="store_true", help="print hit rates, evictions, refusals, preemptions, peak usage")
     parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (needs matplotlib)")
-    args = parser.parse_args(argv)
-    try:
-        ops = load_trace(args.trace)
-        expected = load_decisions(args.expect) if args.expect else None
-    except (OSError, ValueError) as e:
-        print(f"kvref replay: error: {e}", file=sys.stderr); return 2
+    return parser
+
+# %% ../nbs/12_cli.ipynb #4d4762c1
+@subcommand("kvref replay")
+def replay_main(argv: list[str] | None = None) -> int:
+    "`kvref replay TRACE.jsonl [--behavior B] [--expect D.jsonl] [--strict] [--stats] [--svg DIR]`; the exit status."
+    args = _replay_parser().parse_args(argv)
+    ops = load_trace_for_cli(args.trace)
+    expected = load_decisions(args.expect) if args.expect else None
+    if expected == []: raise ValueError(f"{args.expect}: no decisions, nothing to compare")
     replayer, keep = TraceReplayer(args.behavior, args.strict), args.stats or args.svg
     quiet, decisions = keep or expected is not None, []  # quiet: decisions are not printed, so show progress
-    for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ops, 1):
+    for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ops):
         try: got = replayer.apply(op)
-        except (ValueError, TypeError) as e:
-            print(f"kvref replay: error: op {n}: {e}", file=sys.stderr); return 2
+        except (ValueError, TypeError) as e: raise ValueError(f"op {n}: {e}") from None
         if keep: decisions.append(got)
         if not quiet: print(json.dumps(got))
         elif expected is not None:
-            want = expected[n - 1] if n <= len(expected) else None
+            want = expected[n] if n < len(expected) else None
             if got != want: print(_divergence(n, op, want, got)); return 1
     if expected is not None:
         if len(expected) > len(ops):
-            print(f"op {len(ops) + 1} diverges: the trace ended but {len(expected) - len(ops)} more decisions were expected")
+            print(f"op {len(ops)} diverges: the trace ended but {len(expected) - len(ops)} more decisions were expected")
             return 1
         print(f"kvref replay: all {len(ops)} decisions match ({args.behavior})")
     if args.stats: print(replay_stats(ops, decisions).report())
     if args.svg:
         try: written = write_svgs(ops, decisions, args.svg)
-        except ImportError:
-            print("kvref replay: error: --svg needs matplotlib (pip install 'kvref[pictures]')", file=sys.stderr); return 2
-        except OSError as e:
-            print(f"kvref replay: error: --svg {args.svg}: {e}", file=sys.stderr); return 2
+        except ImportError: raise ValueError("--svg needs matplotlib (pip install 'kvref[pictures]')") from None
         print(f"kvref replay: wrote {len(written)} pictures to {args.svg}")
     return 0
 
 # %% ../nbs/12_cli.ipynb #99ab20f8
-def load_adapter(spec: str) -> Callable[[dict], AllocatorAdapter]:
-    "The factory named by `module:attribute` (e.g. `kvref.nano:NanoAdapter`)."
+def load_adapter(spec: str,                    # module:attribute, e.g. kvref.nano:NanoAdapter
+                 show_traceback: bool = False  # print the traceback of a module that fails to import
+                ) -> Callable[[dict], AllocatorAdapter]:
+    "The factory named by `module:attribute`; ValueError naming the module and its exception if it cannot be had."
     module, sep, name = spec.partition(":")
     if not sep or not module or not name: raise ValueError(f"--adapter must look like module:factory, got {spec!r}")
-    try: factory = getattr(importlib.import_module(module), name)
-    except ImportError as e: raise ValueError(f"cannot import module {module!r}: {e}") from None
-    except AttributeError: raise ValueError(f"module {module!r} has no attribute {name!r}") from None
+    try: imported = importlib.import_module(module)
+    except Exception as e:
+        if show_traceback: traceback.print_exc()
+        hint = " (is its folder on PYTHONPATH?)" if isinstance(e, ModuleNotFoundError) else ""
+        raise ValueError(f"cannot import module {module!r}: {type(e).__name__}: {e}{hint}") from None
+    factory = getattr(imported, name, None)
+    if factory is None: raise ValueError(f"module {module!r} has no attribute {name!r}")
     if not callable(factory): raise ValueError(f"{spec} is not callable")
     return factory
 
-# %% ../nbs/12_cli.ipynb #bd08abb1
-@returns_exit_status
-def check_main(argv: list[str] | None = None) -> int:
-    "`kvref check`: 0 if every trace conforms, 1 if one diverged (minimal traces written), 2 on bad input."
+# %% ../nbs/12_cli.ipynb #465bfe11
+def _check_parser() -> CommandParser:
     p = CommandParser(prog="kvref check", description="Check an engine's allocator against kvref, op by op.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="allocator traces (JSONL)")
     p.add_argument("--adapter", required=True, help="module:factory; factory(config dict) -> AllocatorAdapter")
     p.add_argument("--behavior", default="vllm_0_33", choices=["vllm_0_33", "design_doc"])
     p.add_argument("--fields", default=",".join(FIELDS), help="comma-separated decision fields to compare")
-    p.add_argument("--out", default=".", help="folder for minimal diverging traces")
-    ns = p.parse_args(argv)
-    try:
-        factory, fields = load_adapter(ns.adapter), [f for f in ns.fields.split(",") if f]
-        if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
-        traces = {t: load_trace(t) for t in ns.traces}
-    except (ValueError, OSError) as e:
-        print(f"kvref check: error: {e}", file=sys.stderr); return 2
-    status = 0
+    p.add_argument("--out", default=".", help="existing folder for minimal diverging traces (default: .)")
+    p.add_argument("--traceback", action="store_true", help="show the traceback of an adapter module that fails to import")
+    return p
+
+def _out_folder(out: str) -> Path:
+    if not Path(out).is_dir(): raise ValueError(f"--out {out}: not an existing folder")
+    if not os.access(out, os.W_OK): raise ValueError(f"--out {out}: folder is not writable")
+    return Path(out)
+
+# %% ../nbs/12_cli.ipynb #bd08abb1
+@subcommand("kvref check")
+def check_main(argv: list[str] | None = None) -> int:
+    "`kvref check`: 0 if every trace conforms, 1 if one diverged (minimal traces written), 2 on bad input."
+    ns = _check_parser().parse_args(argv)
+    fields = [f.strip() for f in ns.fields.split(",") if f.strip()]
+    if not fields: raise ValueError(f"--fields {ns.fields!r} names no field: nothing would be compared")
+    if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
+    out, traces = _out_folder(ns.out), {t: load_trace_for_cli(t) for t in ns.traces}
+    factory, status = load_adapter(ns.adapter, ns.traceback), 0
     for path, ops in traces.items():
         try: d = check(factory, ops, ns.behavior, fields)
-        except ValueError as e:
-            print(f"kvref check: error: {path}: {e}", file=sys.stderr); return 2
+        except ValueError as e: raise ValueError(f"{path}: {e}") from None
         if d is None: print(f"{path}: conforms ({len(ops)} ops)"); continue
-        out = Path(ns.out) / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        minimal = shrink(factory, ops, ns.behavior, fields)
-        out.write_text("".join(json.dumps(o) + "\n" for o in minimal))
-        print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {out}"); status = 1
+        minimal, target = shrink(factory, ops, ns.behavior, fields), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
+        target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
+        print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}"); status = 1
     return status
 
 # %% ../nbs/12_cli.ipynb #022a7511
+MAX_CAPTURE_SIZE = 1 << 16  # the largest CUDA graph capture size `kvref cudagraph` accepts
+
 def _cudagraph_parser() -> CommandParser:
     from kvref.cudagraph import ATTENTION_CG_SUPPORT  # imports torch: only when the command runs
     p = CommandParser(prog="kvref cudagraph", description="Resolve a CUDA graph mode, build the dispatcher's keys, "
@@ -202,101 +307,110 @@ def _cudagraph_parser() -> CommandParser:
     p.add_argument("batches", nargs="*", metavar="TOKENS[u]", help="batch sizes in tokens; suffix u for a uniform decode batch")
     p.add_argument("--mode", default="FULL_AND_PIECEWISE", help="requested cudagraph_mode (default FULL_AND_PIECEWISE)")
     p.add_argument("--backend", action="append", default=[], help=f"attention backend in use (repeatable): {', '.join(ATTENTION_CG_SUPPORT)}")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--num-speculative-tokens", type=int, default=0)
-    p.add_argument("--capture-sizes", help="comma-separated cudagraph_capture_sizes (default: vLLM's ladder)")
-    p.add_argument("--max-capture-size", type=int, help="max_cudagraph_capture_size")
+    p.add_argument("--max-num-seqs", type=int_arg(), default=256)
+    p.add_argument("--max-num-batched-tokens", type=int_arg(), default=8192)
+    p.add_argument("--num-speculative-tokens", type=int_arg(), default=0)
+    p.add_argument("--capture-sizes", help=f"comma-separated cudagraph_capture_sizes, each <= {MAX_CAPTURE_SIZE} (default: vLLM's ladder)")
+    p.add_argument("--max-capture-size", type=int_arg(1, MAX_CAPTURE_SIZE), help="max_cudagraph_capture_size")
     p.add_argument("--no-attention-split", action="store_true", help="attention is not a piecewise split point")
     p.add_argument("--no-piecewise-compilation", action="store_true", help="compilation mode is not VLLM_COMPILE")
     return p
 
 def _parse_batch(text: str) -> tuple[int, bool]:
     uniform = text.endswith("u")
-    digits = text[:-1] if uniform else text
-    if not digits.isdigit(): raise ValueError(f"batch {text!r} is not a token count like 3 or 3u")
-    return int(digits), uniform
+    try: return parse_int(text[:-1] if uniform else text, low=0), uniform
+    except ValueError: raise ValueError(f"batch {text[:30]!r} is not a token count like 3 or 3u") from None
+
+def _parse_size(text: str) -> int:
+    try: return parse_int(text, low=0, high=MAX_CAPTURE_SIZE)
+    except ValueError: raise ValueError(f"--capture-sizes takes comma-separated integers like 1,2,4,8; got {text[:30]!r} "
+                                        f"(each at most {MAX_CAPTURE_SIZE})") from None
+
 def _parse_sizes(text: str) -> list[int]:
-    sizes = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in sizes if not s.isdigit()]
-    if bad: raise ValueError(f"--capture-sizes takes comma-separated integers like 1,2,4,8; got {bad[0]!r}")
-    return [int(s) for s in sizes]
+    return [_parse_size(s.strip()) for s in text.split(",") if s.strip()]
 
 # %% ../nbs/12_cli.ipynb #09e35e4d
-@returns_exit_status
+@subcommand("kvref cudagraph")
 def cudagraph_main(argv: list[str] | None = None, # arguments after `kvref cudagraph`
                   ) -> int:
     "`kvref cudagraph`: print the resolved mode, capture sizes, key counts and each batch's dispatch; the exit code."
     from kvref.cudagraph import CudagraphDispatcher, min_cg_support, resolve_cudagraph_mode_and_sizes
     ns = _cudagraph_parser().parse_args(argv)
-    try:
-        batches = [_parse_batch(b) for b in ns.batches]
-        sizes = None if ns.capture_sizes is None else _parse_sizes(ns.capture_sizes)
-        support, backend = min_cg_support(ns.backend)
-        split, compiled = not ns.no_attention_split, not ns.no_piecewise_compilation
-        resolution, sizes, top = resolve_cudagraph_mode_and_sizes(
-            ns.mode, support, ns.max_num_seqs, ns.max_num_batched_tokens, ns.num_speculative_tokens, sizes,
-            ns.max_capture_size, backend, split and compiled, compiled)
-        dispatcher = CudagraphDispatcher(sizes, ns.max_num_seqs, attention_split=split and compiled)
-        dispatcher.initialize_cudagraph_keys(resolution.mode, 1 + ns.num_speculative_tokens)
-        lines = [f"mode: {resolution.requested.name}" + "".join(f" -> {d.after.name} ({d.reason})" for d in resolution.downgrades),
-                 f"capture sizes: {sizes} (max {top})",
-                 "keys: " + ", ".join(f"{m.name} {len(k)}" for m, k in dispatcher.cudagraph_keys.items())]
-        for n, uniform in batches:
-            mode, key = dispatcher.dispatch(n, uniform_decode=uniform)
-            lines.append(f"{n}{' uniform' if uniform else ''} -> {mode.name} ({key.num_tokens}, {key.num_reqs}, {key.uniform})")
-    except ValueError as e:
-        print(f"kvref cudagraph: error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(lines))
+    batches = [_parse_batch(b) for b in ns.batches]
+    sizes = None if ns.capture_sizes is None else _parse_sizes(ns.capture_sizes)
+    support, backend = min_cg_support(ns.backend)
+    split, compiled = not ns.no_attention_split, not ns.no_piecewise_compilation
+    resolution, sizes, top = resolve_cudagraph_mode_and_sizes(
+        ns.mode, support, ns.max_num_seqs, ns.max_num_batched_tokens, ns.num_speculative_tokens, sizes,
+        ns.max_capture_size, backend, split and compiled, compiled)
+    dispatcher = CudagraphDispatcher(sizes, ns.max_num_seqs, attention_split=split and compiled)
+    dispatcher.initialize_cudagraph_keys(resolution.mode, 1 + ns.num_speculative_tokens)
+    print(f"mode: {resolution.requested.name}" + "".join(f" -> {d.after.name} ({d.reason})" for d in resolution.downgrades))
+    print(f"capture sizes: {sizes} (max {top})")
+    print("keys: " + ", ".join(f"{m.name} {len(k)}" for m, k in dispatcher.cudagraph_keys.items()))
+    for n, uniform in batches:
+        mode, key = dispatcher.dispatch(n, uniform_decode=uniform)
+        print(f"{n}{' uniform' if uniform else ''} -> {mode.name} ({key.num_tokens}, {key.num_reqs}, {key.uniform})")
     return 0
 
 # %% ../nbs/12_cli.ipynb #9d1e331a
+MAX_RUN_TOKEN_ID = (1 << 20) - 1  # the largest token id in a run `--check` replays (logits are that wide)
+
+def _token_id(text: str, name: str) -> int:
+    try: return parse_int(text, low=0)
+    except ValueError: raise ValueError(f"{name} must be token ids (ints >= 0), got {text[:30]!r}") from None
+
 def _ints(values: list[str] | None, name: str) -> list[int]:
-    out = []
-    for v in " ".join(values or []).replace(",", " ").split():
-        if not v.lstrip("-").isdigit() or int(v) < 0: raise ValueError(f"{name} must be token ids (ints >= 0), got {v!r}")
-        out.append(int(v))
-    return out
+    return [_token_id(v, name) for v in " ".join(values or []).replace(",", " ").split()]
 
 def _budget_arg(v: str) -> int | None:
     from kvref.thinking_budget import check_thinking_token_budget
     if v.lower() == "none": return None
-    if not v.lstrip("-").isdigit(): raise ValueError(f"thinking_token_budget must be an int >= -1 or none, got {v!r}")
-    return check_thinking_token_budget(int(v))
+    try: budget = parse_int(v)
+    except ValueError: raise ValueError(f"thinking_token_budget must be an int >= -1 or none, got {v[:30]!r}") from None
+    return check_thinking_token_budget(budget)
 
-def _run_field(path: str, i: int, case: dict, name: str):
-    if name not in case: raise ValueError(f"{path}: case {i}: a run lacks field {name!r}")
-    return case[name]
+def _token_ids_field(run: dict, key: str, where: str) -> None:
+    ids = run[key]
+    if not (isinstance(ids, list) and all(type(t) is int and 0 <= t <= MAX_RUN_TOKEN_ID for t in ids)):
+        raise ValueError(f"{where}: {key} must be a list of token ids from 0 to {MAX_RUN_TOKEN_ID}, got {json.dumps(ids)[:40]}")
 
+# %% ../nbs/12_cli.ipynb #e02389a7
+def recorded_run(run: object, where: str) -> dict:
+    "One recorded greedy run, its fields checked; ValueError naming `where` and the field otherwise."
+    if not isinstance(run, dict): raise ValueError(f"{where}: a run must be a JSON object")
+    if missing := [k for k in ("start", "end", "budget", "prompt", "wish", "emitted", "forced") if k not in run]:
+        raise ValueError(f"{where}: a run lacks field(s) {', '.join(missing)}")
+    for key in ("start", "end", "prompt", "wish", "emitted", *(["natural_end"] if run.get("natural_end") is not None else [])):
+        _token_ids_field(run, key, where)
+    if not (isinstance(run["forced"], list) and all(type(f) is bool for f in run["forced"])):
+        raise ValueError(f"{where}: forced must be a list of true/false")
+    if not len(run["wish"]) == len(run["emitted"]) == len(run["forced"]) > 0:
+        raise ValueError(f"{where}: wish, emitted and forced must have the same length, at least 1")
+    return run
+
+# %% ../nbs/12_cli.ipynb #fd51c16a
 def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | None]:
     "Replay the greedy runs in a vector file; return (number of cases, first mismatch described or None)."
-    from kvref.thinking_budget import ReasoningConfig, ThinkingBudgetStateHolder, _token_ids, greedy_run
-    try: cases = json.loads(open(path).read())
-    except json.JSONDecodeError as e: raise ValueError(f"{path} is not JSON ({e})") from None
-    except RecursionError: raise ValueError(f"{path} is nested too deeply to be a file of recorded runs") from None
-    cases = cases.get("cases") if isinstance(cases, dict) else None
-    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
-        raise ValueError(f"{path} must be a JSON object whose \"cases\" is a list of recorded runs")
-    if not cases: raise ValueError(f"{path} has no cases: there is nothing to compare")
-    for i, c in enumerate(cases):
-        start, end, budget, prompt = (_run_field(path, i, c, k) for k in ("start", "end", "budget", "prompt"))
-        wish, emitted, forced = (_run_field(path, i, c, k) for k in ("wish", "emitted", "forced"))
-        for name, ids in (("wish", wish), ("emitted", emitted)): _token_ids(f"{path}: case {i}: {name}", ids)
-        if not isinstance(forced, list) or not all(isinstance(f, bool) for f in forced):
-            raise ValueError(f"{path}: case {i}: forced must be a list of true/false")
-        if not len(wish) == len(emitted) == len(forced):
-            raise ValueError(f"{path}: case {i}: wish, emitted and forced must have the same length")
-        cfg = ReasoningConfig(start, end, c.get("natural_end"))  # N: the run's "natural_end", else E
-        got = greedy_run(ThinkingBudgetStateHolder(cfg, 1, behavior=behavior), prompt, wish, budget)
-        if got != (emitted, forced):
-            j = next(k for k in range(len(wish)) if (got[0][k], got[1][k]) != (emitted[k], forced[k]))
-            return len(cases), (f"{path}: case {i}, position {j}: expected {emitted[j]} forced={forced[j]}, "
-                                f"got {got[0][j]} forced={got[1][j]}")
-    return len(cases), None
+    from kvref.thinking_budget import ReasoningConfig, ThinkingBudgetStateHolder, greedy_run
+    data = read_json(path)
+    runs = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(runs, list): raise ValueError(f"{path}: must be a JSON object whose \"cases\" is a list of recorded runs")
+    if not runs: raise ValueError(f"{path}: no runs, nothing to check")
+    for i, c in enumerate(runs): recorded_run(c, f"{path}: case {i}")
+    for i, c in enumerate(runs):
+        try:
+            cfg = ReasoningConfig(c["start"], c["end"], c.get("natural_end"))  # N: the run's "natural_end", else E
+            got = greedy_run(ThinkingBudgetStateHolder(cfg, 1, behavior=behavior), c["prompt"], c["wish"], c["budget"])
+        except (ValueError, TypeError) as e: raise ValueError(f"{path}: case {i}: {e}") from None
+        if got != (c["emitted"], c["forced"]):
+            j = next(k for k in range(len(c["wish"])) if (got[0][k], got[1][k]) != (c["emitted"][k], c["forced"][k]))
+            return len(runs), (f"{path}: case {i}, position {j}: expected {c['emitted'][j]} forced={c['forced'][j]}, "
+                               f"got {got[0][j]} forced={got[1][j]}")
+    return len(runs), None
 
 # %% ../nbs/12_cli.ipynb #59fff33c
-@returns_exit_status
+@subcommand("kvref thinking-budget")
 def thinking_budget_main(argv: list[str] | None = None) -> int:
     "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
     from kvref.thinking_budget import BEHAVIORS, ReasoningConfig, contract_forcings  # imports torch
@@ -312,24 +426,19 @@ def thinking_budget_main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", nargs="+", metavar="FILE", help="replay recorded greedy runs instead")
     p.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33_v1", help="behaviour for --check")
     args = p.parse_args(argv)
-    try:
-        if args.check:
-            total = 0
-            for path in args.check:
-                n, mismatch = check_runs(path, args.behavior)
-                if mismatch: print(mismatch); return 1
-                total += n
-            print(f"{total} runs, {total} match ({args.behavior})")
-            return 0
-        if not args.start or not args.end: raise ValueError("give --start and --end token ids, or --check FILE")
-        cfg = ReasoningConfig(_ints(args.start, "--start"), _ints(args.end, "--end"),
-                              _ints(args.natural_end, "--natural-end") or None)
-        forcings = contract_forcings(_ints(args.prompt, "--prompt"), _ints(args.output, "--output"),
-                                     _ints(args.drafts, "--drafts"), cfg, _budget_arg(args.budget))
-    except (ValueError, TypeError, OSError, KeyError) as e:
-        print(f"kvref thinking-budget: error: {f'a run lacks field {e}' if isinstance(e, KeyError) else e}",
-              file=sys.stderr)
-        return 2
+    if args.check:
+        total = 0
+        for path in args.check:
+            n, mismatch = check_runs(path, args.behavior)
+            if mismatch: print(mismatch); return 1
+            total += n
+        print(f"{total} runs, {total} match ({args.behavior})")
+        return 0
+    start, end = _ints(args.start, "--start"), _ints(args.end, "--end")
+    if not start or not end: raise ValueError("give --start and --end token ids, or --check FILE")
+    cfg = ReasoningConfig(start, end, _ints(args.natural_end, "--natural-end") or None)
+    forcings = contract_forcings(_ints(args.prompt, "--prompt"), _ints(args.output, "--output"),
+                                 _ints(args.drafts, "--drafts"), cfg, _budget_arg(args.budget))
     print(json.dumps({"forcings": forcings}))
     return 0
 
@@ -349,17 +458,16 @@ def _top_parser() -> CommandParser:
         description="kvref: a reference implementation of vLLM V1's core, used as a correctness oracle.",
         epilog=f"commands:\n{commands}\n\nRun `kvref COMMAND --help` for a command's options.")
     parser.add_argument("--version", action="version", version=f"kvref {kvref.__version__}")
-    parser.add_argument("command", metavar="COMMAND", help="one of: " + ", ".join(SUBCOMMANDS))
-    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.add_argument("command", metavar="COMMAND", nargs="?", help="one of: " + ", ".join(SUBCOMMANDS))
     return parser
 
 # %% ../nbs/12_cli.ipynb #ec928275
-@returns_exit_status
+@subcommand("kvref")
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `kvref` console command; returns the exit code."
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in SUBCOMMANDS: return SUBCOMMANDS[args[0]][0](args[1:])
     parser = _top_parser()
-    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if ns.command not in SUBCOMMANDS:
-        parser.error(f"unknown command {ns.command!r} (choose from {', '.join(SUBCOMMANDS)})")
-    run, _ = SUBCOMMANDS[ns.command]
-    return run(ns.args)
+    ns, rest = parser.parse_known_args(args)
+    if ns.command is not None: parser.error(f"unknown command {ns.command!r} (choose from {', '.join(SUBCOMMANDS)})")
+    parser.error(f"unknown option {rest[0]!r}" if rest else f"give a command: {', '.join(SUBCOMMANDS)}")

@@ -14,7 +14,8 @@ from .hashing import LoRARequest, MultiModalItem
 from .kv_cache_manager import BEHAVIORS, KVCacheManager, Request
 
 # %% auto #0
-__all__ = ['TRACE_FORMAT_VERSION', 'OP_FIELDS', 'validate_op', 'load_trace', 'load_decisions', 'TraceReplayer', 'replay']
+__all__ = ['TRACE_FORMAT_VERSION', 'OP_FIELDS', 'MAX_LINE_CHARS', 'validate_op', 'load_trace', 'load_decisions', 'TraceReplayer',
+           'replay']
 
 # %% ../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 1
@@ -68,14 +69,20 @@ def validate_op(op: object) -> dict:
     return op
 
 # %% ../nbs/05_replay.ipynb #03922ab3
+MAX_LINE_CHARS = 1 << 24  # 16 Mi characters: a longer trace line is refused, not read whole
+
 def _read_jsonl(path: str | Path) -> list[tuple[int, object]]:
     "The (line number, parsed JSON) pairs of a JSONL file; ValueError naming the line on bad JSON."
-    out = []
+    out, lineno = [], 0
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip(): continue
-            try: out.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as e: raise ValueError(f"{path}, line {lineno}: not JSON: {e.msg}") from None
+        try:
+            while line := f.readline(MAX_LINE_CHARS + 1):
+                lineno += 1
+                if len(line) > MAX_LINE_CHARS: raise ValueError(f"longer than {MAX_LINE_CHARS} characters")
+                if line.strip(): out.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as e: raise ValueError(f"{path}, line {lineno}: not JSON: {e.msg}") from None
+        except RecursionError: raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
+        except ValueError as e: raise ValueError(f"{path}, line {lineno + 1 if isinstance(e, UnicodeDecodeError) else lineno}: {e}") from None
     return out
 
 def load_trace(path: str | Path) -> list[dict]:

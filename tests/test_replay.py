@@ -157,15 +157,15 @@ def test_expect_match_and_divergence(tmp_path, capsys):
     bad = write(tmp_path, "bad.vllm.jsonl", want)
     assert replay_main([str(trace), "--expect", str(bad)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("op 41 diverges: ") and json.loads(out[0][len("op 41 diverges: "):]) == load_trace(trace)[40]
+    assert out[0].startswith("op 40 diverges: ") and json.loads(out[0][len("op 40 diverges: "):]) == load_trace(trace)[40]
     assert json.loads(out[1].split("expected: ")[1]) == want[40]
     assert json.loads(out[2].split("got:      ")[1]) == load_decisions(expected_of(trace))[40]
     short = write(tmp_path, "short.jsonl", want[:10])
     assert replay_main([str(trace), "--expect", str(short)]) == 1
-    assert capsys.readouterr().out.startswith("op 11 diverges: ")
+    assert capsys.readouterr().out.startswith("op 10 diverges: ")
     longer = write(tmp_path, "long.jsonl", load_decisions(expected_of(trace)) + [{"op": "free"}])
     assert replay_main([str(trace), "--expect", str(longer)]) == 1
-    assert "op 119 diverges: the trace ended but 1 more decisions were expected" in capsys.readouterr().out
+    assert "op 118 diverges: the trace ended but 1 more decisions were expected" in capsys.readouterr().out
 
 
 def test_bad_files_exit_2_with_one_line(tmp_path, capsys):
@@ -177,7 +177,7 @@ def test_bad_files_exit_2_with_one_line(tmp_path, capsys):
     assert replay_main([str(tmp_path / "missing.jsonl")]) == 2
     p = write(tmp_path, "u.jsonl", [{"op": "config", "num_blocks": 8, "block_size": 4}, {"op": "append", "id": "x", "tokens": [1]}])
     assert replay_main([str(p)]) == 2
-    assert "op 2: op 'append': unknown request 'x'" in capsys.readouterr().err
+    assert "op 1: op 'append': unknown request 'x'" in capsys.readouterr().err
     assert replay_main([str(p), "--behavior", "v0"]) == 2
     assert capsys.readouterr().err == ("kvref replay: error: argument --behavior: invalid choice: 'v0' "
                                        "(choose from 'vllm_0_33', 'design_doc')\n")
