@@ -16,7 +16,8 @@ from .kv_cache_manager import KVCacheManager, Request
 from .workloads import RequestSpec, Workload, _checked
 
 # %% auto #0
-__all__ = ['FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'Scheduler', 'SchedulerRun', 'run_workload']
+__all__ = ['FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'PrefixCacheStats', 'Scheduler', 'SchedulerRun',
+           'run_workload']
 
 # %% ../nbs/06_scheduler.ipynb #2bcbfa12
 class FakeModel:
@@ -65,8 +66,28 @@ class SchedulerOutput:
     @property
     def total_num_scheduled_tokens(self) -> int: return sum(self.num_scheduled_tokens.values())
 
+# %% ../nbs/06_scheduler.ipynb #e15f61e4
+@dataclass
+class PrefixCacheStats:
+    "vLLM's prefix-cache counters: one record per admission, preempted requests apart."
+    requests: int = 0  # admissions of requests never preempted
+    queries: int = 0  # their tokens at admission
+    hits: int = 0  # of which came from the cache (whole blocks)
+    preempted_requests: int = 0  # admissions of requests preempted before
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        "Count one admission."
+        if preempted: self.preempted_requests += 1; self.preempted_queries += num_tokens; self.preempted_hits += num_hits
+        else: self.requests += 1; self.queries += num_tokens; self.hits += num_hits
+
+    @property
+    def hit_rate(self) -> float: return self.hits / self.queries if self.queries else 0.0
+
 # %% ../nbs/06_scheduler.ipynb #e98bee38
-def _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions) -> None:
+def _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions,
+                     record_trace=True) -> None:
     "Raise a named error for the first bad `Scheduler` argument."
     if not isinstance(kv_cache_manager, KVCacheManager):
         raise TypeError(f"kv_cache_manager must be a KVCacheManager, got {type(kv_cache_manager).__name__}")
@@ -75,7 +96,9 @@ def _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, mod
     if model is not None and not callable(getattr(model, "next_token", None)):
         raise TypeError(f"model must have a next_token(token_ids) method, got {type(model).__name__}")
     if policy not in ("fcfs", "priority"): raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
-    if type(record_decisions) is not bool: raise TypeError(f"record_decisions must be a bool, got {record_decisions!r}")
+    for name, value in (("record_decisions", record_decisions), ("record_trace", record_trace)):
+        if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
+    if record_decisions and not record_trace: raise ValueError("record_decisions needs record_trace")
 
 # %% ../nbs/06_scheduler.ipynb #a8dd6bfc
 class Scheduler:
@@ -85,15 +108,18 @@ class Scheduler:
                  max_num_seqs: int = 16,  # running requests at most
                  model: FakeModel | None = None,  # emits tokens for requests without a script
                  policy: str = "fcfs",  # "fcfs": preempt the last scheduled; "priority": the largest (priority, arrival)
-                 record_decisions: bool = False):  # keep each op's decision (costs a free-queue copy per op)
-        _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions)
+                 record_decisions: bool = False,  # keep each op's decision (costs a free-queue copy per op)
+                 record_trace: bool = True):  # keep every op in `trace` (False: long replays, counters only)
+        _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions, record_trace)
         self.kv, self.max_num_batched_tokens, self.max_num_seqs = kv_cache_manager, max_num_batched_tokens, max_num_seqs
-        self.model, self.policy, self.record = model or FakeModel(), policy, record_decisions
+        self.model, self.policy, self.record, self.record_trace = model or FakeModel(), policy, record_decisions, record_trace
         self.waiting: deque[SchedulerRequest] = deque()
         self.running: list[SchedulerRequest] = []
         self.requests: dict[str, SchedulerRequest] = {}  # live: waiting or running
         self.finished: dict[str, SchedulerRequest] = {}
         self.num_steps, self.num_arrived = 0, 0
+        self.prefix_cache_stats = PrefixCacheStats()
+        self.num_blocks_cached = 0  # blocks given a hash over the run: evictions are those no longer cached
         self.trace: list[dict] = []
         self.decisions: list[dict] = []
         kv = kv_cache_manager
@@ -105,6 +131,7 @@ class Scheduler:
 @patch
 def _emit(self: Scheduler, op: dict, **decision) -> None:
     "Append `op` to the trace (and its decision, if recording)."
+    if not self.record_trace: return
     self.trace.append(op)
     if self.record:
         d = {"op": op["op"], **({"id": op["id"]} if "id" in op else {}), **decision}
@@ -114,37 +141,60 @@ def _emit(self: Scheduler, op: dict, **decision) -> None:
 # %% ../nbs/06_scheduler.ipynb #d994ddaa
 @patch
 def _checked_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None) -> SchedulerRequest:
-    "The `SchedulerRequest` for `spec`, or a named error (nothing changed)."
+    "The `SchedulerRequest` for a checked `spec`, not yet queued."
     if not isinstance(spec, RequestSpec): raise TypeError(f"add_request takes a RequestSpec, got {type(spec).__name__}")
     spec.check()
-    if spec.id in self.requests or spec.id in self.finished: raise ValueError(f"request {spec.id!r} was already added")
-    limit, n = self.kv.max_model_len, len(spec.prompt)
-    if limit is not None and n > limit: raise ValueError(f"request {spec.id!r} needs {n} tokens but max_model_len is {limit}")
     num = len(spec.output) if max_tokens is None else max_tokens
     if type(num) is not int: raise TypeError(f"request {spec.id!r}: max_tokens must be an int, got {num!r}")
-    if num < 1: raise ValueError(f"request {spec.id!r}: max_tokens must be >= 1, got {num}")
     lora = LoRARequest(spec.lora["name"], spec.lora["path"]) if spec.lora else None
     return SchedulerRequest(Request(spec.id, list(spec.prompt), cache_salt=spec.cache_salt, lora_request=lora),
-                            num, list(spec.output) if max_tokens is None else None, spec.priority, self.num_arrived)
+                            num, list(spec.output) if max_tokens is None else None, spec.priority)
+
+@patch
+def _check_new(self: Scheduler, req: SchedulerRequest) -> None:
+    "Refuse, by name, a request that cannot be queued."
+    if not isinstance(req, SchedulerRequest): raise TypeError(f"queue takes a SchedulerRequest, got {type(req).__name__}")
+    rid, limit, n = req.request_id, self.kv.max_model_len, req.request.num_tokens
+    if rid in self.requests or rid in self.finished: raise ValueError(f"request {rid!r} was already added")
+    if limit is not None and n > limit: raise ValueError(f"request {rid!r} needs {n} tokens but max_model_len is {limit}")
+    if type(req.max_tokens) is not int or req.max_tokens < 1:
+        raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {req.max_tokens!r}")
+    if req.status is not RequestStatus.WAITING or req.output or req.request.num_computed_tokens:
+        raise ValueError(f"request {rid!r} has already run")
 
 # %% ../nbs/06_scheduler.ipynb #0acf23e3
 @patch
+def queue(self: Scheduler, req: SchedulerRequest) -> SchedulerRequest:
+    "Queue a built request; refused by name, nothing changed."
+    self._check_new(req)
+    req.arrival, self.num_arrived = self.num_arrived, self.num_arrived + 1
+    self.requests[req.request_id] = req; self.waiting.append(req)
+    if self.record_trace:
+        r, lora = req.request, req.request.lora_request
+        self._emit({"op": "add", "id": r.request_id, "prompt": list(r.prompt_token_ids), "cache_salt": r.cache_salt,
+                    "lora": {"name": lora.name, "path": lora.path} if lora else None})
+    return req
+
+@patch
 def add_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None = None) -> SchedulerRequest:
     "Queue a request; it stops after `max_tokens` or its scripted output."
-    req = self._checked_request(spec, max_tokens)
-    self.num_arrived += 1
-    self.requests[spec.id] = req; self.waiting.append(req)
-    self._emit({"op": "add", "id": spec.id, "prompt": list(spec.prompt), "cache_salt": spec.cache_salt, "lora": spec.lora})
-    return req
+    return self.queue(self._checked_request(spec, max_tokens))
 
 # %% ../nbs/06_scheduler.ipynb #c998f24e
 @patch
 def _try_allocate(self: Scheduler, req: SchedulerRequest, num_new: int, budget: int, hits=(), num_hit: int = 0) -> bool:
     "Ask the manager for `num_new` tokens' slots (adopting `hits`); advance the computed count if granted."
-    ok = self.kv.allocate_slots(req.request, num_new, num_hit, list(hits)) is not None
-    if ok: req.request.num_computed_tokens += num_hit + num_new
-    self._emit({"op": "schedule", "id": req.request_id, "budget": budget}, hit_tokens=num_hit, num_new_tokens=num_new,
-               allocated=ok, block_ids=self.kv.get_block_ids(req.request_id))
+    request, kv = req.request, self.kv
+    if not (hits or self.record_trace) and self._has_room(request, num_new):  # see "Speed" below
+        request.num_computed_tokens += num_new; return True
+    num_cached = kv.num_cached_block.get(request.request_id, 0)
+    ok = kv.allocate_slots(request, num_new, num_hit, list(hits)) is not None
+    if ok:
+        request.num_computed_tokens += num_hit + num_new
+        self.num_blocks_cached += kv.num_cached_block.get(request.request_id, 0) - num_cached - len(hits)
+    if self.record_trace:
+        self._emit({"op": "schedule", "id": req.request_id, "budget": budget}, hit_tokens=num_hit,
+                   num_new_tokens=num_new, allocated=ok, block_ids=kv.get_block_ids(req.request_id))
     return ok
 
 # %% ../nbs/06_scheduler.ipynb #c998f24f
@@ -173,6 +223,7 @@ def _schedule_waiting(self: Scheduler, scheduled: dict, budget: int) -> None:
         hits, num_hit = self.kv.get_computed_blocks(req.request)
         num_new = min(req.request.num_tokens - num_hit, budget)
         if not self._try_allocate(req, num_new, budget, hits, num_hit): break
+        if self.kv.enable_caching: self.prefix_cache_stats.record(req.request.num_tokens, num_hit, req.num_preemptions > 0)
         self.waiting.popleft(); self.running.append(req); req.status = RequestStatus.RUNNING
         scheduled[req.request_id] = num_new; budget -= num_new
 
@@ -236,6 +287,15 @@ def update_from_output(self: Scheduler, out: SchedulerOutput) -> SchedulerOutput
 def step(self: Scheduler) -> SchedulerOutput:
     "One engine step: schedule, run the model, update."
     return self.update_from_output(self.schedule())
+
+# %% ../nbs/06_scheduler.ipynb #992e3588
+@patch
+def _has_room(self: Scheduler, request: Request, num_new: int) -> bool:
+    "Whether `allocate_slots(request, num_new)` would change nothing: the table holds the tokens, no block fills."
+    kv, end = self.kv, request.num_computed_tokens + num_new
+    table = kv.req_to_blocks.get(request.request_id)
+    return (table is not None and len(table) * kv.block_size >= end and
+            (not kv.enable_caching or end // kv.block_size <= kv.num_cached_block.get(request.request_id, 0)))
 
 # %% ../nbs/06_scheduler.ipynb #ac09f03b
 @dataclass

@@ -299,3 +299,33 @@ def test_fuzz_run_workload():
     spoiled.requests[1:] = [RequestSpec("z", [1], [2])]
     spoiled.requests[1].after = "nobody"
     with pytest.raises(ValueError, match="'z' waits for 'nobody', which never runs"): run_workload(spoiled)
+
+
+# ---- counters and the decode shortcut ----
+
+@given(requests_st, st.integers(0, 8), st.integers(1, 4), st.integers(1, 16), st.integers(1, 4))
+@settings(deadline=None)
+def test_the_decode_shortcut_changes_nothing(specs, extra_blocks, block_size, budget, max_seqs):
+    need = max(-(-(n + t) // block_size) for _, n, t, _ in specs)
+    runs = []
+    for record_trace in (True, False):
+        s = Scheduler(KVCacheManager(need + 1 + extra_blocks, block_size), budget, max_seqs, FakeModel(seed=3),
+                      record_trace=record_trace)
+        for i, (family, n, max_tokens, prio) in enumerate(specs):
+            s.add_request(RequestSpec(f"r{i}", [family * 10 + (j % 5) for j in range(n)], [], priority=prio),
+                          max_tokens=max_tokens)
+        outs = run(s)
+        runs.append(([(o.num_scheduled_tokens, o.preempted, o.finished) for o in outs], vars(s.prefix_cache_stats),
+                     s.num_blocks_cached, s.kv.get_free_queue_ids(), {r: q.output for r, q in s.finished.items()}))
+        assert (s.trace == []) != record_trace
+    assert runs[0] == runs[1]
+
+
+def test_prefix_cache_stats_once_per_admission_preempted_apart():
+    s = Scheduler(KVCacheManager(6, 4), max_num_batched_tokens=32)
+    for rid, base in (("A", 0), ("B", 50)): s.add_request(RequestSpec(rid, list(range(base, base + 8)), []), max_tokens=6)
+    outs = run(s)
+    tries = sum(1 for op in s.trace if op["op"] == "schedule" and op["id"] == "B" and op is not None)
+    st_ = s.prefix_cache_stats
+    assert (st_.requests, st_.queries, st_.hits) == (2, 16, 0)
+    assert st_.preempted_requests == 1 and st_.preempted_queries > 8 and tries > 3

@@ -1,0 +1,163 @@
+"""Production traces: Mooncake reading and conversion, the serving model's counts (hand-worked), the fast path
+against the plain one, the sweep, and bad input."""
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvref.production_traces import (MooncakeRequest, block_hashes, convert_mooncake, format_results, ideal_hit_rate,
+                                     mooncake_to_spec, read_mooncake, replay_mooncake, sweep, synthesize_output,
+                                     synthesize_prompt)
+from kvref.replay import replay
+
+SAMPLE = Path(__file__).parent.parent / "golden" / "mooncake" / "synthetic-trace-last300.jsonl"
+
+
+def write(tmp_path, lines, name="t.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    return path
+
+
+def named(seq, names):
+    "Trace ids for a sequence of block contents: one id per distinct prefix, as Mooncake's hash ids are."
+    return [names.setdefault(tuple(seq[:k + 1]), len(names)) for k in range(len(seq))]
+
+
+def line(ts=0, n=600, out=2, ids=(3, 4)): return dict(timestamp=ts, input_length=n, output_length=out, hash_ids=list(ids))
+
+
+# ---- conversion properties ----
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=6), st.integers(1, 8), st.data())
+def test_same_id_same_tokens_different_ids_never_share_a_block(ids, hbs, data):
+    n = data.draw(st.integers((len(ids) - 1) * hbs + 1, len(ids) * hbs))
+    toks = synthesize_prompt(ids, n, hbs)
+    assert len(toks) == n  # a partial last block gets exactly input_length tokens
+    for k, h in enumerate(ids):
+        block = toks[k * hbs:(k + 1) * hbs]
+        assert block == synthesize_prompt([h], hbs, hbs)[:len(block)]  # the same id always gives the same tokens
+    other = data.draw(st.integers(0, 50).filter(lambda h: h not in ids))
+    assert not set(toks) & set(synthesize_prompt([other], hbs, hbs))  # different ids share no token
+    assert not set(toks) & set(synthesize_output(0, 5))
+
+
+@given(st.lists(st.tuples(st.lists(st.integers(0, 6), min_size=1, max_size=4), st.integers(0, 3)), min_size=1, max_size=6),
+       st.sampled_from([1, 2, 3, 4, 8]))
+@settings(deadline=None, max_examples=40)
+def test_derived_block_keys_equal_exactly_when_the_synthesized_blocks_and_prefixes_do(shape, bs):
+    "Keys from hash ids are equal iff the engine blocks have the same tokens after the same prefix."
+    hbs, reqs, names = 8, [], {}
+    for ids, cut in shape:
+        ids = named(ids, names)
+        reqs.append(MooncakeRequest(0, max(1, len(ids) * hbs - cut), 1, ids))
+    seen = {}
+    for r in reqs:
+        toks = synthesize_prompt(r.hash_ids, r.input_length, hbs)
+        for j, key in enumerate(block_hashes(r, bs, hbs)):
+            prefix = tuple(toks[:(j + 1) * bs])
+            assert seen.setdefault(key, prefix) == prefix
+    assert len(set(seen.values())) == len(seen)
+
+
+def test_convert_streams_a_replayable_trace(tmp_path):
+    path = write(tmp_path, [line(0, 6, 1, [1, 2]), line(3, 5, 2, [1, 3])])
+    ops = list(convert_mooncake(path, block_size=2, num_blocks=16, hash_block_size=4, max_live=1))
+    assert [o["op"] for o in ops] == ["config", "add", "schedule", "append", "free", "add", "schedule", "append",
+                                      "schedule", "append", "free"]
+    assert ops[1]["prompt"] == [4, 5, 6, 7, 8, 9] and ops[5]["prompt"] == [4, 5, 6, 7, 12]
+    hits = [d["hit_tokens"] for o, d in zip(ops, replay(ops)) if o["op"] == "schedule"]
+    assert hits == [0, 4, 0]
+
+
+def test_the_reader_streams(tmp_path):
+    path = write(tmp_path, [line(0), '{"timestamp": 1, "input_length": 600, "output_length": 2}'])
+    reader = read_mooncake(path)
+    assert next(reader).hash_ids == [3, 4]  # the first line comes back before the bad one is read
+    with pytest.raises(ValueError, match="line 2: field 'hash_ids' is missing"): next(reader)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ('{"timestamp": 0, "input_length": 600, "output_length": 2}', "line 2: field 'hash_ids' is missing"),
+    (line(5, -1, 2, []), "line 2: field 'input_length' must be an int >= 0, got -1"),
+    (line(5, 600, -2), "line 2: field 'output_length' must be an int >= 0, got -2"),
+    (line(5, 600, 2, [3]), "line 2: field 'hash_ids' has 1 ids but input_length 600 needs 2 blocks of 512"),
+    (line(5, 600, 2, [3, -4]), "line 2: field 'hash_ids' must be a list of ints >= 0"),
+    (line(5, 600, 2, [3, True]), "line 2: field 'hash_ids' must be a list of ints >= 0"),
+    (line(5, 600, 2.0), "line 2: field 'output_length' must be an int >= 0"),
+    (line(-1), "line 2: field 'timestamp' goes back in time (-1 after 0)"),  # -1 is refused as negative first
+    ("[1, 2]", "line 2: expected a JSON object, got list"),
+    ("{oops", "line 2: not JSON")])
+def test_bad_lines_are_named(tmp_path, bad, message):
+    path = write(tmp_path, [line(0), bad])
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) if "back" not in message \
+            else pytest.raises(ValueError, match="line 2: field 'timestamp'"):
+        list(read_mooncake(path))
+
+
+def test_a_timestamp_going_back_is_named(tmp_path):
+    path = write(tmp_path, [line(10), line(4)])
+    with pytest.raises(ValueError, match=r"line 2: field 'timestamp' goes back in time \(4 after 10\)"): list(read_mooncake(path))
+
+
+# ---- the serving model's counts, hand-worked ----
+
+def test_hits_counted_once_per_admission_last_token_recomputed_full_blocks_only():
+    # A: ids [1, 2], 14 tokens; B shares trace block 1 (8 tokens = 2 blocks of 4); C repeats A: 13 tokens could
+    # hit but only 12 (3 full blocks, the last token recomputed)
+    hand = [MooncakeRequest(0, 14, 2, [1, 2], 1), MooncakeRequest(0, 12, 2, [1, 3], 2), MooncakeRequest(1, 14, 2, [1, 2], 3)]
+    r = replay_mooncake(hand, num_blocks=64, block_size=4, max_num_batched_tokens=32, hash_block_size=8)
+    assert (r.queries, r.hits, r.preempted_queries, r.preemptions, r.evictions) == (40, 20, 0, 0, 0)
+    assert r.computed_tokens == 20 and r.hit_rate == 0.5
+
+
+def test_a_refused_head_of_queue_is_counted_once():
+    # 5 usable blocks of 4: A (16 tokens, 4 blocks, then a 5th to decode) runs; B (8 tokens) is refused at the head of the
+    # queue for several steps, then admitted once: queries are 16 + 8, not 16 + 8 * tries
+    reqs = [MooncakeRequest(0, 16, 2, [1, 2], 1), MooncakeRequest(0, 8, 1, [3], 2)]
+    r = replay_mooncake(reqs, num_blocks=6, block_size=4, max_num_batched_tokens=64, hash_block_size=8)
+    assert (r.queries, r.hits, r.preemptions) == (24, 0, 0)
+
+
+def test_preempted_requests_are_counted_apart():
+    # two requests of 8 tokens decoding 6 each on 5 usable blocks: the later one is preempted and re-admitted,
+    # and its re-admission (8 + its outputs so far) goes to preempted_queries, its own cached blocks to preempted_hits
+    reqs = [MooncakeRequest(0, 8, 6, [1], 1), MooncakeRequest(0, 8, 6, [2], 2)]
+    r = replay_mooncake(reqs, num_blocks=6, block_size=4, max_num_batched_tokens=32, hash_block_size=8)
+    assert r.preemptions == 1 and (r.queries, r.hits) == (16, 0)
+    assert r.preempted_queries > 8 and r.preempted_hits % 4 == 0 and r.preempted_hits <= r.preempted_queries - 1
+    assert r.recomputed_tokens == r.preempted_queries - r.preempted_hits
+    assert r.computed_tokens == r.queries - r.hits + r.recomputed_tokens
+
+
+@given(st.lists(st.tuples(st.lists(st.integers(0, 4), min_size=1, max_size=3), st.integers(0, 7), st.integers(0, 4)),
+                min_size=1, max_size=6),
+       st.sampled_from([2, 4]), st.integers(0, 12), st.integers(4, 24), st.sampled_from([None, 1.0, 3.0]))
+@settings(deadline=None, max_examples=40)
+def test_the_fast_path_equals_full_tokens_hashed_by_the_manager(shape, bs, extra, budget, ms):
+    reqs, ts, names = [], 0, {}
+    for i, (ids, cut, out) in enumerate(shape):
+        ids = named(ids, names)
+        reqs.append(MooncakeRequest(ts, max(1, len(ids) * 8 - cut), out, ids, i + 1)); ts += i % 3
+    need = max(-(-(r.input_length + max(1, r.output_length)) // bs) for r in reqs)
+    n = need + 1 + extra
+    fast = replay_mooncake(reqs, n, bs, budget, max_num_seqs=3, ms_per_step=ms, hash_block_size=8)
+    assert replay_mooncake(reqs, n, bs, budget, max_num_seqs=3, ms_per_step=ms, hash_block_size=8, fast=False) == fast
+
+
+def test_the_sample_sweep_in_parallel_equals_one_at_a_time():
+    reqs = list(read_mooncake(SAMPLE))[:40]
+    sizes = [8000, 30000]
+    par = sweep(reqs, sizes, jobs=2)
+    assert par == sweep(reqs, sizes, jobs=1) == [replay_mooncake(reqs, n) for n in sizes]
+    assert par[0].hit_rate <= par[1].hit_rate <= ideal_hit_rate(reqs) + 1e-9
+    assert format_results(par, "csv").splitlines()[0].startswith("num_blocks,hit_rate,queries")
+
+
+def test_a_pool_too_small_for_the_longest_request_is_refused_like_vllm():
+    reqs = [MooncakeRequest(0, 100, 1, [1], 7)]
+    with pytest.raises(ValueError, match=r"num_blocks=7 cannot hold line 7 \(101 tokens need 7 blocks of 16"):
+        replay_mooncake(reqs, 7)
+    with pytest.raises(ValueError, match="num_blocks=7 cannot hold line 7"): sweep(reqs, [100, 7])
+    with pytest.raises(ValueError, match="the trace has no requests"): replay_mooncake([], 100)
