@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/sampling_params.html.md"""
 
 # %% ../nbs/08a_sampling_params.ipynb #a762acdd
 from __future__ import annotations
-import math
+import sys
 from dataclasses import dataclass, field
 
 # %% auto #0
@@ -54,10 +54,8 @@ class SamplingParams:
                                       generation_config: dict,  # the model's generation config; reads "eos_token_id"
                                       model_eos_token_id: int | None = None):  # the tokenizer's EOS id
         "Add the model's EOS ids to the stop sets, as vLLM's input processor does."
+        eos_ids = _generation_eos_ids(generation_config, model_eos_token_id)  # checked before anything changes
         if model_eos_token_id is not None: self._all_stop_token_ids.add(model_eos_token_id)
-        eos = generation_config.get("eos_token_id")
-        if eos is None: return
-        eos_ids = {eos} if _is_int(eos) else set(eos)
         eos_ids.discard(model_eos_token_id)
         if not eos_ids: return
         self._all_stop_token_ids |= eos_ids
@@ -74,6 +72,7 @@ class SamplingParams:
         return self
 
 _SAMPLING_EPS = 1e-5
+_TOKEN_ID_LIMIT = 1 << 31  # vLLM keeps token ids in int32 tensors
 
 # %% ../nbs/08a_sampling_params.ipynb #7ec2f657
 def _check_types(self: SamplingParams):
@@ -86,7 +85,9 @@ def _check_types(self: SamplingParams):
     for name in ("max_tokens", "thinking_token_budget"):
         v = getattr(self, name)
         if v is not None and not _is_int(v): raise TypeError(f"{name} must be an int or None, got {v!r}")
-    if self.stop_token_ids is not None and not all(_is_int(t) for t in self.stop_token_ids):
+    if not isinstance(self.ignore_eos, bool): raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+    stops = self.stop_token_ids
+    if stops is not None and (not isinstance(stops, (list, tuple, set, frozenset)) or not all(_is_int(t) for t in stops)):
         raise TypeError(f"stop_token_ids must be ints, got {self.stop_token_ids!r}")
     if self.logit_bias is not None:
         if not isinstance(self.logit_bias, dict): raise TypeError(f"logit_bias must be a dict, got {self.logit_bias!r}")
@@ -94,9 +95,26 @@ def _check_types(self: SamplingParams):
             if not _is_int(t): raise TypeError(f"logit_bias keys must be int token ids, got {t!r}")
             if not _is_real(b): raise TypeError(f"logit_bias[{t}] must be a number, got {b!r}")
 
+def _check_token_id(name: str, t) -> None:
+    if not _is_int(t): raise TypeError(f"{name} must be an int token id, got {t!r}")
+    if not 0 <= t < _TOKEN_ID_LIMIT: raise ValueError(f"{name} must be in [0, 2**31), got {t}")
+
+def _generation_eos_ids(generation_config: dict, model_eos_token_id: int | None) -> set[int]:
+    "The generation config's EOS ids, every id checked."
+    if not isinstance(generation_config, dict): raise TypeError(f"generation_config must be a dict, got {generation_config!r}")
+    if model_eos_token_id is not None: _check_token_id("model_eos_token_id", model_eos_token_id)
+    eos = generation_config.get("eos_token_id")
+    if eos is None: return set()
+    eos = [eos] if _is_int(eos) else eos
+    if not isinstance(eos, (list, tuple)): raise TypeError(f"generation_config['eos_token_id'] must be an int or a list of ints, got {eos!r}")
+    for t in eos: _check_token_id("generation_config['eos_token_id']", t)
+    return set(eos)
+
 # %% ../nbs/08a_sampling_params.ipynb #0c5360d8
+def _is_finite(x: int | float) -> bool: return abs(x) <= sys.float_info.max  # False for inf, NaN and ints too big for a float
+
 def _verify_args(self: SamplingParams):
-    if not math.isfinite(self.temperature) or self.temperature < 0:
+    if not _is_finite(self.temperature) or self.temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
     if not 0.0 < self.top_p <= 1.0: raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
     if self.top_k < 0: raise ValueError(f"top_k must be 0 or -1 (disabled) or at least 1, got {self.top_k}")
@@ -108,8 +126,11 @@ def _verify_args(self: SamplingParams):
         raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
     if any(t < 0 for t in self.stop_token_ids):
         raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+    if any(t >= _TOKEN_ID_LIMIT for t in self.stop_token_ids):
+        raise ValueError(f"stop_token_ids must be < 2**31 (vLLM's int32 token ids), got {self.stop_token_ids}")
     for t, b in (self.logit_bias or {}).items():
         if t < 0: raise ValueError(f"logit_bias token id must be >= 0, got {t}")
-        if not math.isfinite(b): raise ValueError(f"logit_bias[{t}] must be finite, got {b}")
+        if t >= _TOKEN_ID_LIMIT: raise ValueError(f"logit_bias token id must be < 2**31 (vLLM's int32 token ids), got {t}")
+        if not _is_finite(b): raise ValueError(f"logit_bias[{t}] must be finite, got {b}")
     if self.thinking_token_budget is not None and self.thinking_token_budget < -1:
         raise ValueError(f"thinking_token_budget must be >= -1 (-1 or None: unlimited), got {self.thinking_token_budget}")
