@@ -35,10 +35,12 @@ def _token_ids(name: str, ids) -> tuple[int, ...]:
     "`ids` as a tuple after checking it is a list of ints >= 0 (None: empty); `name` goes in the error."
     if ids is None: return ()
     if not _is_list(ids): raise TypeError(f"{name} must be a list of token ids, got {ids!r}")
+    ids = tuple(ids)
+    if all(type(t) is int for t in ids) and min(ids, default=0) >= 0: return ids  # the common case, checked fast
     for t in ids:
         if not isinstance(t, int) or isinstance(t, bool): raise TypeError(f"{name} must hold ints, got {t!r}")
         if t < 0: raise ValueError(f"{name} must hold token ids >= 0, got {t}")
-    return tuple(ids)
+    return ids
 
 # %% ../nbs/09_thinking_budget.ipynb #76f0c130
 @dataclass(frozen=True)
@@ -373,7 +375,10 @@ def _check_logits(self: ThinkingBudgetStateHolder, logits, predict_bonus_token, 
     if max(self.think_end_token_ids, default=-1) >= logits.shape[1]:
         raise ValueError(f"forced token {max(self.think_end_token_ids)} (reasoning_end_token_ids) is outside the "
                          f"{logits.shape[1]} logits")
-    return [list(_token_ids(f"spec_token_ids[{i}]", s)) for i, s in enumerate(spec_token_ids or [])]
+    specs = list(spec_token_ids or [])
+    for i, s in enumerate(specs):
+        if not _is_list(s): raise TypeError(f"spec_token_ids[{i}] must be a list of token ids, got {s!r}")
+    return specs
 
 # %% ../nbs/09_thinking_budget.ipynb #c1e25038
 @patch
