@@ -21,7 +21,7 @@ from .workloads import replay_stats
 
 # %% auto #0
 __all__ = ['SUBCOMMANDS', 'CommandParser', 'returns_exit_status', 'hash_main', 'replay_main', 'load_adapter', 'check_main',
-           'cudagraph_main', 'thinking_budget_main', 'main']
+           'cudagraph_main', 'check_runs', 'thinking_budget_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -265,12 +265,44 @@ def _budget_arg(v: str) -> int | None:
     if not v.lstrip("-").isdigit(): raise ValueError(f"thinking_token_budget must be an int >= -1 or none, got {v!r}")
     return check_thinking_token_budget(int(v))
 
+def _run_field(path: str, i: int, case: dict, name: str):
+    if name not in case: raise ValueError(f"{path}: case {i}: a run lacks field {name!r}")
+    return case[name]
+
+def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | None]:
+    "Replay the greedy runs in a vector file; return (number of cases, first mismatch described or None)."
+    from kvref.thinking_budget import ReasoningConfig, _token_ids, greedy_run
+    from kvref.thinking_budget_vllm import BEHAVIORS
+    if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {list(BEHAVIORS)}, got {behavior!r}")
+    try: cases = json.loads(open(path).read())
+    except json.JSONDecodeError as e: raise ValueError(f"{path} is not JSON ({e})") from None
+    except RecursionError: raise ValueError(f"{path} is nested too deeply to be a file of recorded runs") from None
+    cases = cases.get("cases") if isinstance(cases, dict) else None
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise ValueError(f"{path} must be a JSON object whose \"cases\" is a list of recorded runs")
+    if not cases: raise ValueError(f"{path} has no cases: there is nothing to compare")
+    for i, c in enumerate(cases):
+        start, end, budget, prompt = (_run_field(path, i, c, k) for k in ("start", "end", "budget", "prompt"))
+        wish, emitted, forced = (_run_field(path, i, c, k) for k in ("wish", "emitted", "forced"))
+        for name, ids in (("wish", wish), ("emitted", emitted)): _token_ids(f"{path}: case {i}: {name}", ids)
+        if not isinstance(forced, list) or not all(isinstance(f, bool) for f in forced):
+            raise ValueError(f"{path}: case {i}: forced must be a list of true/false")
+        if not len(wish) == len(emitted) == len(forced):
+            raise ValueError(f"{path}: case {i}: wish, emitted and forced must have the same length")
+        cfg = ReasoningConfig(start, end, c.get("natural_end"))  # N: the run's "natural_end", else E
+        got = greedy_run(BEHAVIORS[behavior](cfg, 1), prompt, wish, budget)
+        if got != (emitted, forced):
+            j = next(k for k in range(len(wish)) if (got[0][k], got[1][k]) != (emitted[k], forced[k]))
+            return len(cases), (f"{path}: case {i}, position {j}: expected {emitted[j]} forced={forced[j]}, "
+                                f"got {got[0][j]} forced={got[1][j]}")
+    return len(cases), None
+
 # %% ../nbs/12_cli.ipynb #59fff33c
 @returns_exit_status
 def thinking_budget_main(argv: list[str] | None = None) -> int:
     "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
     from kvref.thinking_budget import ReasoningConfig, contract_forcings  # imports torch
-    from kvref.thinking_budget_vllm import BEHAVIORS, check_runs
+    from kvref.thinking_budget_vllm import BEHAVIORS
     p = CommandParser(prog="kvref thinking-budget", description="Print the (row, token) forcings the thinking-budget "
                       "contract requires for one step, or replay recorded greedy runs with --check.")
     p.add_argument("--start", nargs="+", help="think-start token ids (S)")

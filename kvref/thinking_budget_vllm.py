@@ -6,17 +6,15 @@ Docs: https://kvref.github.io/kvref/thinking_budget_vllm.html.md"""
 
 # %% ../nbs/09a_thinking_budget_vllm.ipynb #e40006e9
 from __future__ import annotations
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fastcore.basics import patch
 
-from .thinking_budget import (ReasoningConfig, ThinkingBudgetStateHolder, _token_ids, force_index,
-                                   greedy_run)
+from .thinking_budget import ReasoningConfig, ThinkingBudgetStateHolder, force_index, greedy_run
 
 # %% auto #0
-__all__ = ['BEHAVIORS', 'RUN_FIELDS', 'VllmEntry', 'find_last', 'VllmThinkingBudgetStateHolder', 'check_runs']
+__all__ = ['BEHAVIORS', 'VllmEntry', 'find_last', 'VllmThinkingBudgetStateHolder']
 
 # %% ../nbs/09a_thinking_budget_vllm.ipynb #1c64b251
 @dataclass(slots=True)
@@ -216,46 +214,3 @@ def _forced_cells(self: VllmThinkingBudgetStateHolder, layout: dict[int, int], p
             at = layout[index] + row
             if at < self._mask_capacity and at < num_rows: cells[at] = E[e.end_count]
     return cells
-
-# %% ../nbs/09a_thinking_budget_vllm.ipynb #3c27042b
-RUN_FIELDS = ("start", "end", "budget", "prompt", "wish", "emitted", "forced")  # what each recorded run holds
-
-def _load_runs(path: str) -> list[dict]:
-    "The recorded runs in a vector file, refused by name when there are none."
-    try: cases = json.loads(open(path).read())
-    except json.JSONDecodeError as e: raise ValueError(f"{path} is not JSON ({e})") from None
-    except RecursionError: raise ValueError(f"{path} is nested too deeply to be a file of recorded runs") from None
-    cases = cases.get("cases") if isinstance(cases, dict) else None
-    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
-        raise ValueError(f'{path} must be a JSON object whose "cases" is a list of recorded runs')
-    if not cases: raise ValueError(f"{path} has no cases: there is nothing to compare")
-    return cases
-
-# %% ../nbs/09a_thinking_budget_vllm.ipynb #733b3b16
-def _run_fields(where: str, case: dict) -> tuple:
-    "A recorded run's fields, in `RUN_FIELDS` order, after checking them."
-    missing = [k for k in RUN_FIELDS if k not in case]
-    if missing: raise ValueError(f"{where}: a run lacks field {missing[0]!r}")
-    start, end, budget, prompt, wish, emitted, forced = (case[k] for k in RUN_FIELDS)
-    for name, ids in (("wish", wish), ("emitted", emitted)): _token_ids(f"{where}: {name}", ids)
-    if not isinstance(forced, list) or not all(isinstance(f, bool) for f in forced):
-        raise ValueError(f"{where}: forced must be a list of true/false")
-    if not len(wish) == len(emitted) == len(forced):
-        raise ValueError(f"{where}: wish, emitted and forced must have the same length")
-    return start, end, budget, prompt, wish, emitted, forced
-
-# %% ../nbs/09a_thinking_budget_vllm.ipynb #74b86355
-def check_runs(path: str,  # a JSON file: {"cases": [recorded runs]}
-               behavior: str = "vllm_0_33_v1") -> tuple[int, str | None]:  # a name in BEHAVIORS
-    "Replay the greedy runs in a vector file; return (number of cases, first mismatch described or None)."
-    if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {list(BEHAVIORS)}, got {behavior!r}")
-    cases = _load_runs(path)
-    for i, c in enumerate(cases):
-        start, end, budget, prompt, wish, emitted, forced = _run_fields(f"{path}: case {i}", c)
-        cfg = ReasoningConfig(start, end, c.get("natural_end"))  # N: the run's "natural_end", else E
-        got = greedy_run(BEHAVIORS[behavior](cfg, 1), prompt, wish, budget)
-        if got != (emitted, forced):
-            j = next(k for k in range(len(wish)) if (got[0][k], got[1][k]) != (emitted[k], forced[k]))
-            return len(cases), (f"{path}: case {i}, position {j}: expected {emitted[j]} forced={forced[j]}, "
-                                f"got {got[0][j]} forced={got[1][j]}")
-    return len(cases), None

@@ -12,7 +12,8 @@ from kvref.logits_processors import BatchUpdate, MoveDirectionality
 from kvref.sampling_params import SamplingParams
 from kvref.thinking_budget import (ReasoningConfig, ThinkingBudgetStateHolder,
                                    contract_forcings, force_index, greedy_run, think_state)
-from kvref.thinking_budget_vllm import BEHAVIORS, check_runs
+from kvref.cli import check_runs
+from kvref.thinking_budget_vllm import BEHAVIORS
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "thinking_budget"
 REPORTED = GOLDEN / "reported-vllm-0.33-thinking-budget.json"
