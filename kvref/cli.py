@@ -393,7 +393,9 @@ def recorded_run(run: object, where: str) -> dict:
 # %% ../nbs/12_cli.ipynb #fd51c16a
 def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | None]:
     "Replay the greedy runs in a vector file; return (number of cases, first mismatch described or None)."
-    from kvref.thinking_budget import ReasoningConfig, ThinkingBudgetStateHolder, greedy_run
+    from kvref.thinking_budget import ReasoningConfig, greedy_run
+    from kvref.thinking_budget_vllm import BEHAVIORS
+    if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {list(BEHAVIORS)}, got {behavior!r}")
     data = read_json(path)
     runs = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(runs, list): raise ValueError(f"{path}: must be a JSON object whose \"cases\" is a list of recorded runs")
@@ -402,7 +404,7 @@ def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | No
     for i, c in enumerate(runs):
         try:
             cfg = ReasoningConfig(c["start"], c["end"], c.get("natural_end"))  # N: the run's "natural_end", else E
-            got = greedy_run(ThinkingBudgetStateHolder(cfg, 1, behavior=behavior), c["prompt"], c["wish"], c["budget"])
+            got = greedy_run(BEHAVIORS[behavior](cfg, 1), c["prompt"], c["wish"], c["budget"])
         except (ValueError, TypeError) as e: raise ValueError(f"{path}: case {i}: {e}") from None
         if got != (c["emitted"], c["forced"]):
             j = next(k for k in range(len(c["wish"])) if (got[0][k], got[1][k]) != (c["emitted"][k], c["forced"][k]))
@@ -414,7 +416,8 @@ def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | No
 @subcommand("kvref thinking-budget")
 def thinking_budget_main(argv: list[str] | None = None) -> int:
     "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
-    from kvref.thinking_budget import BEHAVIORS, ReasoningConfig, contract_forcings  # imports torch
+    from kvref.thinking_budget import ReasoningConfig, contract_forcings  # imports torch
+    from kvref.thinking_budget_vllm import BEHAVIORS
     p = CommandParser(prog="kvref thinking-budget", description="Print the (row, token) forcings the thinking-budget "
                       "contract requires for one step, or replay recorded greedy runs with --check.")
     p.add_argument("--start", nargs="+", help="think-start token ids (S)")
