@@ -198,6 +198,7 @@ def allocate_slots(self: KVCacheManager,
 @patch
 def _num_preallocate(self: KVCacheManager, num_held: int, num_new_blocks: int) -> int:
     "Design doc only: blocks to take beyond `num_new_blocks`, within the pool and `max_model_len`."
+    if not self.num_preallocate_blocks: return 0
     extra = min(self.num_preallocate_blocks, self.block_pool.get_num_free_blocks() - num_new_blocks)
     if self.max_model_len is not None:
         extra = min(extra, cdiv(self.max_model_len, self.block_size) - num_held - num_new_blocks)
