@@ -175,7 +175,7 @@ def allocate_slots(self: KVCacheManager,
                    num_lookahead_tokens: int = 0,          # extra slots for speculative tokens
                   ) -> list[KVCacheBlock] | None:
     "Grow the request's block table for this step; the new blocks, or None (and no change) if they do not fit."
-    hits = _checked_blocks(new_computed_blocks or (), "new_computed_blocks")
+    hits = _checked_blocks(new_computed_blocks, "new_computed_blocks") if new_computed_blocks else []
     table = self._checked_step(request, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens)
     rid, num_computed = request.request_id, request.num_computed_tokens + num_new_computed_tokens
     num_slots = num_computed + num_new_tokens + num_lookahead_tokens
@@ -221,8 +221,10 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
                   hits: list[KVCacheBlock], num_lookahead_tokens: int) -> list[KVCacheBlock]:
     "Validate one `allocate_slots` call; return the request's block table (a new empty list if it has none)."
     rid = self._checked_request(request).request_id
-    for name, value in (("num_new_tokens", num_new_tokens), ("num_new_computed_tokens", num_new_computed_tokens),
-                        ("num_lookahead_tokens", num_lookahead_tokens)): _check_count(f"request {rid!r}: {name}", value)
+    if not (type(num_new_tokens) is type(num_new_computed_tokens) is type(num_lookahead_tokens) is int
+            and min(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens) >= 0):  # one cheap test first
+        for name, value in (("num_new_tokens", num_new_tokens), ("num_new_computed_tokens", num_new_computed_tokens),
+                            ("num_lookahead_tokens", num_lookahead_tokens)): _check_count(f"request {rid!r}: {name}", value)
     if num_new_tokens == 0:
         raise ValueError(f"request {rid!r}: num_new_tokens must be > 0; vLLM refuses a step with nothing to compute")
     if num_new_computed_tokens != len(hits) * self.block_size:
