@@ -25,11 +25,13 @@ class BlockStored:
     block_size: int                  # tokens per block
     lora_name: str | None            # the LoRA adapter the request used, if any
 
+# %% ../nbs/03_block_pool.ipynb #53a2003c
 @dataclass(slots=True, frozen=True)
 class BlockRemoved:
     "These blocks were evicted: their hashes no longer hit here."
     block_hashes: list[bytes]
 
+# %% ../nbs/03_block_pool.ipynb #698a6670
 @dataclass(slots=True, frozen=True)
 class AllBlocksCleared:
     "The prefix cache was reset: nothing hits any more."
@@ -58,14 +60,18 @@ class BlockPool:
             self.null_block.is_null = True
         self.kv_event_queue: list[KVCacheEvent] | None = [] if enable_kv_cache_events else None
 
-    def get_num_free_blocks(self) -> int:
-        "Blocks in the free queue, cached eviction candidates included."
-        return self.free_block_queue.num_free_blocks
+# %% ../nbs/03_block_pool.ipynb #b315412c
+@patch
+def get_num_free_blocks(self: BlockPool) -> int:
+    "Blocks in the free queue, cached eviction candidates included."
+    return self.free_block_queue.num_free_blocks
 
-    def get_usage(self) -> float:
-        "Fraction of the usable blocks (the null block excluded) held by requests; 0 when there are none."
-        usable = self.num_blocks - (self.null_block is not None)
-        return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
+# %% ../nbs/03_block_pool.ipynb #64cb68c5
+@patch
+def get_usage(self: BlockPool) -> float:
+    "Fraction of the usable blocks (the null block excluded) held by requests; 0 when there are none."
+    usable = self.num_blocks - (self.null_block is not None)
+    return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
 
 # %% ../nbs/03_block_pool.ipynb #afee2611
 @patch
@@ -91,6 +97,7 @@ def _maybe_evict_cached_block(self: BlockPool, block: KVCacheBlock) -> bool:
     if self.kv_event_queue is not None: self.kv_event_queue.append(BlockRemoved([block_hash]))
     return True
 
+# %% ../nbs/03_block_pool.ipynb #484f3a6c
 @patch
 def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
     "Take `num_blocks` blocks from the head of the free queue, evicting cached ones, each with count 1."
@@ -102,6 +109,13 @@ def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
         if block.block_hash is not None: self._maybe_evict_cached_block(block)
         block.ref_cnt += 1
     return blocks
+
+# %% ../nbs/03_block_pool.ipynb #17d0c007
+@patch
+def get_cached_block(self: BlockPool, block_hash: bytes) -> KVCacheBlock | None:
+    "The block cached earliest under `block_hash`, or None on a miss."
+    holders = self.cached_block_hash_to_block.get(block_hash)
+    return next(iter(holders.values())) if holders else None
 
 # %% ../nbs/03_block_pool.ipynb #834c1a46
 @patch
@@ -125,12 +139,6 @@ def cache_full_blocks(self: BlockPool,
         parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
         tokens = list(token_ids[num_cached_blocks * block_size:num_full_blocks * block_size])
         self.kv_event_queue.append(BlockStored(new_hashes, parent, tokens, block_size, lora_name))
-
-@patch
-def get_cached_block(self: BlockPool, block_hash: bytes) -> KVCacheBlock | None:
-    "The block cached earliest under `block_hash`, or None on a miss."
-    holders = self.cached_block_hash_to_block.get(block_hash)
-    return next(iter(holders.values())) if holders else None
 
 # %% ../nbs/03_block_pool.ipynb #9841b473
 @patch
@@ -167,6 +175,7 @@ def touch(self: BlockPool, blocks: Iterable[KVCacheBlock]) -> None:
         if block.ref_cnt == 0 and not block.is_null: self.free_block_queue.remove(block)
         block.ref_cnt += 1
 
+# %% ../nbs/03_block_pool.ipynb #2138e1d6
 @patch
 def free_blocks(self: BlockPool,
                 ordered_blocks: Iterable[KVCacheBlock],  # blocks to release, first to be evicted first
@@ -198,6 +207,7 @@ def reset_prefix_cache(self: BlockPool) -> bool:
     if self.kv_event_queue is not None: self.kv_event_queue.append(AllBlocksCleared())
     return True
 
+# %% ../nbs/03_block_pool.ipynb #43902eef
 @patch
 def take_events(self: BlockPool) -> list[KVCacheEvent]:
     "The KV events recorded since the last call (empty when events are off)."

@@ -28,6 +28,7 @@ class KVCacheBlock:
         h = "" if self.block_hash is None else f", hash={self.block_hash.hex()[:8]}"
         return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}{h})"
 
+# %% ../nbs/02_free_queue.ipynb #60dbbc85
 def block_ids(blocks: Iterable[KVCacheBlock]) -> list[int]:
     "The ids of `blocks`, in order: how block tables and queues are shown everywhere in kvref."
     return [b.block_id for b in blocks]
@@ -37,10 +38,12 @@ def _check_count(name: str, value, low: int = 0) -> None:
     "Refuse `value` unless it is an int >= `low`; a bool is not a count."
     if type(value) is not int or value < low: raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
+# %% ../nbs/02_free_queue.ipynb #1bb8d8c7
 def _check_bool(name: str, value) -> None:
     "Refuse `value` unless it is True or False."
     if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
 
+# %% ../nbs/02_free_queue.ipynb #4b97d46b
 def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> list[KVCacheBlock]:
     "`blocks` as a list, refusing anything but KVCacheBlocks with a TypeError that names `name`."
     if not hasattr(blocks, "__iter__"):
@@ -49,6 +52,19 @@ def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> lis
     if not set(map(type, blocks)) <= {KVCacheBlock}:  # one C-speed pass; find the culprit only on failure
         bad = next(b for b in blocks if type(b) is not KVCacheBlock)
         raise TypeError(f"{name} must be KVCacheBlocks, got {type(bad).__name__}")
+    return blocks
+
+# %% ../nbs/02_free_queue.ipynb #b59fb963
+def _checked_unqueued(blocks: Iterable[KVCacheBlock], queued: set[KVCacheBlock]) -> list[KVCacheBlock]:
+    "`blocks` as a list, after checking that none is in a free queue (`queued`, or another) and none repeats."
+    blocks = _checked_blocks(blocks)
+    for block in blocks:
+        if block.prev_free_block is not None:
+            raise ValueError(f"block {block.block_id} is already in {'the' if block in queued else 'another'} free queue")
+    if len(set(blocks)) < len(blocks):
+        seen: set[KVCacheBlock] = set()
+        twice = next(b for b in blocks if b in seen or seen.add(b))
+        raise ValueError(f"block {twice.block_id} appears twice in the blocks to queue")
     return blocks
 
 # %% ../nbs/02_free_queue.ipynb #1ac36fbc
@@ -63,39 +79,26 @@ class FreeKVCacheBlockQueue:
 
     def __len__(self) -> int: return self.num_free_blocks
 
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        "All free blocks from head (next to be reused) to tail."
-        out, block = [], self.fake_head.next_free_block
-        while block is not self.fake_tail:
-            out.append(block)
-            block = block.next_free_block
-        return out
+    def _link(self, blocks: Iterable[KVCacheBlock], prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
+        "Splice `blocks`, in order, between the adjacent queue nodes `prev` and `nxt`, after checking them all."
+        blocks = _checked_unqueued(blocks, self._queued)
+        for block in blocks:
+            prev.next_free_block, block.prev_free_block = block, prev
+            prev = block
+        prev.next_free_block, nxt.prev_free_block = nxt, prev
+        self._queued.update(blocks)
+        self.num_free_blocks += len(blocks)
+        self.version += 1
 
-# %% ../nbs/02_free_queue.ipynb #a9a06cb2
+# %% ../nbs/02_free_queue.ipynb #6c67e3d4
 @patch
-def _checked_unqueued(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> list[KVCacheBlock]:
-    "`blocks` as a list, after checking that none is in a queue (this one or another) and none repeats."
-    blocks = _checked_blocks(blocks)
-    for block in blocks:
-        if block.prev_free_block is not None:
-            raise ValueError(f"block {block.block_id} is already in {'the' if block in self._queued else 'another'} free queue")
-    if len(set(blocks)) < len(blocks):
-        seen: set[KVCacheBlock] = set()
-        twice = next(b for b in blocks if b in seen or seen.add(b))
-        raise ValueError(f"block {twice.block_id} appears twice in the blocks to queue")
-    return blocks
-
-@patch
-def _link(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock], prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
-    "Splice `blocks`, in order, between the adjacent queue nodes `prev` and `nxt`, after checking them all."
-    blocks = self._checked_unqueued(blocks)
-    for block in blocks:
-        prev.next_free_block, block.prev_free_block = block, prev
-        prev = block
-    prev.next_free_block, nxt.prev_free_block = nxt, prev
-    self._queued.update(blocks)
-    self.num_free_blocks += len(blocks)
-    self.version += 1
+def get_all_free_blocks(self: FreeKVCacheBlockQueue) -> list[KVCacheBlock]:
+    "All free blocks from head (next to be reused) to tail."
+    out, block = [], self.fake_head.next_free_block
+    while block is not self.fake_tail:
+        out.append(block)
+        block = block.next_free_block
+    return out
 
 # %% ../nbs/02_free_queue.ipynb #07275f9e
 @patch
@@ -110,6 +113,7 @@ def remove(self: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     self.num_free_blocks -= 1
     self.version += 1
 
+# %% ../nbs/02_free_queue.ipynb #48befa1b
 @patch
 def popleft(self: FreeKVCacheBlockQueue) -> KVCacheBlock:
     "Take the head block (the least recently freed one)."
@@ -118,6 +122,7 @@ def popleft(self: FreeKVCacheBlockQueue) -> KVCacheBlock:
     self.remove(block)
     return block
 
+# %% ../nbs/02_free_queue.ipynb #5f1b1218
 @patch
 def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
     "Take the first `n` blocks, head first."
@@ -132,11 +137,13 @@ def append_n(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> Non
     "Put `blocks` at the tail, in order (the last one becomes the tail)."
     self._link(blocks, self.fake_tail.prev_free_block, self.fake_tail)
 
+# %% ../nbs/02_free_queue.ipynb #4f8faf54
 @patch
 def append(self: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     "Put one block at the tail."
     self._link([block], self.fake_tail.prev_free_block, self.fake_tail)
 
+# %% ../nbs/02_free_queue.ipynb #fbc86d54
 @patch
 def prepend_n(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> None:
     "Put `blocks` at the head, in order (the first one becomes the head)."
