@@ -27,6 +27,7 @@ def _check_layout(layout: str) -> None:
     if layout not in KV_CACHE_LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(KV_CACHE_LAYOUTS)}, got {layout!r}")
 
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b02
 def kv_cache_shape(num_blocks: int, # blocks in the layer's pool
                    block_size: int, # token positions per block
                    num_kv_heads: int, # key/value heads
@@ -42,7 +43,7 @@ def kv_cache_shape(num_blocks: int, # blocks in the layer's pool
 def split_kv_cache(kv_cache: torch.Tensor, # one layer's cache in `layout`
                    layout: str = "flash", # see `kv_cache_shape`
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Views `(key_cache, value_cache)`, each `(num_blocks, block_size, num_kv_heads, head_size)`, sharing memory."
+    "Views `(key_cache, value_cache)`, each `(num_blocks, block_size, num_kv_heads, head_size)`, no copy."
     _check_layout(layout)
     if kv_cache.dim() != 5 or kv_cache.shape[KV_CACHE_LAYOUTS[layout]] != 2:
         expected = kv_cache_shape("num_blocks", "block_size", "num_kv_heads", "head_size", layout)
@@ -51,12 +52,12 @@ def split_kv_cache(kv_cache: torch.Tensor, # one layer's cache in `layout`
 
 # %% ../../nbs/11_paged_attention.ipynb #4429b79e
 def compute_slot_mapping(block_table: torch.Tensor, # [num_seqs, max_num_blocks_per_seq] physical block ids
-                         query_start_loc: torch.Tensor, # [num_seqs + 1] row offsets of each sequence's new tokens
-                         seq_lens: torch.Tensor, # [num_seqs] positions per sequence including the new tokens
+                         query_start_loc: torch.Tensor, # [num_seqs + 1] row offsets of the new tokens
+                         seq_lens: torch.Tensor, # [num_seqs] positions per sequence, new tokens included
                          block_size: int, # token positions per block
                          num_padded_tokens: int | None = None, # pad with PAD_SLOT_ID up to this many tokens
                         ) -> torch.Tensor:
-    "The int64 cache slot of every new token, `block_table[s, pos // block_size] * block_size + pos % block_size`."
+    "Each new token's int64 slot: `block_table[s, pos // block_size] * block_size + pos % block_size`."
     query_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
     seq_of_token = torch.repeat_interleave(torch.arange(len(seq_lens), device=seq_lens.device), query_lens)
     first_row = query_start_loc[:-1].long()[seq_of_token]
@@ -66,7 +67,8 @@ def compute_slot_mapping(block_table: torch.Tensor, # [num_seqs, max_num_blocks_
     slots = blocks * block_size + positions % block_size
     if num_padded_tokens is not None:
         if num_padded_tokens < len(slots):
-            raise ValueError(f"num_padded_tokens={num_padded_tokens} is less than the {len(slots)} real tokens")
+            raise ValueError(f"num_padded_tokens={num_padded_tokens} is less than the {len(slots)} "
+                             "real tokens")
         slots = torch.cat([slots, slots.new_full((num_padded_tokens - len(slots),), PAD_SLOT_ID)])
     return slots
 
@@ -74,19 +76,21 @@ def compute_slot_mapping(block_table: torch.Tensor, # [num_seqs, max_num_blocks_
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # cache / query dtypes the kernels accept
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b03
 class AttentionShape(NamedTuple):
     "The sizes an attention call was validated against."
     num_tokens: int; num_seqs: int; num_query_heads: int; num_kv_heads: int; head_size: int
     block_size: int; num_blocks: int; max_query_len: int; max_seq_len: int
 
 # %% ../../nbs/11_paged_attention.ipynb #0a1b2c03
-def _check_index(name: str, t: torch.Tensor, dim: int):
+def _check_index(name: str, t: torch.Tensor, dim: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _INDEX_DTYPES: raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
     if t.dim() != dim: raise ValueError(f"{name} must have {dim} dimension(s), got shape {tuple(t.shape)}")
     if not t.is_contiguous(): raise ValueError(f"{name} must be contiguous")
 
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b05
 def _check_devices(*tensors: torch.Tensor) -> None:
     devices = {t.device for t in tensors}
     if len(devices) != 1:
@@ -95,44 +99,54 @@ def _check_devices(*tensors: torch.Tensor) -> None:
         raise ValueError("tensors on the meta device have no data to check or attend over")
 
 # %% ../../nbs/11_paged_attention.ipynb #0a1b2c05
+def _check_cache(name: str, cache: torch.Tensor, dtypes) -> None:
+    if not isinstance(cache, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cache).__name__}")
+    if cache.dim() != 4: raise ValueError(
+        f"{name} must be (num_blocks, block_size, num_kv_heads, head_size), got shape {tuple(cache.shape)}")
+    if cache.dtype not in dtypes:
+        raise TypeError(f"{name} dtype {cache.dtype} is not supported; use one of {list(dtypes)}")
+    if cache.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in head_size (stride 1), got stride {cache.stride(-1)}")
+
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b08
 def _check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor, dtypes) -> None:
-    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if not isinstance(c, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(c).__name__}")
-        if c.dim() != 4:
-            raise ValueError(f"{name} must be (num_blocks, block_size, num_kv_heads, head_size), got shape {tuple(c.shape)}")
-        if c.dtype not in dtypes:
-            raise TypeError(f"{name} dtype {c.dtype} is not supported; use one of {list(dtypes)}")
-        if c.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in head_size (stride 1), got stride {c.stride(-1)}")
-    if key_cache.shape != value_cache.shape:
-        raise ValueError(f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape")
+    _check_cache("key_cache", key_cache, dtypes)
+    _check_cache("value_cache", value_cache, dtypes)
+    if key_cache.shape != value_cache.shape: raise ValueError(
+        f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape")
     if key_cache.dtype != value_cache.dtype:
         raise TypeError(f"key_cache is {key_cache.dtype} but value_cache is {value_cache.dtype}")
+
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b09
+def _check_head_counts(num_query_heads: int, head_size: int, block_size: int, num_kv_heads: int,
+                       cache_head_size: int) -> None:
+    if cache_head_size != head_size:
+        raise ValueError(f"query head_size {head_size} != cache head_size {cache_head_size}")
+    sizes = (("num_query_heads", num_query_heads), ("head_size", head_size), ("block_size", block_size))
+    for name, size in sizes:
+        if size == 0: raise ValueError(f"{name} must be >= 1, got 0")
+    if num_kv_heads == 0 or num_query_heads % num_kv_heads: raise ValueError(
+        f"num_query_heads {num_query_heads} is not a multiple of num_kv_heads {num_kv_heads}")
 
 # %% ../../nbs/11_paged_attention.ipynb #0a1b2c07
 def _check_query(query: torch.Tensor, key_cache: torch.Tensor) -> None:
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
-    if query.dim() != 3:
-        raise ValueError(f"query must be (num_tokens, num_query_heads, head_size), got shape {tuple(query.shape)}")
+    if query.dim() != 3: raise ValueError(
+        f"query must be (num_tokens, num_query_heads, head_size), got shape {tuple(query.shape)}")
     if query.dtype != key_cache.dtype:
         raise TypeError(f"query is {query.dtype} but the cache is {key_cache.dtype}")
     if query.stride(-1) != 1:
         raise ValueError(f"query must be contiguous in head_size (stride 1), got stride {query.stride(-1)}")
-    num_tokens, num_query_heads, head_size = query.shape
-    num_blocks, block_size, num_kv_heads, cache_head_size = key_cache.shape
-    if cache_head_size != head_size:
-        raise ValueError(f"query head_size {head_size} != cache head_size {cache_head_size}")
-    for name, size in (("num_query_heads", num_query_heads), ("head_size", head_size), ("block_size", block_size)):
-        if size == 0: raise ValueError(f"{name} must be >= 1, got 0")
-    if num_kv_heads == 0 or num_query_heads % num_kv_heads:
-        raise ValueError(f"num_query_heads {num_query_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    _check_head_counts(*query.shape[1:], *key_cache.shape[1:])
 
 # %% ../../nbs/11_paged_attention.ipynb #0a1b2c09
-def _check_sequences(starts: list[int], lens: list[int], num_tokens: int, blocks_per_seq: int, block_size: int):
+def _check_sequences(starts: list[int], lens: list[int], num_tokens: int, blocks_per_seq: int,
+                     block_size: int) -> None:
     if starts[0] != 0 or starts[-1] != num_tokens:
-        raise ValueError(f"query_start_loc must run from 0 to num_tokens={num_tokens}, got {starts[0]}..{starts[-1]}")
+        raise ValueError(f"query_start_loc must run from 0 to num_tokens={num_tokens}, "
+                         f"got {starts[0]}..{starts[-1]}")
     for s, seq_len in enumerate(lens):
         q_len = starts[s + 1] - starts[s]
         if q_len < 0:
@@ -140,7 +154,33 @@ def _check_sequences(starts: list[int], lens: list[int], num_tokens: int, blocks
         if seq_len < q_len:
             raise ValueError(f"sequence {s}: seq_len {seq_len} is shorter than its query length {q_len}")
         if seq_len > blocks_per_seq * block_size: raise ValueError(
-            f"sequence {s}: seq_len {seq_len} exceeds block_table capacity {blocks_per_seq} blocks x {block_size}")
+            f"sequence {s}: seq_len {seq_len} exceeds block_table capacity {blocks_per_seq} blocks "
+            f"x {block_size}")
+
+# %% ../../nbs/11_paged_attention.ipynb #3e4f5a01
+def _check_new_keys(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor) -> None:
+    num_kv_heads, head_size = key_cache.shape[2:]
+    for name, t in (("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_size):
+            raise ValueError(f"{name} must be (num_tokens, {num_kv_heads}, {head_size}) to match the cache, "
+                             f"got {tuple(t.shape)}")
+        if t.dtype != key_cache.dtype:
+            raise TypeError(f"{name} is {t.dtype} but the cache is {key_cache.dtype}")
+        if t.stride(-1) != 1: raise ValueError(f"{name} must be contiguous in head_size (stride 1)")
+
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b0d
+def _check_slots(slot_mapping: torch.Tensor, num_tokens: int, num_blocks: int, block_size: int) -> None:
+    if len(slot_mapping) > num_tokens:
+        raise ValueError(f"slot_mapping names {len(slot_mapping)} tokens but key has only {num_tokens}")
+    real = slot_mapping[slot_mapping != PAD_SLOT_ID]
+    bad = real[(real < 0) | (real >= num_blocks * block_size)]
+    if len(bad):
+        raise ValueError(f"slot {bad[0].item()} is outside the cache's {num_blocks} blocks x "
+                         f"{block_size} slots")
+    if len(real.unique()) != len(real):
+        raise ValueError("slot_mapping names a slot twice; the write order would decide the result")
 
 # %% ../../nbs/11_paged_attention.ipynb #0a1b2c0b
 def _check_block_ids(block_table: torch.Tensor, lens: list[int], block_size: int, num_blocks: int) -> None:
@@ -148,24 +188,27 @@ def _check_block_ids(block_table: torch.Tensor, lens: list[int], block_size: int
     used = torch.cat(used) if used else block_table.new_zeros(0)
     bad = ((used < 0) | (used >= num_blocks)).nonzero()
     if len(bad):
-        raise ValueError(f"block_table entry {used[bad[0, 0]].item()} is outside the cache's {num_blocks} blocks")
+        entry = used[bad[0, 0]].item()
+        raise ValueError(f"block_table entry {entry} is outside the cache's {num_blocks} blocks")
 
 # %% ../../nbs/11_paged_attention.ipynb #e1f59d62
 def check_attention_inputs(query: torch.Tensor, # [num_tokens, num_query_heads, head_size]
                            key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size]
                            value_cache: torch.Tensor, # same shape and dtype as key_cache
-                           query_start_loc: torch.Tensor, # [num_seqs + 1] int32/int64, 0 first, num_tokens last
+                           query_start_loc: torch.Tensor, # [num_seqs + 1] int32/int64, 0 .. num_tokens
                            seq_lens: torch.Tensor, # [num_seqs] int32/int64, each >= its query length
                            block_table: torch.Tensor, # [num_seqs, max_num_blocks_per_seq] int32/int64
                            dtypes: tuple = SUPPORTED_DTYPES, # query/cache dtypes the caller accepts
                           ) -> AttentionShape:
-    "Raise `ValueError`/`TypeError` naming the field and the limit unless the inputs describe a valid paged batch."
+    "Raise `ValueError`/`TypeError` naming the field and the limit unless the inputs are a valid paged batch."
     _check_caches(key_cache, value_cache, dtypes)
     _check_query(query, key_cache)
-    for name, t, d in (("query_start_loc", query_start_loc, 1), ("seq_lens", seq_lens, 1), ("block_table", block_table, 2)):
-        _check_index(name, t, d)
+    for name, t, dim in (("query_start_loc", query_start_loc, 1), ("seq_lens", seq_lens, 1),
+                         ("block_table", block_table, 2)):
+        _check_index(name, t, dim)
     _check_devices(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
-    (num_tokens, num_query_heads, head_size), (num_blocks, block_size, num_kv_heads, _) = query.shape, key_cache.shape
+    num_tokens, num_query_heads, head_size = query.shape
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = len(seq_lens)
     if len(query_start_loc) != num_seqs + 1: raise ValueError(
         f"query_start_loc has {len(query_start_loc)} entries but seq_lens has {num_seqs}; need num_seqs + 1")
@@ -175,8 +218,8 @@ def check_attention_inputs(query: torch.Tensor, # [num_tokens, num_query_heads, 
     _check_sequences(starts, lens, num_tokens, block_table.shape[1], block_size)
     _check_block_ids(block_table, lens, block_size, num_blocks)
     q_lens = [b - a for a, b in zip(starts, starts[1:])]
-    return AttentionShape(num_tokens, num_seqs, num_query_heads, num_kv_heads, head_size, block_size, num_blocks,
-                          max(q_lens, default=0), max(lens, default=0))
+    return AttentionShape(num_tokens, num_seqs, num_query_heads, num_kv_heads, head_size, block_size,
+                          num_blocks, max(q_lens, default=0), max(lens, default=0))
 
 # %% ../../nbs/11_paged_attention.ipynb #3b62ac95
 def check_cache_write_inputs(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
@@ -188,38 +231,23 @@ def check_cache_write_inputs(key: torch.Tensor, # [num_tokens, num_kv_heads, hea
                             ) -> None:
     "Raise unless `slot_mapping` names only slots inside the cache, at most once each, for tokens `key` has."
     _check_caches(key_cache, value_cache, dtypes)
-    num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
-    for name, t in (("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_size):
-            raise ValueError(f"{name} must be (num_tokens, {num_kv_heads}, {head_size}) to match the cache, "
-                             f"got {tuple(t.shape)}")
-        if t.dtype != key_cache.dtype:
-            raise TypeError(f"{name} is {t.dtype} but the cache is {key_cache.dtype}")
-        if t.stride(-1) != 1: raise ValueError(f"{name} must be contiguous in head_size (stride 1)")
+    _check_new_keys(key, value, key_cache)
     if key.shape[0] != value.shape[0]:
         raise ValueError(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
     _check_index("slot_mapping", slot_mapping, 1)
     _check_devices(key, value, key_cache, value_cache, slot_mapping)
-    if len(slot_mapping) > key.shape[0]:
-        raise ValueError(f"slot_mapping names {len(slot_mapping)} tokens but key has only {key.shape[0]}")
-    real = slot_mapping[slot_mapping != PAD_SLOT_ID]
-    bad = real[(real < 0) | (real >= num_blocks * block_size)]
-    if len(bad):
-        raise ValueError(f"slot {bad[0].item()} is outside the cache's {num_blocks} blocks x {block_size} slots")
-    if len(real.unique()) != len(real):
-        raise ValueError("slot_mapping names a slot twice; the write order would decide the result")
+    _check_slots(slot_mapping, key.shape[0], *key_cache.shape[:2])
 
 # %% ../../nbs/11_paged_attention.ipynb #0a1b2c0e
 def reshape_and_cache_ref(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
                           value: torch.Tensor, # same shape as key
-                          key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size], written to
-                          value_cache: torch.Tensor, # same shape as key_cache, written to
+                          key_cache: torch.Tensor, # out: [num_blocks, block_size, num_kv_heads, head_size]
+                          value_cache: torch.Tensor, # out: same shape as key_cache
                           slot_mapping: torch.Tensor, # [num_actual_tokens]; PAD_SLOT_ID tokens are skipped
                          ) -> None:
-    "Write token `i`'s key and value into slot `slot_mapping[i]` of the caches (the oracle of `reshape_and_cache`)."
-    check_cache_write_inputs(key, value, key_cache, value_cache, slot_mapping, SUPPORTED_DTYPES + (torch.float64,))
+    "Write token `i`'s key and value into slot `slot_mapping[i]` (the oracle of `reshape_and_cache`)."
+    check_cache_write_inputs(key, value, key_cache, value_cache, slot_mapping,
+                             SUPPORTED_DTYPES + (torch.float64,))
     tokens = (slot_mapping != PAD_SLOT_ID).nonzero().squeeze(1)
     slots = slot_mapping[tokens].long()
     block_size = key_cache.shape[1]
@@ -231,7 +259,7 @@ def gather_kv(cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head
               block_table_row: torch.Tensor, # [max_num_blocks_per_seq] the sequence's physical blocks
               seq_len: int, # positions to gather
              ) -> torch.Tensor:
-    "The dense `[seq_len, num_kv_heads, head_size]` history of one sequence, read through its block table row."
+    "The dense `[seq_len, num_kv_heads, head_size]` history of one sequence, read through its block table."
     positions = torch.arange(seq_len, device=cache.device)
     block_size = cache.shape[1]
     return cache[block_table_row.long()[positions // block_size], positions % block_size]
@@ -239,7 +267,7 @@ def gather_kv(cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head
 # %% ../../nbs/11_paged_attention.ipynb #a10cd2f6
 def attention_mask(query_positions: torch.Tensor, # [q] absolute positions of the query tokens
                    seq_len: int, # key positions 0 .. seq_len - 1
-                   sliding_window: int | None = None, # keys visible per query, itself included; None: no window
+                   sliding_window: int | None = None, # keys visible per query, itself included; None: all
                   ) -> torch.Tensor:
     "Boolean `[q, seq_len]`: which key positions each query token attends to."
     keys = torch.arange(seq_len, device=query_positions.device)
@@ -251,11 +279,12 @@ def attention_mask(query_positions: torch.Tensor, # [q] absolute positions of th
 def _is_finite_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) <= sys.float_info.max
 
-def _check_options(scale, sliding_window, softcap):
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b0c
+def _check_options(scale, sliding_window, softcap) -> None:
     if scale is not None and not (_is_finite_number(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    if sliding_window is not None and not (isinstance(sliding_window, int) and not isinstance(sliding_window, bool)
-                                           and sliding_window >= 1):
+    window_is_int = isinstance(sliding_window, int) and not isinstance(sliding_window, bool)
+    if sliding_window is not None and not (window_is_int and sliding_window >= 1):
         raise ValueError(f"sliding_window must be None or an int >= 1, got {sliding_window!r}")
     if sliding_window is not None and sliding_window >= 2**31:
         raise ValueError(f"sliding_window must be < 2**31 (positions are int32), got {sliding_window}")
@@ -265,7 +294,7 @@ def _check_options(scale, sliding_window, softcap):
 # %% ../../nbs/11_paged_attention.ipynb #0a1b2c10
 def _softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                        scale: float, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
-    "`[heads, q, d]` attention of `q` at `positions` over `k`, `v` `[heads, seq_len, d]`: scale, cap, mask, softmax."
+    "`[heads, q, d]` attention of `q` at `positions` over `k`, `v` `[heads, seq_len, d]`."
     scores = scale * q @ k.transpose(1, 2)                                      # [heads, q, seq_len]
     if softcap: scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~attention_mask(positions, k.shape[1], sliding_window), float("-inf"))
@@ -280,9 +309,9 @@ def paged_attention_ref(query: torch.Tensor, # [num_tokens, num_query_heads, hea
                         block_table: torch.Tensor, # [num_seqs, max_num_blocks_per_seq]
                         scale: float | None = None, # score scale; None: 1 / sqrt(head_size)
                         sliding_window: int | None = None, # keys visible per query, itself included
-                        softcap: float | None = None, # c > 0 caps scores to c * tanh(score / c); None or 0: off
+                        softcap: float | None = None, # c > 0: scores c * tanh(score / c); None or 0: off
                        ) -> torch.Tensor:
-    "Float64 `[num_tokens, num_query_heads, head_size]` attention of each query row over its sequence's paged history."
+    "Float64 `[num_tokens, num_query_heads, head_size]` attention of each query row over its paged history."
     shape = check_attention_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table,
                                    SUPPORTED_DTYPES + (torch.float64,))
     _check_options(scale, sliding_window, softcap)
@@ -303,7 +332,7 @@ def paged_attention_ref(query: torch.Tensor, # [num_tokens, num_query_heads, hea
 # %% ../../nbs/11_paged_attention.ipynb #9a0239fb
 def page_kv(keys: torch.Tensor, # [seq_len, num_kv_heads, head_size] a dense history
             block_size: int, # token positions per block
-            block_ids: list[int], # physical blocks to use, in logical order; at least cdiv(seq_len, block_size)
+            block_ids: list[int], # physical blocks in logical order; at least cdiv(seq_len, block_size)
             num_blocks: int, # blocks in the cache to build
             fill: float = 0.0, # value of every slot the history does not use (NaN to catch stray reads)
            ) -> torch.Tensor:
@@ -318,8 +347,9 @@ def page_kv(keys: torch.Tensor, # [seq_len, num_kv_heads, head_size] a dense his
 
 # %% ../../nbs/11_paged_attention.ipynb #0a1b2c13
 def _fill_histories(key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
-                    physical: torch.Tensor, seq_lens: list[int], blocks_per_seq: list[int], g: torch.Generator):
-    "Give each sequence the next run of `physical` blocks, in `block_table`, and random keys and values in them."
+                    physical: torch.Tensor, seq_lens: list[int], blocks_per_seq: list[int],
+                    g: torch.Generator) -> None:
+    "Give each sequence the next run of `physical` blocks (in `block_table`) and random keys and values."
     block_size, dtype, first = key_cache.shape[1], key_cache.dtype, 0
     for s, (seq_len, num_seq_blocks) in enumerate(zip(seq_lens, blocks_per_seq)):
         ids = physical[first:first + num_seq_blocks]; first += num_seq_blocks
@@ -341,7 +371,7 @@ def random_paged_batch(seq_lens: list[int], # positions per sequence, new tokens
                        fill: float = float("nan"), # value of every cache slot no sequence uses
                        spare_blocks: int = 2, # extra blocks nobody uses
                       ) -> dict[str, torch.Tensor]:
-    "Kernel inputs `query, key_cache, value_cache, query_start_loc, seq_lens, block_table` on CPU, blocks shuffled."
+    "Inputs `query, key_cache, value_cache, query_start_loc, seq_lens, block_table` on CPU, blocks shuffled."
     if len(seq_lens) != len(query_lens):
         raise ValueError(f"{len(seq_lens)} seq_lens but {len(query_lens)} query_lens")
     g = torch.Generator().manual_seed(seed)
