@@ -9,7 +9,8 @@ import argparse
 import statistics
 import time
 
-from kvref.conformance import Driver, check, kvref_factory
+from kvref.conformance import check
+from kvref.replay import TraceDriver, kvref_factory
 from kvref.replay import replay
 from kvref.workloads import replay_stats, shared_system_prompts, to_trace
 
@@ -25,7 +26,7 @@ def measure(fns: dict, repeat: int) -> dict:
 
 def engine_alone(ops):
     "kvref driven through the adapter protocol, decisions discarded as they come (like the replay measurement)."
-    driver = Driver(kvref_factory())
+    driver = TraceDriver(kvref_factory())
     for op in ops: driver.apply(op)
 
 
