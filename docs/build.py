@@ -17,7 +17,7 @@ NBS = ROOT / "nbs"
 SRC = ROOT / "_build" / "site_src"
 PROC = ROOT / "_proc"  # nbdev's processed notebooks, executed
 DOC_URL = "https://kvref.github.io/kvref/"
-HAND_WRITTEN = ["contributing.md"]  # docs/ pages that join the navigation after the chapters
+HAND_WRITTEN = ["trace-format.md", "engine-authors.md", "contributing.md"]  # docs/ pages that join the navigation after the chapters
 
 
 def _newest_source() -> float:
