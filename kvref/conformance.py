@@ -10,14 +10,15 @@ import importlib, importlib.util, json, os, sys
 from pathlib import Path
 from typing import Callable, Iterable
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from fastcore.basics import patch
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from .cli import returns_exit_status
 from .kv_cache_manager import KVCacheManager
-from .replay import (FIELDS, AllocatorAdapter, Divergence, KVRefAdapter, Lockstep, TraceDriver, TraceReplayer,
-                          kvref_factory, load_trace)
+from .replay import (FIELDS, AllocatorAdapter, Divergence, KVRefAdapter, Lockstep, Protocol1, TraceDriver,
+                          TraceReplayer, kvref_factory, load_trace)
 
 # %% auto #0
-__all__ = ['check', 'shrink', 'ConformanceMachine', 'conformance_machine', 'load_adapter', 'check_main']
+__all__ = ['OP_MIX', 'check', 'shrink', 'ConformanceMachine', 'conformance_machine', 'load_adapter', 'check_main']
 
 # %% ../nbs/07_conformance.ipynb #0dc05355
 def _as_factory(adapter) -> Callable[[dict], AllocatorAdapter]:
@@ -90,6 +91,8 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
     return ops
 
 # %% ../nbs/07_conformance.ipynb #af783fd6
+OP_MIX = ("schedule",) * 48 + ("add",) * 10 + ("append",) * 14 + ("free",) * 8 + ("preempt",) * 4 + ("reset_prefix_cache",)
+
 class ConformanceMachine(RuleBasedStateMachine):
     "Random traces run through kvref and an adapter in lockstep (configure with `conformance_machine`)."
     factory: Callable = None  # the adapter factory under test
@@ -98,67 +101,77 @@ class ConformanceMachine(RuleBasedStateMachine):
     out_path: Path = Path("kvref-divergence.jsonl")  # where a diverging trace is written
     caching: tuple = (True, False)  # enable_caching values to try
 
-    @initialize(num_blocks=st.integers(2, 10), block_size=st.integers(1, 4), data=st.data())
-    def config(self, num_blocks, block_size, data):
-        caching = data.draw(st.sampled_from(self.caching))
-        self.prompts, self.next_id = [], 0
-        self.ref = TraceReplayer(self.behavior, version=2, free_queue_every=1)
-        self.lock = Lockstep(self.ref.apply, TraceDriver(self.factory, version=2, free_queue_every=1).apply, self.fields)
-        self.step({"op": "config", "num_blocks": num_blocks, "block_size": block_size, "enable_caching": caching,
-                   "hash_algo": "sha256"})
+# %% ../nbs/07_conformance.ipynb #a7c0f020
+@patch
+def step(self: ConformanceMachine, op: dict) -> None:
+    "Apply `op` to both sides; on a divergence, write the trace so far and fail."
+    if (d := self.lock.apply(op)) is not None:
+        self.out_path.write_text("".join(json.dumps(o) + "\n" for o in d.trace))
+        raise AssertionError(f"{d.report()}\ntrace written to {self.out_path}")
 
-    def step(self, op: dict) -> None:
-        "Apply `op` to both sides; on a divergence, write the trace so far and fail."
-        if (d := self.lock.apply(op)) is not None:
-            self.out_path.write_text("".join(json.dumps(o) + "\n" for o in d.trace))
-            raise AssertionError(f"{d.report()}\ntrace written to {self.out_path}")
+@patch
+def live(self: ConformanceMachine, kind: str) -> list[str]:
+    "The live requests an op of `kind` may name (schedule: tokens left; append: all computed; preempt: some)."
+    def ok(r):
+        done, total = r.num_computed_tokens, r.num_tokens
+        return {"schedule": done < total, "append": 0 < done == total, "preempt": done > 0}.get(kind, True)
+    return [rid for rid, r in self.ref.requests.items() if ok(r)]
 
 # %% ../nbs/07_conformance.ipynb #07695149
-def _live(self: ConformanceMachine, pred: Callable[[str], bool] = lambda r: True) -> list[str]:
-    return [r for r in self.ref.requests if pred(r)]
+@patch
+@initialize(num_blocks=st.integers(4, 16), block_size=st.integers(1, 4), data=st.data())
+def config(self: ConformanceMachine, num_blocks, block_size, data):
+    caching = data.draw(st.sampled_from(self.caching))
+    self.prefixes = data.draw(st.lists(st.lists(st.integers(0, 7), min_size=block_size, max_size=4 * block_size + 3),
+                                       min_size=1, max_size=3))
+    self.next_id = 0
+    self.ref = TraceReplayer(self.behavior, version=2, free_queue_every=1)
+    self.engine = TraceDriver(self.factory, version=2, free_queue_every=1)
+    self.lock = Lockstep(self.ref.apply, self.engine.apply, self.fields)
+    self.step({"op": "config", "num_blocks": num_blocks, "block_size": block_size, "enable_caching": caching,
+               "hash_algo": "sha256", "version": 2})
 
-def _computed(self, r): return self.ref.requests[r].num_computed_tokens
-def _schedulable(self, r): return _computed(self, r) < self.ref.requests[r].num_tokens
-def _decoding(self, r): return 0 < _computed(self, r) == self.ref.requests[r].num_tokens
-
-ConformanceMachine.live = _live
-
-@rule(data=st.data())
-def _rule_add(self, data):
-    base = data.draw(st.sampled_from(self.prompts)) if self.prompts and data.draw(st.booleans()) else []
-    prompt = base[:data.draw(st.integers(0, len(base)))] + data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=8))
-    self.prompts.append(prompt)
+# %% ../nbs/07_conformance.ipynb #a7c0f021
+@patch
+def _add(self: ConformanceMachine, data) -> dict:
+    "A new request: mostly part of a shared prefix and a few tokens of its own."
+    base = data.draw(st.sampled_from(self.prefixes)) if data.draw(st.integers(0, 19)) else []
+    own = data.draw(st.lists(st.integers(0, 7), min_size=0 if base else 1, max_size=3))
+    cut = len(base) if data.draw(st.booleans()) else data.draw(st.integers(1, max(1, len(base))))
+    prompt = base[:cut] + own
     rid, self.next_id = f"r{self.next_id}", self.next_id + 1
-    self.step({"op": "add", "id": rid, "prompt": prompt, "cache_salt": data.draw(st.sampled_from([None, None, "s"])),
-               "lora": None})
+    return {"op": "add", "id": rid, "prompt": prompt, "cache_salt": data.draw(st.sampled_from([None] * 9 + ["s"]))}
 
-@precondition(lambda self: self.live(lambda r: _schedulable(self, r)))
+@patch
+def _schedule(self: ConformanceMachine, data) -> dict:
+    op = {"op": "schedule", "id": data.draw(st.sampled_from(self.live("schedule"))),
+          "budget": data.draw(st.one_of(st.none(), st.integers(1, 6)))}
+    if not isinstance(self.engine.adapter, Protocol1) and data.draw(st.integers(0, 4)) == 0:
+        op["num_lookahead_tokens"] = data.draw(st.integers(1, 3))
+    return op
+
+# %% ../nbs/07_conformance.ipynb #a7c0f022
+@patch
+def _append(self: ConformanceMachine, data) -> dict:
+    return {"op": "append", "id": data.draw(st.sampled_from(self.live("append"))),
+            "tokens": data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=2))}
+
+@patch
+def _request_op(self: ConformanceMachine, kind: str, data) -> dict:
+    "A `preempt` or `free` of a request that allows it."
+    return {"op": kind, "id": data.draw(st.sampled_from(self.live(kind)))}
+
+@patch
 @rule(data=st.data())
-def _rule_schedule(self, data):
-    rid = data.draw(st.sampled_from(self.live(lambda r: _schedulable(self, r))))
-    self.step({"op": "schedule", "id": rid, "budget": data.draw(st.one_of(st.none(), st.integers(1, 6)))})
-
-@precondition(lambda self: self.live(lambda r: _decoding(self, r)))
-@rule(data=st.data())
-def _rule_append(self, data):
-    rid = data.draw(st.sampled_from(self.live(lambda r: _decoding(self, r))))
-    self.step({"op": "append", "id": rid, "tokens": data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=2))})
-
-@precondition(lambda self: self.live(lambda r: _computed(self, r) > 0))
-@rule(data=st.data())
-def _rule_preempt(self, data):
-    self.step({"op": "preempt", "id": data.draw(st.sampled_from(self.live(lambda r: _computed(self, r) > 0)))})
-
-@precondition(lambda self: self.live())
-@rule(data=st.data())
-def _rule_free(self, data): self.step({"op": "free", "id": data.draw(st.sampled_from(self.live()))})
-
-@rule()
-def _rule_reset(self): self.step({"op": "reset_prefix_cache"})
-
-for _name, _fn in (("add", _rule_add), ("schedule", _rule_schedule), ("append", _rule_append),
-                   ("preempt", _rule_preempt), ("free", _rule_free), ("reset_prefix_cache", _rule_reset)):
-    setattr(ConformanceMachine, _name, _fn)
+def act(self: ConformanceMachine, data):
+    "One op, its kind drawn from `OP_MIX`; when the live requests allow none of that kind, the next that they allow."
+    kind = data.draw(st.sampled_from(OP_MIX))
+    fallback = {"schedule": "append", "append": "schedule"}.get(kind)
+    if kind in ("schedule", "append", "preempt", "free") and not self.live(kind):
+        kind = fallback if fallback and self.live(fallback) else "add"
+    if kind in ("preempt", "free"): self.step(self._request_op(kind, data))
+    elif kind == "reset_prefix_cache": self.step({"op": kind})
+    else: self.step(getattr(self, "_" + kind)(data))
 
 # %% ../nbs/07_conformance.ipynb #38d42637
 def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -> adapter

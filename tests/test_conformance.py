@@ -47,6 +47,18 @@ class ForgetsReverse(KVCacheManager):
         if table is not None: self.block_pool.free_blocks(table, unhashed_first=self.behavior == "vllm_0_33")
 
 
+class HitStaysInQueue(KVCacheManager):
+    "Bug: a prefix hit on a free cached block takes it into use but leaves it in the free queue."
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        def touch(blocks):
+            for block in blocks: block.ref_cnt += 1
+        self.block_pool.touch = touch
+
+
+PLANTED = [OffByOneHitCap, ForgetsReverse, HitStaysInQueue]
+
+
 def broken(cls, behavior="vllm_0_33"):
     return lambda config: KVRefAdapter(config, behavior, cls)
 
@@ -88,9 +100,9 @@ def test_state_machine_finds_nothing_in_kvref(behavior, tmp_path):
     assert not (tmp_path / "d.jsonl").exists()
 
 
-@pytest.mark.parametrize("cls", [OffByOneHitCap, ForgetsReverse])
+@pytest.mark.parametrize("cls", PLANTED)
 @pytest.mark.parametrize("behavior", ["vllm_0_33", "design_doc"])
-def test_broken_variants_are_caught_and_the_shrunk_trace_replays(cls, behavior, tmp_path):
+def test_planted_bugs_are_caught_and_the_shrunk_trace_replays(cls, behavior, tmp_path):
     out = tmp_path / "min.jsonl"
     machine = conformance_machine(broken(cls, behavior), behavior, out_path=out, caching=[True])
     with pytest.raises(AssertionError, match="diverged at op|the adapter raised at op"):
@@ -104,7 +116,8 @@ def test_broken_variants_are_caught_and_the_shrunk_trace_replays(cls, behavior, 
     assert (again.op["op"], again.fields) == (d.op["op"], d.fields)
     if cls is OffByOneHitCap:  # kvref then refuses to allocate nothing, or the hits differ
         assert "hit_tokens" in d.fields or "num_new_tokens must be > 0" in d.error
-    else: assert {"free_queue", "to_head", "to_tail"} & set(d.fields)
+    elif cls is ForgetsReverse: assert {"free_queue", "to_head", "to_tail"} & set(d.fields)
+    else: assert "num_free" in d.fields or d.error  # the hit block is still counted free
 
 
 @pytest.mark.parametrize("cls", [OffByOneHitCap, ForgetsReverse])
@@ -143,7 +156,24 @@ def test_nano_known_differences():
     assert (d.index, d.expected["hit_tokens"], d.got["hit_tokens"]) == (7, 1, 2)
 
 
-def test_nano_hunt_finds_the_room_check(tmp_path):
+def test_machine_mix_tests_prefix_caching():
+    "At least half the ops schedule, resets are rare, and at least a third of the prefix lookups hit."
+    from collections import Counter
+    tally = Counter()
+    class Counting(conformance_machine(kvref_factory(), caching=[True])):
+        def step(self, op):
+            lookup = op["op"] == "schedule" and self.ref.requests[op["id"]].num_computed_tokens == 0
+            super().step(op)
+            tally[op["op"]] += 1
+            if lookup: tally["lookups"] += 1; tally["hits"] += self.lock.last["hit_tokens"] > 0
+    run_state_machine_as_test(Counting, settings=settings(max_examples=100, stateful_step_count=40, deadline=None,
+                                                          derandomize=True, database=None))
+    ops = sum(n for k, n in tally.items() if k not in ("lookups", "hits", "config"))
+    assert tally["schedule"] >= ops / 2 and tally["reset_prefix_cache"] < ops / 30
+    assert tally["hits"] >= tally["lookups"] / 3
+
+
+def test_nano_hunt_finds_a_divergence(tmp_path):
     out = tmp_path / "nano.jsonl"
     machine = conformance_machine(lambda c: NanoAdapter(c, hit_cap=True), "design_doc", out_path=out, caching=[True])
     with pytest.raises(AssertionError, match="diverged at op"):
