@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 from fastcore.basics import patch
+import kvref
 from .cli import returns_exit_status
 from .free_queue import KVCacheBlock, block_ids
 from .hashing import LoRARequest, MultiModalItem
@@ -20,7 +21,8 @@ from .kv_cache_manager import BEHAVIORS, KVCacheManager, Request
 __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'FIELDS', 'validate_op', 'load_trace',
            'load_decisions', 'trace_config', 'AllocatorAdapter', 'Protocol1', 'as_protocol2', 'KVRefAdapter',
            'RequestState', 'step', 'decision', 'TraceDriver', 'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter',
-           'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'replay_main']
+           'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector', 'golden_dir',
+           'list_vectors', 'vector_path', 'replay_main']
 
 # %% ../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
@@ -486,6 +488,44 @@ def report(self: Divergence) -> str:
 
 @patch
 def __str__(self: Divergence) -> str: return self.report()
+
+# %% ../nbs/05_replay.ipynb #b5a0f002
+@dataclass(frozen=True)
+class Vector:
+    "One file of recorded vectors."
+    name: str  # folder/stem, e.g. "traces/trace-11-0" or "traces/trace-11-0.vllm"
+    source: str  # where the cases come from
+    count: int  # cases in the file (ops or decisions for a trace, one for an array file)
+    path: Path  # where it is on this machine
+
+def golden_dir() -> Path:
+    "The folder of recorded vectors: inside the installed package, or `golden/` beside it in a clone."
+    package = Path(kvref.__file__).parent
+    return package / "golden" if (package / "golden").is_dir() else package.parent / "golden"
+
+# %% ../nbs/05_replay.ipynb #b5a0f003
+def _describe(path: Path) -> tuple[str, int]:
+    "The source and case count of one vector file."
+    if path.suffix == ".npz": return "kvref (see attention/PROVENANCE.md)", 1
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        return data.get("source", "kvref"), len(data.get("vectors", data.get("cases", ())))
+    count = sum(1 for line in path.open() if line.strip())
+    return ("vLLM 0.33.0 KVCacheManager decisions" if path.name.endswith(".vllm.jsonl")
+            else "allocator trace run through vLLM 0.33.0"), count
+
+def list_vectors() -> list[Vector]:
+    "Every shipped vector file, by name."
+    root = golden_dir()
+    files = sorted(p for p in root.glob("*/*") if p.suffix in (".json", ".jsonl", ".npz"))
+    return [Vector(str(p.relative_to(root).with_suffix("")), *_describe(p), p) for p in files]
+
+# %% ../nbs/05_replay.ipynb #b5a0f004
+def vector_path(name: str) -> Path:
+    "The file of the shipped vector `name` (as `list_vectors` names it)."
+    found = {v.name: v.path for v in list_vectors()}
+    if name not in found: raise ValueError(f"no shipped vector {name!r}; `kvref vectors` lists them ({len(found)} files)")
+    return found[name]
 
 # %% ../nbs/05_replay.ipynb #81387204
 def _divergence(n: int, op: dict, expected: dict | None, got: dict | None) -> str:

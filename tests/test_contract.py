@@ -237,3 +237,29 @@ def test_adapter_from_a_file_path(tmp_path, monkeypatch):
     bad.write_text("raise RuntimeError('boom')\n")
     with pytest.raises(ValueError, match="cannot import .*bad.py.*RuntimeError: boom"):
         load_adapter(f"{bad}:X")
+
+
+# ---------------------------------------------------------------- vectors that ship
+
+def test_list_vectors_names_every_recorded_file():
+    from kvref.replay import list_vectors, vector_path
+    found = {v.name: v for v in list_vectors()}
+    assert {"traces/trace-11-0", "traces/trace-11-0.vllm", "hashing/vllm-0.33-block-hashes",
+            "cudagraph/vllm-0.33-cudagraph-dispatch", "thinking_budget/vllm-0.33-thinking-budget-v1"} <= set(found)
+    assert found["traces/trace-11-3"].count == len(load_trace(GOLDEN / "trace-11-3.jsonl")) == 118
+    assert found["hashing/vllm-0.33-block-hashes"].source == "vllm 0.33.0" and found["hashing/vllm-0.33-block-hashes"].count == 16
+    assert vector_path("traces/design-doc-example") == GOLDEN / "design-doc-example.jsonl"
+    with pytest.raises(ValueError, match="no shipped vector 'nope'"):
+        vector_path("nope")
+
+
+def test_package_data_covers_every_vector_file():
+    "pyproject maps golden/ into the wheel as kvref/golden; its globs must match every file list_vectors lists."
+    import fnmatch, tomllib
+    from kvref.replay import golden_dir, list_vectors
+    setuptools = tomllib.loads((GOLDEN.parent.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"]["kvref.golden"] == "golden" and "kvref.golden" in setuptools["packages"]
+    globs = setuptools["package-data"]["kvref.golden"]
+    for v in list_vectors():
+        rel = str(v.path.relative_to(golden_dir()))
+        assert any(fnmatch.fnmatch(rel, g) for g in globs), rel
