@@ -220,7 +220,7 @@ def test_checkpointed_free_queue_finds_the_first_divergent_op():
     engine = lambda c: QueueOnly(c, manager_cls=ReverseFree)
     every_op = check(engine, ops, free_queue_every=1)
     assert every_op.index == 13 and every_op.fields == ["free_queue"]
-    d = check(engine, ops)  # whole queues only every 16 ops: found at op 16, then pinned to op 13
+    d = check(engine, ops)  # whole queues every 1024 ops: found after the last op, then pinned to op 13
     assert (d.index, d.fields) == (13, ["free_queue"])
 
 
