@@ -15,7 +15,7 @@ from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to
                            hash_request_tokens)
 from .kv_cache_manager import BEHAVIORS
 from .replay import TRACE_FORMAT_VERSION, TraceReplayer, load_decisions, load_trace
-from .conformance import FIELDS, AllocatorAdapter, check, shrink
+from .conformance import FIELDS, check, load_adapter, shrink
 from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
@@ -23,8 +23,8 @@ from .workloads import replay_stats
 __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
            'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
            'token_id', 'read_token_ids', 'check_vector_files', 'hash_main', 'load_trace_for_cli', 'replay_main',
-           'load_adapter', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'sweep_main', 'main']
+           'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main', 'convert_main',
+           'sweep_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -246,28 +246,11 @@ def replay_main(argv: list[str] | None = None) -> int:
         print(f"kvref replay: wrote {len(written)} pictures to {args.svg}")
     return 0
 
-# %% ../nbs/12_cli.ipynb #99ab20f8
-def load_adapter(spec: str,                    # module:attribute, e.g. kvref.nano:NanoAdapter
-                 show_traceback: bool = False  # print the traceback of a module that fails to import
-                ) -> Callable[[dict], AllocatorAdapter]:
-    "The factory named by `module:attribute`; ValueError naming the module and its exception if it cannot be had."
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name: raise ValueError(f"--adapter must look like module:factory, got {spec!r}")
-    try: imported = importlib.import_module(module)
-    except Exception as e:
-        if show_traceback: traceback.print_exc()
-        hint = " (is its folder on PYTHONPATH?)" if isinstance(e, ModuleNotFoundError) else ""
-        raise ValueError(f"cannot import module {module!r}: {type(e).__name__}: {e}{hint}") from None
-    factory = getattr(imported, name, None)
-    if factory is None: raise ValueError(f"module {module!r} has no attribute {name!r}")
-    if not callable(factory): raise ValueError(f"{spec} is not callable")
-    return factory
-
 # %% ../nbs/12_cli.ipynb #465bfe11
 def _check_parser() -> CommandParser:
     p = CommandParser(prog="kvref check", description="Check an engine's allocator against kvref, op by op.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="allocator traces (JSONL)")
-    p.add_argument("--adapter", required=True, help="module:factory; factory(config dict) -> AllocatorAdapter")
+    p.add_argument("--adapter", required=True, help="module:factory or path/to/file.py:factory; factory(config dict) -> AllocatorAdapter")
     p.add_argument("--behavior", default="vllm_0_33", choices=["vllm_0_33", "design_doc"])
     p.add_argument("--fields", default=",".join(FIELDS), help="comma-separated decision fields to compare")
     p.add_argument("--out", default=".", help="existing folder for minimal diverging traces (default: .)")
@@ -288,7 +271,10 @@ def check_main(argv: list[str] | None = None) -> int:
     if not fields: raise ValueError(f"--fields {ns.fields!r} names no field: nothing would be compared")
     if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
     out, traces = _out_folder(ns.out), {t: load_trace_for_cli(t) for t in ns.traces}
-    factory, status = load_adapter(ns.adapter, ns.traceback), 0
+    try: factory, status = load_adapter(ns.adapter), 0
+    except ValueError as e:
+        if ns.traceback and e.__cause__ is not None: traceback.print_exception(e.__cause__)
+        raise
     for path, ops in traces.items():
         try: d = check(factory, ops, ns.behavior, fields)
         except ValueError as e: raise ValueError(f"{path}: {e}") from None

@@ -61,7 +61,8 @@ def test_replayer_steps_in_lockstep():
 
 @pytest.mark.parametrize("op, message", [
     ({"op": "config", "num_blocks": 0, "block_size": 4}, "num_blocks must be >= 1"),
-    ({"op": "config", "num_blocks": 4, "block_size": 4, "version": 2}, "version 2 is not supported"),
+    ({"op": "config", "num_blocks": 4, "block_size": 4, "version": 3}, "version 3 is not supported"),
+    ({"op": "schedule", "id": "r", "num_lookahead_tokens": 1}, "needs trace format version 2"),
     ({"op": "config", "num_blocks": 4, "block_size": True}, "'block_size' must be int, got true"),
     ({"op": "add", "id": "r", "prompt": [1, -1]}, "'prompt' must be a non-empty list of ints >= 0"),
     ({"op": "add", "id": "r", "prompt": [1], "lora": "L"}, "'lora' must be dict or null"),
