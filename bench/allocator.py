@@ -168,16 +168,88 @@ def profile(prompt_len: int, num_requests: int, hashing: bool, top: int = 14) ->
     return out.getvalue()
 
 
+
+def rss_bytes() -> int:
+    "This process's resident set size (Linux)."
+    with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_child(name: str, num_blocks: int, blocks_per_request: int = 1000) -> None:
+    "In a fresh process: print RSS growth per block for a pool of `num_blocks`, all cached and free."
+    v, _ = load_vllm() if name == "vLLM" else (None, None)
+    rng = random.Random(1)
+    gc.collect()
+    before = rss_bytes()
+    side = VllmSide(v, num_blocks + 1) if v else KvrefSide(num_blocks + 1)
+    gc.collect()
+    empty = rss_bytes()
+    for i in range(num_blocks // blocks_per_request):
+        r = side.request(f"m{i}", [rng.randrange(256) for _ in range(blocks_per_request * BLOCK_SIZE)])
+        side.allocate(r, r.num_tokens)
+        side.free(r)
+    del r
+    gc.collect()
+    if len(side.free_queue()) != num_blocks: raise SystemExit("not every block is free")
+    print(before, empty, rss_bytes())
+
+
+def memory(v, num_blocks: int, repeats: int) -> dict:
+    "RSS growth per block (pool, then pool + cache) for each side, each run in a fresh process, order flipped."
+    names = ["kvref"] + (["vLLM"] if v else [])
+    runs = {name: [] for name in names}
+    for rep in range(repeats):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            out = subprocess.run([sys.executable, __file__, "--memory-child", name, str(num_blocks)],
+                                 capture_output=True, text=True, check=True).stdout
+            before, empty, cached = map(int, out.split())
+            runs[name].append(((empty - before) / num_blocks, (cached - before) / num_blocks))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", action="store_true", help="cProfile kvref alone instead of comparing")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved repetitions per case (default 7)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 repetitions, small memory pool")
+    parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_child: return memory_child(args.memory_child[0], int(args.memory_child[1]))
     if args.profile:
         for prompt_len, n in ((512, 2000), (32768, 16)):
             for hashing in (True, False):
                 print(f"## kvref alone, {n} x {prompt_len}-token prompts, hashing {'included' if hashing else 'excluded'}\n")
                 print(profile(prompt_len, n, hashing))
         return
+    if os.environ.get("PYTHONHASHSEED") is not None: raise SystemExit("unset PYTHONHASHSEED: it changes NONE_HASH")
+    repeats = 2 if args.quick else args.repeats
+    v, why = load_vllm()
+    print(f"# Allocator: kvref vs vLLM {v['version'] if v else '(absent)'}\n")
+    print(f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
+          f"{os.getloadavg()[0]:.1f}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+          f"{repeats} interleaved repetitions, CPU time\n")
+    if v is None: print(f"vLLM is not importable here ({why}): kvref alone.\n")
+    print("| prompt tokens | requests | hashing | kvref us/request | vLLM us/request | kvref / vLLM median (range) |")
+    print("|---:|---:|---|---:|---:|---|")
+    cases = [(512, 2000, True), (512, 2000, False)] + [(n, num_requests_for(n), h) for n in PROMPT_LENGTHS
+                                                        for h in (True, False)]
+    for prompt_len, num_requests, hashing in cases:
+        if args.quick: num_requests = max(2 * LIVE, num_requests // 8)
+        out = compare(v, prompt_len, num_requests, hashing, repeats)
+        ratio = ""
+        if v: ratio = f"{statistics.median(out['ratios']):.2f} ({min(out['ratios']):.2f}-{max(out['ratios']):.2f})"
+        print(f"| {prompt_len} | {num_requests} | {'included' if hashing else 'excluded'} | {out['kvref']:.0f} | "
+              f"{out['vLLM']:.0f} | {ratio} |" if v else f"| {prompt_len} | {num_requests} | "
+              f"{'included' if hashing else 'excluded'} | {out['kvref']:.0f} | | |", flush=True)
+    num_blocks = 100_000 if args.quick else 1_000_000
+    print(f"\n## Memory: RSS growth per block, {num_blocks:,} blocks all cached and free, fresh process per run\n")
+    print("| side | bytes per block: pool alone (median) | pool + cache (median, range) |")
+    print("|---|---:|---|")
+    runs = memory(v, num_blocks, 3 if not args.quick else 1)
+    for name, rows in runs.items():
+        cached = [c for _, c in rows]
+        print(f"| {name} | {statistics.median(p for p, _ in rows):.0f} | {statistics.median(cached):.0f} "
+              f"({min(cached):.0f}-{max(cached):.0f}) |")
+    if v: print(f"\nkvref / vLLM, cached: {statistics.median(c for _, c in runs['kvref']) / statistics.median(c for _, c in runs['vLLM']):.2f}")
 
 
 if __name__ == "__main__":
