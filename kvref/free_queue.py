@@ -23,6 +23,7 @@ class KVCacheBlock:
     prev_free_block: KVCacheBlock | None = None  # free-list link towards the head (the queue's business only)
     next_free_block: KVCacheBlock | None = None  # free-list link towards the tail
     is_null: bool = False                        # vLLM's placeholder block 0, never handed out
+    free_queue: FreeKVCacheBlockQueue | None = None  # the queue linking it, if any (the queue's business only)
 
     def __repr__(self) -> str:
         h = "" if self.block_hash is None else f", hash={self.block_hash.hex()[:8]}"
@@ -55,12 +56,12 @@ def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> lis
     return blocks
 
 # %% ../nbs/02_free_queue.ipynb #b59fb963
-def _checked_unqueued(blocks: Iterable[KVCacheBlock], queued: set[KVCacheBlock]) -> list[KVCacheBlock]:
-    "`blocks` as a list, after checking that none is in a free queue (`queued`, or another) and none repeats."
+def _checked_unqueued(blocks: Iterable[KVCacheBlock], queue: FreeKVCacheBlockQueue) -> list[KVCacheBlock]:
+    "`blocks` as a list, after checking that none is in a free queue (`queue`, or another) and none repeats."
     blocks = _checked_blocks(blocks)
     for block in blocks:
-        if block.prev_free_block is not None:
-            raise ValueError(f"block {block.block_id} is already in {'the' if block in queued else 'another'} free queue")
+        if block.free_queue is not None:
+            raise ValueError(f"block {block.block_id} is already in {'the' if block.free_queue is queue else 'another'} free queue")
     if len(set(blocks)) < len(blocks):
         seen: set[KVCacheBlock] = set()
         twice = next(b for b in blocks if b in seen or seen.add(b))
@@ -74,19 +75,17 @@ class FreeKVCacheBlockQueue:
         self.fake_head, self.fake_tail = KVCacheBlock(-1), KVCacheBlock(-1)
         self.fake_head.next_free_block, self.fake_tail.prev_free_block = self.fake_tail, self.fake_head
         self.num_free_blocks, self.version = 0, 0  # version: bumped by every change, so snapshots can tell
-        self._queued: set[KVCacheBlock] = set()   # the blocks linked here (blocks hash by identity)
         self._link(blocks, self.fake_head, self.fake_tail)
 
     def __len__(self) -> int: return self.num_free_blocks
 
     def _link(self, blocks: Iterable[KVCacheBlock], prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
         "Splice `blocks`, in order, between the adjacent queue nodes `prev` and `nxt`, after checking them all."
-        blocks = _checked_unqueued(blocks, self._queued)
+        blocks = _checked_unqueued(blocks, self)
         for block in blocks:
-            prev.next_free_block, block.prev_free_block = block, prev
+            prev.next_free_block, block.prev_free_block, block.free_queue = block, prev, self
             prev = block
         prev.next_free_block, nxt.prev_free_block = nxt, prev
-        self._queued.update(blocks)
         self.num_free_blocks += len(blocks)
         self.version += 1
 
@@ -105,11 +104,10 @@ def get_all_free_blocks(self: FreeKVCacheBlockQueue) -> list[KVCacheBlock]:
 def remove(self: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     "Unlink `block` from wherever it sits in the queue, in O(1)."
     if type(block) is not KVCacheBlock: raise TypeError(f"block must be a KVCacheBlock, got {type(block).__name__}")
-    if block not in self._queued: raise ValueError(f"block {block.block_id} is not in the free queue")
+    if block.free_queue is not self: raise ValueError(f"block {block.block_id} is not in the free queue")
     prev, nxt = block.prev_free_block, block.next_free_block
     prev.next_free_block, nxt.prev_free_block = nxt, prev
-    block.prev_free_block = block.next_free_block = None
-    self._queued.remove(block)
+    block.prev_free_block = block.next_free_block = block.free_queue = None
     self.num_free_blocks -= 1
     self.version += 1
 
@@ -125,11 +123,19 @@ def popleft(self: FreeKVCacheBlockQueue) -> KVCacheBlock:
 # %% ../nbs/02_free_queue.ipynb #5f1b1218
 @patch
 def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
-    "Take the first `n` blocks, head first."
+    "Take the first `n` blocks, head first, unlinking them in one walk."
     _check_count("n", n)
     if n > self.num_free_blocks:
         raise ValueError(f"asked for {n} free blocks but only {self.num_free_blocks} are free")
-    return [self.popleft() for _ in range(n)]
+    out, block = [], self.fake_head.next_free_block
+    for _ in range(n):
+        out.append(block)
+        block = block.next_free_block
+    for taken in out: taken.prev_free_block = taken.next_free_block = taken.free_queue = None
+    self.fake_head.next_free_block, block.prev_free_block = block, self.fake_head
+    self.num_free_blocks -= n
+    self.version += 1
+    return out
 
 # %% ../nbs/02_free_queue.ipynb #2b82c459
 @patch

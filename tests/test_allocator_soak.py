@@ -19,7 +19,8 @@ def check_invariants(m: KVCacheManager, reqs: dict) -> None:
         node = node.next_free_block
         forward.append(node)
     assert queue.fake_tail.prev_free_block is node and queue.fake_head.prev_free_block is None
-    assert len(forward) == queue.num_free_blocks == len(queue._queued) and set(forward) == queue._queued
+    queued = {b for b in pool.blocks if b.free_queue is queue}           # the blocks that name this queue
+    assert len(forward) == queue.num_free_blocks == len(queued) and set(forward) == queued
     assert block_ids(forward) == m.get_free_queue_ids()
     held = {}
     for table in m.req_to_blocks.values():
@@ -27,9 +28,9 @@ def check_invariants(m: KVCacheManager, reqs: dict) -> None:
     for b in pool.blocks:
         assert pool.blocks[b.block_id] is b
         if b.is_null:
-            assert b is pool.null_block and b.block_id == 0 and b not in queue._queued and b.block_hash is None
+            assert b is pool.null_block and b.block_id == 0 and b not in queued and b.block_hash is None
             continue
-        assert (b in queue._queued) == (b.ref_cnt == 0)
+        assert (b in queued) == (b.ref_cnt == 0)
         assert b.ref_cnt == held.get(b, 0)                    # a count is exactly the tables holding the block
         assert b.block_hash is None or b.block_id in pool.cached_block_hash_to_block[b.block_hash]
         assert m.enable_caching or b.block_hash is None
