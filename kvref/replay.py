@@ -511,21 +511,25 @@ def golden_dir() -> Path:
     return package / "golden" if (package / "golden").is_dir() else package.parent / "golden"
 
 # %% ../nbs/05_replay.ipynb #b5a0f003
-def _describe(path: Path) -> tuple[str, int]:
-    "The source and case count of one vector file."
-    if path.suffix == ".npz": return "kvref (see attention/PROVENANCE.md)", 1
+def _describe(path: Path, root: Path) -> tuple[str, int]:
+    "The source and case count of one vector file (a JSON file names its own source)."
+    if path.suffix == ".npz": return "kvref's float64 reference (see attention/PROVENANCE.md)", 1
     if path.suffix == ".json":
         data = json.loads(path.read_text())
-        return data.get("source", "kvref"), len(data.get("vectors", data.get("cases", ())))
+        source = data.get("source") or (f"vLLM {data['vllm_version']}" if "vllm_version" in data else "kvref")
+        return source, len(data.get("vectors", data.get("cases", ())))
     count = sum(1 for line in path.open() if line.strip())
-    return ("vLLM 0.33.0 KVCacheManager decisions" if path.name.endswith(".vllm.jsonl")
-            else "allocator trace run through vLLM 0.33.0"), count
+    folder, *rest = path.relative_to(root).parts
+    release = rest[0] if folder == "versions" else "0.33.0"
+    if folder == "mooncake": return "Mooncake request log (FAST'25 release, Apache-2.0; see mooncake/PROVENANCE.md)", count
+    if ".vllm" in path.name: return f"vLLM {release} KVCacheManager decisions", count
+    return f"allocator trace (ops) recorded with vLLM {release}", count
 
 def list_vectors() -> list[Vector]:
     "Every shipped vector file, by name."
     root = golden_dir()
-    files = sorted(p for p in root.glob("*/*") if p.suffix in (".json", ".jsonl", ".npz"))
-    return [Vector(str(p.relative_to(root).with_suffix("")), *_describe(p), p) for p in files]
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".npz"))
+    return [Vector(str(p.relative_to(root).with_suffix("")), *_describe(p, root), p) for p in files]
 
 # %% ../nbs/05_replay.ipynb #b5a0f004
 def vector_path(name: str) -> Path:
