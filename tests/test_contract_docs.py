@@ -2,7 +2,8 @@
 `kvref check` prints the report the page shows; the trace-format page lists every field the format has."""
 from pathlib import Path
 
-from kvref.conformance import check, check_main, load_adapter
+from kvref.cli import check_main
+from kvref.conformance import check, load_adapter
 from kvref.replay import OP_FIELDS, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
