@@ -17,14 +17,14 @@ from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem
                            _checked_request, _checked_tokens, _hash_blocks, _lora_from_json, _mm_from_json)
 from .block_pool import BlockPool
 from .kv_cache_manager import KVCacheManager, Request
-from .replay import TraceReplayer, load_decisions, validate_op, _read_jsonl
+from .replay import KVRefAdapter, TraceDriver, trace_config, load_decisions, validate_op, _read_jsonl
 
 # %% auto #0
 __all__ = ['PROFILES', 'RELEASE_RANGES', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile',
            'parse_version', 'profile_for_version', 'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash',
            'release_extra_keys', 'release_block_hashes', 'release_event_block_hashes', 'ReleaseBlockPool',
-           'ReleaseKVCacheManager', 'ReleaseTraceReplayer', 'load_release_trace', 'replay_release', 'ReleaseMismatch',
-           'check_release_vectors', 'diagnose']
+           'ReleaseKVCacheManager', 'release_factory', 'ReleaseTraceReplayer', 'load_release_trace', 'replay_release',
+           'ReleaseMismatch', 'check_release_vectors', 'diagnose']
 
 # %% ../nbs/05a_vllm_releases.ipynb #fe458b03
 @dataclass(frozen=True)
@@ -322,24 +322,37 @@ def _cache_blocks(self: ReleaseKVCacheManager, request: Request, num_tokens: int
     KVCacheManager._cache_blocks(self, request, num_tokens)
 
 # %% ../nbs/05a_vllm_releases.ipynb #792f6baf
-class ReleaseTraceReplayer(TraceReplayer):
-    "Replays a trace with a vLLM release's allocator, acting as that release's scheduler."
-    def __init__(self, profile: VllmProfile, strict: bool = False):
-        super().__init__("vllm_0_33", strict)
+@patch(cls_method=True)
+def from_config(cls: ReleaseKVCacheManager, config: dict,  # a trace's config op
+                profile: VllmProfile):  # the release's rules (where kvref's own manager takes a behaviour name)
+    "The KV cache manager of `profile`'s releases that a trace's config op describes."
+    c = trace_config(config)
+    return cls(c["num_blocks"], c["block_size"], profile, enable_caching=c["enable_caching"], hash_algo=c["hash_algo"],
+               max_model_len=c["max_model_len"])
+
+def release_factory(profile: VllmProfile) -> Callable[[dict], KVRefAdapter]:
+    "A factory of `KVRefAdapter`s over `profile`'s KV cache manager."
+    return lambda config: KVRefAdapter(config, profile, ReleaseKVCacheManager)
+
+class ReleaseTraceReplayer(TraceDriver):
+    "A `TraceDriver` over a vLLM release's allocator, acting as that release's scheduler."
+    def __init__(self, profile: VllmProfile, strict: bool = False, **kwargs):
+        super().__init__(release_factory(profile), strict, **kwargs)
         self.profile = profile
+
+    @property
+    def manager(self) -> ReleaseKVCacheManager | None: return self.adapter and self.adapter.manager
 
 @patch
 def _config(self: ReleaseTraceReplayer, op: dict) -> dict:
-    self.manager = ReleaseKVCacheManager(op["num_blocks"], op["block_size"], self.profile,
-                                         enable_caching=op.get("enable_caching", True),
-                                         hash_algo=op.get("hash_algo", "sha256"), max_model_len=op.get("max_model_len"))
+    TraceDriver._config(self, op)
     return {"hash_algo_used": self.manager.hash_algo_used}
 
 @patch
 def _schedule(self: ReleaseTraceReplayer, op: dict) -> dict:
     request = self._request(op)
     if request.num_computed_tokens == request.num_tokens: return {"error": self.profile.zero_step_error}
-    return TraceReplayer._schedule(self, op)
+    return TraceDriver._schedule(self, op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #19e2f818
 def load_release_trace(path: str | Path) -> list[dict]:

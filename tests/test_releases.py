@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 from kvref.hashing import LoRARequest, MultiModalItem, hash_request_tokens
-from kvref.replay import load_decisions
+from kvref.replay import TraceDriver, load_decisions
 from kvref.releases import (PROFILES, profile_for_version, release_block_hashes, check_release_vectors, python_hash,
-                            load_release_trace, replay_release)
+                            load_release_trace, replay_release, ReleaseKVCacheManager, ReleaseTraceReplayer)
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "versions"
 RELEASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
@@ -24,6 +24,16 @@ def test_vectors(release):
 def test_traces(release, trace):
     want = load_decisions(trace.with_name(f"{trace.stem}.vllm-{release}.jsonl"))
     assert list(replay_release(load_release_trace(trace), release)) == want
+
+def test_release_replayer_is_a_trace_driver():
+    replayer = ReleaseTraceReplayer(PROFILES["vllm_0_9"], True)
+    assert isinstance(replayer, TraceDriver) and replayer.manager is None
+    config = replayer.apply({"op": "config", "num_blocks": 4, "block_size": 4, "hash_algo": "xxhash"})
+    assert config["hash_algo_used"] == "builtin" and isinstance(replayer.manager, ReleaseKVCacheManager)
+    replayer.apply({"op": "add", "id": "r", "prompt": [1, 2, 3, 4]})
+    assert replayer.apply({"op": "schedule", "id": "r"})["allocated"] is True
+    assert replayer.apply({"op": "schedule", "id": "r"})["error"] == PROFILES["vllm_0_9"].zero_step_error
+    with pytest.raises(ValueError, match="unknown or already freed"): replayer.apply({"op": "free", "id": "q"})
 
 @pytest.mark.parametrize("version,name", [("0.8.5", "vllm_0_8_5"), ("0.10.0", "vllm_0_9"), ("0.10.1", "vllm_0_10_1"),
     ("0.11.0", "vllm_0_10_2"), ("0.12.3", "vllm_0_11_1"), ("0.18.1", "vllm_0_13"), ("0.23.9", "vllm_0_19"),
