@@ -480,7 +480,7 @@ def _check_retention(specs, retention_interval, scheduler_block_size) -> None:
     if retention_interval % scheduler_block_size:
         raise ValueError(f"retention_interval={retention_interval} must be a multiple of the scheduler block size {scheduler_block_size}")
 
-# %% ../nbs/04a_hybrid.ipynb #13ca7956
+# %% ../nbs/04a_hybrid.ipynb #fe11343f
 def _check_request(request) -> None:
     if not isinstance(request, HybridRequest): raise TypeError(f"request must be a HybridRequest, got {type(request).__name__}")
 
@@ -494,10 +494,7 @@ def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_c
     _check_bool("full_sequence_must_fit", full_sequence_must_fit)
     hits = [list(h) for h in new_computed_blocks] if new_computed_blocks is not None else [[] for _ in range(self.num_groups)]
     if len(hits) != self.num_groups: raise ValueError(f"request {rid!r}: new_computed_blocks needs one list per group ({self.num_groups}), got {len(hits)}")
-    for g, (m, group_hits) in enumerate(zip(self.coordinator.single_type_managers, hits)):
-        self.block_pool._checked_own(group_hits, f"new_computed_blocks[{g}]")
-        if len(group_hits) > cdiv(num_new_computed_tokens, m.block_size):
-            raise ValueError(f"request {rid!r}: {len(group_hits)} hit blocks in group {g} for {num_new_computed_tokens} hit tokens")
+    for g, group_hits in enumerate(hits): self.block_pool._checked_own(group_hits, f"new_computed_blocks[{g}]")
     held = any(rid in m.req_to_blocks and m.req_to_blocks[rid] for m in self.coordinator.single_type_managers)
     if (any(hits) or num_new_computed_tokens) and (held or request.num_computed_tokens):
         raise ValueError(f"request {rid!r} already has computed tokens; prefix hits are only adopted by a new request")
