@@ -22,7 +22,7 @@ __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'FullAttentionSpe
            'get_cached_blocks', 'HybridRequest', 'SingleTypeKVCacheManager', 'FullAttentionManager',
            'SlidingWindowManager', 'ChunkedLocalAttentionManager', 'SpecGroup', 'split_spec_groups',
            'max_admission_blocks_per_request', 'HybridKVCacheCoordinator', 'HybridKVCacheManager', 'spec_from_group',
-           'HybridTraceReplayer', 'replay_hybrid']
+           'HybridTraceReplayer', 'replay_hybrid', 'group_tables_svg']
 
 # %% ../nbs/04a_hybrid.ipynb #ff1337a6
 @dataclass(frozen=True, slots=True)
@@ -503,7 +503,7 @@ def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_c
     if total > self.max_model_len: raise ValueError(f"request {rid!r} needs {total} tokens but max_model_len is {self.max_model_len}")
     return hits
 
-# %% ../nbs/04a_hybrid.ipynb #a2e7b72c
+# %% ../nbs/04a_hybrid.ipynb #2f862ca9
 GROUP_KINDS = {"full": (FullAttentionSpec, ()), "sliding_window": (SlidingWindowSpec, ("sliding_window",)),
                "chunked_local": (ChunkedLocalAttentionSpec, ("attention_chunk_size",))}
 CONFIG_FIELDS = ("op", "groups", "num_blocks", "hash_algo", "max_model_len", "enable_caching", "retention_interval",
@@ -513,6 +513,8 @@ def spec_from_group(group: dict, index: int):
     "The spec of `config.groups[index]`; ValueError naming the field."
     where = f"groups[{index}]"
     if not isinstance(group, dict): raise ValueError(f"{where} must be an object, got {group!r}")
+    if group.get("kind") == "mamba":
+        raise ValueError(f"{where}.kind 'mamba': Mamba groups (vLLM's align mode) are not modelled by kvref yet")
     if group.get("kind") not in GROUP_KINDS:
         raise ValueError(f"{where}.kind must be one of {', '.join(map(repr, GROUP_KINDS))}, got {group.get('kind')!r}")
     cls, extra = GROUP_KINDS[group["kind"]]
@@ -604,3 +606,18 @@ def replay_hybrid(ops) -> list[dict]:
     "The decision for each op of a hybrid trace."
     replayer = HybridTraceReplayer()
     return [replayer.apply(op) for op in ops]
+
+# %% ../nbs/04a_hybrid.ipynb #fd00b291
+def group_tables_svg(manager: HybridKVCacheManager, request_ids: Sequence[str], box: int = 30) -> str:
+    "Each request's block table in every group, one row per group; the null block grey."
+    names = [f"{type(s).__name__.removesuffix('Spec')} {i}" for i, s in enumerate(manager.coordinator.specs)]
+    rows = [(f"{rid} · {names[g]}", ids) for rid in request_ids for g, ids in enumerate(manager.get_block_ids(rid))]
+    width, height = 190 + box * max([len(ids) for _, ids in rows] + [1]), 8 + 30 * len(rows)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" font-size="12">']
+    for y, (label, ids) in zip(range(8, height, 30), rows):
+        out.append(f'<text x="4" y="{y + 16}">{label}</text>')
+        for x, b in zip(range(186, width, box), ids):
+            fill = "#ddd" if b == 0 else "#cfe3ff"
+            out.append(f'<rect x="{x}" y="{y}" width="{box - 2}" height="22" fill="{fill}" stroke="#555"/>'
+                       f'<text x="{x + box // 2 - 1}" y="{y + 16}" text-anchor="middle">{b}</text>')
+    return "\n".join(out + ["</svg>"])
