@@ -20,10 +20,11 @@ from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
 # %% auto #0
-__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'SUBCOMMANDS',
-           'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand', 'token_id',
-           'read_token_ids', 'check_vector_files', 'hash_main', 'load_trace_for_cli', 'replay_main', 'load_adapter',
-           'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main', 'main']
+__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
+           'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
+           'token_id', 'read_token_ids', 'check_vector_files', 'hash_main', 'load_trace_for_cli', 'replay_main',
+           'load_adapter', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
+           'convert_main', 'sweep_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -442,6 +443,60 @@ def thinking_budget_main(argv: list[str] | None = None) -> int:
     print(json.dumps({"forcings": forcings}))
     return 0
 
+# %% ../nbs/12_cli.ipynb #be1fb6ff
+TRACE_FORMATS = ("mooncake",)  # the request-log formats `kvref convert` reads
+
+def _convert_parser() -> CommandParser:
+    p = CommandParser(prog="kvref convert", description="Convert a production trace to kvref's trace format "
+                      "(JSONL on stdout).")
+    p.add_argument("trace", metavar="TRACE.jsonl", help="the request log")
+    p.add_argument("--from", dest="fmt", required=True, metavar="FORMAT", help="input format: mooncake")
+    p.add_argument("--hash-block-size", type=int_arg(1, 1 << 20), default=512, help="tokens per hash id (512)")
+    p.add_argument("--block-size", type=int_arg(1, 1 << 20), default=16, help="the engine's block size (16)")
+    p.add_argument("--num-blocks", type=int_arg(1, MAX_NUM_BLOCKS), default=1 << 16, help="the pool (65536)")
+    p.add_argument("--max-live", type=int_arg(1, 1 << 20), default=8, help="requests in flight at once (8)")
+    return p
+
+# %% ../nbs/12_cli.ipynb #a160cdd7
+@subcommand("kvref convert")
+def convert_main(argv: list[str] | None = None) -> int:
+    "`kvref convert --from mooncake [--hash-block-size 512] [--block-size 16] TRACE.jsonl`; the exit status."
+    from kvref.production_traces import convert_mooncake
+    a = _convert_parser().parse_args(argv)
+    if a.fmt not in TRACE_FORMATS: raise ValueError(f"--from {a.fmt!r}: unknown format; known: {', '.join(TRACE_FORMATS)}")
+    for op in convert_mooncake(a.trace, a.block_size, a.num_blocks, a.hash_block_size, a.max_live):
+        sys.stdout.write(json.dumps(op) + "\n")
+    return 0
+
+# %% ../nbs/12_cli.ipynb #5dce5f45
+def _sweep_parser() -> CommandParser:
+    p = CommandParser(prog="kvref sweep", description="Replay a Mooncake trace at several KV cache sizes.")
+    p.add_argument("trace", metavar="TRACE.jsonl", help="the request log (Mooncake format)")
+    p.add_argument("--blocks", required=True, help="cache sizes in blocks, comma-separated: 1000,2000")
+    p.add_argument("--block-size", type=int_arg(1, 1 << 20), default=16, help="tokens per block (16)")
+    p.add_argument("--hash-block-size", type=int_arg(1, 1 << 20), default=512, help="tokens per hash id (512)")
+    p.add_argument("--max-num-batched-tokens", type=int_arg(1, 1 << 30), default=8192, help="token budget per step")
+    p.add_argument("--max-num-seqs", type=int_arg(1, 1 << 20), default=256, help="requests running at once (256)")
+    p.add_argument("--ms-per-step", type=float, default=None, help="admit requests by timestamp at this pace")
+    p.add_argument("--jobs", type=int_arg(1, 256), default=None, help="worker processes (default: one per core)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format (table)")
+    p.add_argument("--plot", metavar="OUT", help="also draw OUT.png and OUT.svg (needs matplotlib)")
+    return p
+
+# %% ../nbs/12_cli.ipynb #2472db27
+@subcommand("kvref sweep")
+def sweep_main(argv: list[str] | None = None) -> int:
+    "`kvref sweep TRACE --blocks 1000,2000 [--format table|csv|json] [--plot OUT]`; the exit status."
+    from kvref.production_traces import format_results, ideal_hit_rate, plot_sweep, read_mooncake, sweep
+    a = _sweep_parser().parse_args(argv)
+    blocks = [parse_int(b, "--blocks", 1, MAX_NUM_BLOCKS) for b in a.blocks.split(",")]
+    requests = list(read_mooncake(a.trace, a.hash_block_size))
+    results = sweep(requests, blocks, a.block_size, a.max_num_batched_tokens, a.max_num_seqs, a.ms_per_step,
+                    a.hash_block_size, a.jobs)
+    sys.stdout.write(format_results(results, a.format))
+    if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
+    return 0
+
 # %% ../nbs/12_cli.ipynb #9f06ef68
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "hash":      (hash_main, "hash token ids into vLLM block hashes; verify vector files"),
@@ -449,6 +504,8 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "check":     (check_main, "check another engine's allocator against kvref in lockstep"),
     "cudagraph": (cudagraph_main, "resolve a CUDA graph mode and show which graph runs each batch"),
     "thinking-budget": (thinking_budget_main, "thinking-budget forcings for one step; --check recorded greedy runs"),
+    "convert":   (convert_main, "convert a production request log (Mooncake format) to a kvref trace"),
+    "sweep":     (sweep_main, "replay a production trace at several cache sizes: hit rate, preemptions, a plot"),
 }
 
 # %% ../nbs/12_cli.ipynb #ebba3da6

@@ -8,10 +8,11 @@ Docs: https://kvref.github.io/kvref/production_traces.html.md"""
 from __future__ import annotations
 import csv, io, json, multiprocessing, os, sys
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 from .kv_cache_manager import KVCacheManager, Request, cdiv
 from .pictures import progress
 from .scheduler import Scheduler, SchedulerRequest
@@ -21,7 +22,7 @@ from .workloads import RequestSpec, _add_op, _tick
 __all__ = ['FIELDS', 'OUTPUT_BASE', 'MooncakeRequest', 'parse_mooncake_line', 'read_mooncake', 'synthesize_prompt',
            'synthesize_output', 'mooncake_to_spec', 'convert_mooncake', 'block_hashes', 'SyntheticTokenIds',
            'TraceRequest', 'trace_request', 'CacheSizeResult', 'replay_mooncake', 'ideal_hit_rate', 'sweep',
-           'format_results', 'plot_sweep', 'convert_main', 'sweep_main']
+           'format_results', 'plot_sweep']
 
 # %% ../nbs/06c_production_traces.ipynb #a522cde4
 @dataclass(slots=True)
@@ -112,7 +113,7 @@ def block_hashes(req: MooncakeRequest, block_size: int = 16, hash_block_size: in
     return [(req.hash_ids[t // hash_block_size] * hash_block_size + t % hash_block_size).to_bytes(8, "little") for t in ends]
 
 # %% ../nbs/06c_production_traces.ipynb #d3a060fd
-class SyntheticTokenIds:
+class SyntheticTokenIds(Sequence):
     "A request's token ids: the prompt synthesized from hash ids when read, then the outputs appended."
     def __init__(self, req: MooncakeRequest, hash_block_size: int = 512):
         self.req, self.hash_block_size, self.output = req, hash_block_size, []
@@ -121,7 +122,10 @@ class SyntheticTokenIds:
     def append(self, token: int) -> None: self.output.append(token)
     def extend(self, tokens: Iterable[int]) -> None: self.output.extend(tokens)
 
-    def __getitem__(self, index: slice) -> list[int]:
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if not isinstance(index, slice):  # one token: the one-token slice
+            if not -len(self) <= index < len(self): raise IndexError(f"token {index} of {len(self)}")
+            return self[index % len(self):index % len(self) + 1][0]
         start, stop, _ = index.indices(len(self))
         n, hbs = self.req.input_length, self.hash_block_size
         prompt = [self.req.hash_ids[t // hbs] * hbs + t % hbs for t in range(start, min(stop, n))]
@@ -276,43 +280,3 @@ def plot_sweep(results: Sequence[CacheSizeResult], ideal: float, out: str | Path
     for p in paths: fig.savefig(p)
     plt.close(fig)
     return paths
-
-# %% ../nbs/06c_production_traces.ipynb #20ab6e56
-def convert_main(argv: list[str] | None = None) -> int:
-    "kvref convert --from mooncake [--hash-block-size 512] [--block-size 16] [--num-blocks N] TRACE.jsonl"
-    import argparse
-    p = argparse.ArgumentParser(prog="kvref convert", description="Convert a production trace to kvref's trace format (JSONL on stdout).")
-    p.add_argument("trace"); p.add_argument("--from", dest="fmt", required=True, help="input format: mooncake")
-    p.add_argument("--hash-block-size", type=int, default=512); p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-blocks", type=int, default=1 << 16); p.add_argument("--max-live", type=int, default=8)
-    try:
-        a = p.parse_args(argv)
-        if a.fmt != "mooncake": raise ValueError(f"--from {a.fmt!r}: unknown format; known: mooncake")
-        for op in convert_mooncake(a.trace, a.block_size, a.num_blocks, a.hash_block_size, a.max_live):
-            sys.stdout.write(json.dumps(op) + "\n")
-    except SystemExit as e: return e.code if isinstance(e.code, int) else 2
-    except (ValueError, OSError) as e: print(f"kvref convert: {e}", file=sys.stderr); return 2
-    return 0
-
-# %% ../nbs/06c_production_traces.ipynb #9975a01c
-def sweep_main(argv: list[str] | None = None) -> int:
-    "kvref sweep TRACE --blocks 1000,2000 [--block-size 16] [--jobs N] [--format table|csv|json] [--plot OUT]"
-    import argparse
-    p = argparse.ArgumentParser(prog="kvref sweep", description="Replay a Mooncake trace at several KV cache sizes.")
-    p.add_argument("trace"); p.add_argument("--blocks", required=True, help="cache sizes in blocks, comma-separated")
-    p.add_argument("--block-size", type=int, default=16); p.add_argument("--hash-block-size", type=int, default=512)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192); p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--ms-per-step", type=float, default=None); p.add_argument("--jobs", type=int, default=None)
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table"); p.add_argument("--plot", default=None)
-    try:
-        a = p.parse_args(argv)
-        blocks = [int(b) for b in a.blocks.split(",") if b.strip().isdigit()] if a.blocks else []
-        if not blocks or len(blocks) != len(a.blocks.split(",")): raise ValueError(f"--blocks {a.blocks!r}: expected sizes like 1000,2000")
-        requests = list(read_mooncake(a.trace, a.hash_block_size))
-        results = sweep(requests, blocks, a.block_size, a.max_num_batched_tokens, a.max_num_seqs, a.ms_per_step,
-                        a.hash_block_size, a.jobs)
-        sys.stdout.write(format_results(results, a.format))
-        if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
-    except SystemExit as e: return e.code if isinstance(e.code, int) else 2
-    except (ValueError, OSError, ImportError) as e: print(f"kvref sweep: {e}", file=sys.stderr); return 2
-    return 0
