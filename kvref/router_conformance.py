@@ -44,7 +44,8 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
     _check_hash_form(hash_form)
     replayer, lora_ids, seq = TraceReplayer("vllm_0_33"), {}, 0
     for i, op in enumerate(_trace_ops(trace)):
-        replayer.apply(op)
+        try: replayer.apply(op)
+        except ValueError as e: raise ValueError(f"op {i}: {e}") from None
         if op["op"] == "config": replayer.manager.block_pool.kv_event_queue = []  # events on, as --kv-events-config does
         if op["op"] == "add" and op.get("lora"): lora_id(lora_ids, op["lora"]["name"], op["lora"]["path"])
         events = wire_events(replayer.manager.take_events(), hash_form, lora_ids)
@@ -71,12 +72,12 @@ def _zmq():
     return zmq
 
 def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
-    "The endpoint of DP rank `data_parallel_rank`: tcp port + rank, or ipc/inproc name + `_dp{rank}`."
+    "The endpoint of DP rank `data_parallel_rank`: tcp port + rank (`*` and 0 left alone), or ipc/inproc name + `_dp{rank}`."
     if data_parallel_rank == 0 or not endpoint: return endpoint
     if endpoint.startswith(("ipc://", "inproc://")): return f"{endpoint}_dp{data_parallel_rank}"
     base, _, port = endpoint.rpartition(":")
-    if not endpoint.startswith("tcp://") or not port.isdigit(): raise ValueError(f"endpoint {endpoint!r}: expected tcp://host:port, ipc:// or inproc://")
-    return endpoint if port == "0" else f"{base}:{int(port) + data_parallel_rank}"
+    if not endpoint.startswith("tcp://") or not (port.isdigit() or port == "*"): raise ValueError(f"endpoint {endpoint!r}: expected tcp://host:port, ipc:// or inproc://")
+    return endpoint if port in ("0", "*") else f"{base}:{int(port) + data_parallel_rank}"
 
 # %% ../nbs/07d_router_conformance.ipynb #389a7717
 class EventPublisher:
@@ -269,7 +270,10 @@ def _router_config(traces: dict[str, list[dict]], hash_form: str) -> dict:
 
 def _interleaved(traces: dict[str, list[dict]], hash_form: str) -> Iterator[tuple[str, OpBatch]]:
     "Every engine's batches, op by op across the engines (engine order within an op index)."
-    streams = {s: [b for b in op_batches(ops, hash_form, 0) if b.events] for s, ops in traces.items()}
+    streams = {}
+    for stream, ops in traces.items():
+        try: streams[stream] = [b for b in op_batches(ops, hash_form, 0) if b.events]
+        except ValueError as e: raise ValueError(f"trace {stream!r}: {e}") from None
     for n in range(max(len(t) for t in traces.values())):
         for stream, batches in streams.items():
             yield from ((stream, b) for b in batches if b.i == n)
