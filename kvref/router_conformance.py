@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 from fastcore.basics import patch
 from .hashing import LoRARequest, MultiModalItem, hash_request_tokens
 from .kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventBatch, KVIndex, _check_hash_form,
-                             decode_batch, encode_batch, event_to_json, lora_id, wire_events)
+                             decode_batch, encode_batch, encode_batch_fast, event_to_json, lora_id, wire_events)
 from .replay import TraceReplayer, load_trace
 
 # %% auto #0
@@ -49,7 +49,7 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
         if op["op"] == "config": replayer.manager.block_pool.kv_event_queue = []  # events on, as --kv-events-config does
         if op["op"] == "add" and op.get("lora"): lora_id(lora_ids, op["lora"]["name"], op["lora"]["path"])
         events = wire_events(replayer.manager.take_events(), hash_form, lora_ids)
-        payload = encode_batch(KVEventBatch(0.0, events, data_parallel_rank)) if events else None
+        payload = encode_batch_fast(KVEventBatch(0.0, events, data_parallel_rank)) if events else None
         yield OpBatch(i, op, events, seq if events else None, payload)
         seq += bool(events)
 

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
+import sys
+
+from kvref import kv_events
 from kvref.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVIndex, decode_batch,
                              encode_batch, event_from_json, event_to_json)
 
@@ -169,3 +172,15 @@ def test_refused_batch_changes_nothing(steps):
             assert ({k: dict(v) for k, v in index.engines.items()}, dict(index.next_seq)) == before
             continue
         seq += 1
+
+
+def test_fast_path_without_msgspec(monkeypatch):
+    "Without msgspec, encode_batch_fast is the plain encoder."
+    monkeypatch.setitem(sys.modules, "msgspec", None)
+    kv_events._msgspec_structs.cache_clear()
+    try:
+        batch = KVEventBatch(0.0, [BlockRemoved([5], "GPU", 0)])
+        assert kv_events.encode_batch_fast(batch) == encode_batch(batch)
+        with pytest.raises(TypeError, match="cannot encode set"):
+            kv_events.encode_batch_fast(KVEventBatch(0.0, [BlockRemoved([{1}], "GPU")]))
+    finally: kv_events._msgspec_structs.cache_clear()

@@ -12,7 +12,7 @@ from hypothesis import given
 
 msgspec = pytest.importorskip("msgspec")
 
-from kvref.kv_events import KVEventBatch, decode_batch, encode_batch, event_from_json  # noqa: E402
+from kvref.kv_events import KVEventBatch, decode_batch, encode_batch, encode_batch_fast, event_from_json  # noqa: E402
 from test_kv_events import FILES, FORM, batches, lines  # noqa: E402
 
 
@@ -82,3 +82,8 @@ def test_msgspec_agrees_on_recordings(path):
         if line["seq"] is None: continue
         batch = KVEventBatch(0.0, [event_from_json(e, FORM[path]) for e in line["events"]])
         assert base64.b64encode(msgspec.msgpack.encode(as_msgspec(batch))).decode() == line["payload_b64"]
+
+
+@given(batches)
+def test_fast_path_equals_plain(batch):
+    assert encode_batch_fast(batch) == encode_batch(batch)
