@@ -418,15 +418,19 @@ def prompt_hashes(self: KVIndex, prompt: Sequence[int], *, cache_salt: str | Non
     return [external_block_hash(d, self.hash_form) for d in digests]
 
 @patch
-def longest_prefix(self: KVIndex, prompt: Sequence[int], **request) -> dict[Engine, int]:
-    "For each engine, how many of the prompt's first full blocks it holds (`request`: salt, LoRA, mm items)."
-    hashes = self.prompt_hashes(prompt, **request)
+def cached_prefix(self: KVIndex, hashes: Sequence[ExternalBlockHash]) -> dict[Engine, int]:
+    "For each engine, how many of `hashes` (a prompt's, in order) it holds, counting from the first."
     out = {}
     for engine, counts in self.engines.items():
         n = 0
         while n < len(hashes) and hashes[n] in counts: n += 1
         out[engine] = n
     return out
+
+@patch
+def longest_prefix(self: KVIndex, prompt: Sequence[int], **request) -> dict[Engine, int]:
+    "For each engine, how many of the prompt's first full blocks it holds (`request`: salt, LoRA, mm items)."
+    return self.cached_prefix(self.prompt_hashes(prompt, **request))
 
 # %% ../nbs/03a_kv_events.ipynb #0f3da3d3
 @patch

@@ -72,11 +72,12 @@ def _zmq():
     return zmq
 
 def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
-    "The endpoint of DP rank `data_parallel_rank`: tcp port + rank (`*` and 0 left alone), or ipc/inproc name + `_dp{rank}`."
+    "The endpoint of DP rank `data_parallel_rank`: tcp port + rank (0 and `*` left alone), inproc name + `_dp{rank}`."
     if data_parallel_rank == 0 or not endpoint: return endpoint
-    if endpoint.startswith(("ipc://", "inproc://")): return f"{endpoint}_dp{data_parallel_rank}"
+    if "inproc" in endpoint: return f"{endpoint}_dp{data_parallel_rank}"
     base, _, port = endpoint.rpartition(":")
-    if not endpoint.startswith("tcp://") or not (port.isdigit() or port == "*"): raise ValueError(f"endpoint {endpoint!r}: expected tcp://host:port, ipc:// or inproc://")
+    if "tcp" not in endpoint or not (port.isdigit() or port == "*"):
+        raise ValueError(f"endpoint {endpoint!r} for DP rank {data_parallel_rank}: expected tcp://host:port or inproc://name")
     return endpoint if port in ("0", "*") else f"{base}:{int(port) + data_parallel_rank}"
 
 # %% ../nbs/07d_router_conformance.ipynb #389a7717
@@ -129,7 +130,7 @@ def serve_replay(self: EventPublisher, timeout_ms: int = 0) -> int:
         client, _, start = frames
         for seq, payload in self.buffer:
             if seq >= int.from_bytes(start, "big"): self.replay.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), payload))
-        self.replay.send_multipart((client, b"", self.topic, END_SEQ, b""))
+        self.replay.send_multipart((client, b"", b"", END_SEQ, b""))  # the marker's topic frame is empty
         answered += 1
     return answered
 

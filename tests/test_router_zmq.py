@@ -95,8 +95,23 @@ def test_offset_endpoint_port():
     assert offset_endpoint_port("tcp://*:5557", 3) == "tcp://*:5560"
     assert offset_endpoint_port("tcp://127.0.0.1:0", 3) == "tcp://127.0.0.1:0"
     assert offset_endpoint_port("inproc://kv", 1) == "inproc://kv_dp1"
-    with pytest.raises(ValueError, match="expected tcp://host:port"):
-        offset_endpoint_port("tcp://host", 1)
+    assert offset_endpoint_port("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"
+    for bad in ("tcp://host", "ipc:///tmp/kv"):
+        with pytest.raises(ValueError, match="expected tcp://host:port or inproc://name"):
+            offset_endpoint_port(bad, 1)
+
+
+def test_replay_topic_and_marker():
+    "Replayed batches carry the topic; the end marker's topic frame is empty (vLLM 0.33's _service_replay)."
+    with EventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", topic="kv") as publisher:
+        publisher.publish(batches()[0])
+        client = socket(zmq.DEALER, publisher.endpoints()[1])
+        try:
+            client.send_multipart([b"", bytes(8)])
+            assert publisher.serve_replay(timeout_ms=WAIT_MS) == 1
+            got = recv(client, 2)
+        finally: client.close(linger=0)
+    assert [m[:3] for m in got] == [[b"", b"kv", bytes(8)], [b"", b"", END_SEQ]]
 
 
 def test_publish_trace_reaches_a_subscriber_that_joined_first():
