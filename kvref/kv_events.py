@@ -81,15 +81,8 @@ def external_block_hash(digest: bytes,           # a block hash digest from the 
 # %% ../nbs/03a_kv_events.ipynb #18c3bb2f
 def event_extra_keys(keys: tuple | None  # one block's tagged hash extra keys, from the pool
                     ) -> list | None:
-    "One block's `extra_keys` entry as vLLM sends it: each key without its tag."
-    if keys is None: return None
-    out = []
-    for key in keys:
-        tag = key[0]
-        if tag == "mm": out.append([key[1], key[2]])
-        elif tag in ("lora", "cache_salt", "prompt_embeds"): out.append(key[1])
-        else: raise ValueError(f"unknown extra key tag {tag!r} in {key!r}")
-    return out
+    "One block's `extra_keys` entry as vLLM sends it: `[identifier, offset]` for an item, the bare value otherwise."
+    return None if keys is None else [list(key[1:]) if key[0] == "mm" else key[1] for key in keys]
 
 # %% ../nbs/03a_kv_events.ipynb #8a076816
 def lora_id(lora_ids: dict[tuple[str, str], int],  # (name, path) -> id, kept per engine
