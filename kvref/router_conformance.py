@@ -65,12 +65,14 @@ def event_records(trace: Iterable[dict] | str | Path, hash_form: str = "int",
 # %% ../nbs/07d_router_conformance.ipynb #17e79966
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay's end marker
 
+# %% ../nbs/07d_router_conformance.ipynb #9e1980d2
 def _zmq():
     "pyzmq, imported on first use: it is an optional extra."
     try: import zmq
     except ImportError: raise ImportError("publishing KV events over ZMQ needs pyzmq: pip install pyzmq") from None
     return zmq
 
+# %% ../nbs/07d_router_conformance.ipynb #3f036e01
 def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
     "The endpoint of DP rank `data_parallel_rank`: tcp port + rank (0 and `*` left alone), inproc name + `_dp{rank}`."
     if data_parallel_rank == 0 or not endpoint: return endpoint
@@ -80,7 +82,7 @@ def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
         raise ValueError(f"endpoint {endpoint!r} for DP rank {data_parallel_rank}: expected tcp://host:port or inproc://name")
     return endpoint if port in ("0", "*") else f"{base}:{int(port) + data_parallel_rank}"
 
-# %% ../nbs/07d_router_conformance.ipynb #389a7717
+# %% ../nbs/07d_router_conformance.ipynb #4e011f4b
 class EventPublisher:
     "vLLM's ZMQ event publisher, framing for framing, in the caller's thread (binds both sockets)."
     def __init__(self, endpoint: str = "tcp://*:5557",      # PUB address (port `*`: any free port)
@@ -98,18 +100,25 @@ class EventPublisher:
             self.replay = ctx.socket(zmq.ROUTER)
             self.replay.bind(offset_endpoint_port(replay_endpoint, data_parallel_rank))
 
-    def endpoints(self) -> tuple[str, str | None]:
-        "The bound (PUB, replay) addresses, with the ports the system chose."
-        last = lambda s: s and s.getsockopt(_zmq().LAST_ENDPOINT).decode()
-        return last(self.pub), last(self.replay)
+# %% ../nbs/07d_router_conformance.ipynb #9c53d71d
+@patch
+def endpoints(self: EventPublisher) -> tuple[str, str | None]:
+    "The bound (PUB, replay) addresses, with the ports the system chose."
+    last = lambda s: s and s.getsockopt(_zmq().LAST_ENDPOINT).decode()
+    return last(self.pub), last(self.replay)
 
-    def close(self) -> None:
-        for socket in (self.pub, self.replay):
-            if socket is not None: socket.close(linger=0)
-    def __enter__(self): return self
-    def __exit__(self, *exc): self.close()
+@patch
+def close(self: EventPublisher) -> None:
+    "Close both sockets without lingering."
+    for socket in (self.pub, self.replay):
+        if socket is not None: socket.close(linger=0)
 
-# %% ../nbs/07d_router_conformance.ipynb #5f08b0b4
+@patch
+def __enter__(self: EventPublisher): return self
+@patch
+def __exit__(self: EventPublisher, *exc): self.close()
+
+# %% ../nbs/07d_router_conformance.ipynb #7709db6a
 @patch
 def publish(self: EventPublisher, batch: KVEventBatch) -> int:
     "Send one batch as [topic, seq, payload] (the rank filled in when None); its sequence number."
@@ -120,6 +129,7 @@ def publish(self: EventPublisher, batch: KVEventBatch) -> int:
     self.next_seq += 1
     return seq
 
+# %% ../nbs/07d_router_conformance.ipynb #dba445c4
 @patch
 def serve_replay(self: EventPublisher, timeout_ms: int = 0) -> int:
     "Answer the replay requests waiting (or arriving within `timeout_ms`); how many were answered."
@@ -134,18 +144,19 @@ def serve_replay(self: EventPublisher, timeout_ms: int = 0) -> int:
         answered += 1
     return answered
 
-# %% ../nbs/07d_router_conformance.ipynb #545db616
+# %% ../nbs/07d_router_conformance.ipynb #810d3483
 class RouterAdapter(Protocol):
     "What `check_router` drives: a router's index behind two calls."
     def apply(self, stream: str, seq: int, payload: bytes) -> None: ...  # one batch as published
     def longest_prefix(self, prompt: list[int], *, cache_salt: str | None = None, lora: LoRARequest | None = None,
                        mm_items: tuple[MultiModalItem, ...] = ()) -> dict[tuple[str, int | None], int]: ...
 
+# %% ../nbs/07d_router_conformance.ipynb #dedb2817
 def reference_router(config: dict) -> KVIndex:
     "The reference: a `KVIndex` for the engines' `config` (block_size, hash_algo, hash_form, seed)."
     return KVIndex(**config)
 
-# %% ../nbs/07d_router_conformance.ipynb #0ce12b62
+# %% ../nbs/07d_router_conformance.ipynb #229a7fd7
 class ExampleRouter:
     "A small correct router: copies of each hash per engine, prompts hashed as the engines hash them."
     def __init__(self, config: dict):
@@ -161,43 +172,48 @@ class ExampleRouter:
             for h in event.block_hashes if not isinstance(event, (BlockRemoved, AllBlocksCleared)) else ():
                 counts[h] = counts.get(h, 0) + 1
 
-# %% ../nbs/07d_router_conformance.ipynb #1f0785c9
+# %% ../nbs/07d_router_conformance.ipynb #de246498
 @patch
 def _remove(self: ExampleRouter, counts: dict, block_hash) -> None:
     "One copy of `block_hash` is gone."
     counts[block_hash] -= 1
     if not counts[block_hash]: del counts[block_hash]
 
+# %% ../nbs/07d_router_conformance.ipynb #9710d1d0
 @patch
 def _key(self: ExampleRouter, digest: bytes):
     "The digest as events carry it: the last 8 bytes as an unsigned int, or the digest."
     return int.from_bytes(digest[-8:], "big") if self.config["hash_form"] == "int" else digest
 
+# %% ../nbs/07d_router_conformance.ipynb #219ff55b
 @patch
 def _digests(self: ExampleRouter, prompt, cache_salt, lora, mm_items) -> list[bytes]:
     c = self.config
     return hash_request_tokens(prompt, c["block_size"], c["hash_algo"], cache_salt=cache_salt, lora=lora,
                                mm_items=mm_items, seed=c["seed"])
 
+# %% ../nbs/07d_router_conformance.ipynb #80280ec9
 @patch
 def longest_prefix(self: ExampleRouter, prompt, *, cache_salt=None, lora=None, mm_items=()):
     keys = [self._key(d) for d in self._digests(prompt, cache_salt, lora, mm_items)]
     return {engine: next((n for n, k in enumerate(keys) if k not in counts), len(keys)) for engine, counts in self.engines.items()}
 
-# %% ../nbs/07d_router_conformance.ipynb #165a4128
+# %% ../nbs/07d_router_conformance.ipynb #f323b072
 class FirstBytesRouter(ExampleRouter):
     "Bug: projects a digest to its *first* 8 bytes."
     def _key(self, digest): return int.from_bytes(digest[:8], "big") if self.config["hash_form"] == "int" else digest
 
+# %% ../nbs/07d_router_conformance.ipynb #2d73a2d0
 class DropAllCopiesRouter(ExampleRouter):
     "Bug: one `BlockRemoved` forgets every copy of the hash."
     def _remove(self, counts, block_hash): counts.pop(block_hash, None)
 
+# %% ../nbs/07d_router_conformance.ipynb #5329e971
 class SaltBlindRouter(ExampleRouter):
     "Bug: hashes prompts without their cache salt."
     def _digests(self, prompt, cache_salt, lora, mm_items): return super()._digests(prompt, None, lora, mm_items)
 
-# %% ../nbs/07d_router_conformance.ipynb #09751621
+# %% ../nbs/07d_router_conformance.ipynb #1a5515e2
 @dataclass(frozen=True)
 class Prompt:
     "A prompt a router is asked about: a request's tokens and hash inputs."
@@ -211,7 +227,7 @@ class Prompt:
         "The router's answer for this prompt."
         return router.longest_prefix(list(self.prompt), cache_salt=self.cache_salt, lora=self.lora, mm_items=self.mm_items)
 
-# %% ../nbs/07d_router_conformance.ipynb #9a0b2e22
+# %% ../nbs/07d_router_conformance.ipynb #fcf0f84b
 def trace_prompts(stream: str, ops: list[dict]) -> list[Prompt]:
     "The prompts a trace's requests add, and the longer token lists they grow to by `append`."
     prompts, grown = {}, {}
@@ -225,7 +241,7 @@ def trace_prompts(stream: str, ops: list[dict]) -> list[Prompt]:
             grown[op["id"]] = replace(base, name=base.name.split("+")[0] + "+", prompt=base.prompt + tuple(op["tokens"]))
     return list(prompts.values()) + list(grown.values())
 
-# %% ../nbs/07d_router_conformance.ipynb #672f04bd
+# %% ../nbs/07d_router_conformance.ipynb #f7061d50
 @dataclass
 class RouterDivergence:
     "The first prompt a router answers differently from `KVIndex`, and after which batch."
@@ -242,7 +258,7 @@ class RouterDivergence:
                 f"prompt {self.prompt.name} ({len(self.prompt.prompt)} tokens, salt {self.prompt.cache_salt!r}):\n"
                 f"  expected {self.expected}\n  got      {self.got}")
 
-# %% ../nbs/07d_router_conformance.ipynb #0647827f
+# %% ../nbs/07d_router_conformance.ipynb #310e2fe3
 def _answer(router, prompt: Prompt) -> dict | str:
     "The router's answer without engines at 0, or the error it raised, as text."
     try: answer = prompt.ask(router)
@@ -251,6 +267,7 @@ def _answer(router, prompt: Prompt) -> dict | str:
         return f"not a dict of engine -> int: {answer!r:.80}"
     return {engine: n for engine, n in sorted(answer.items(), key=str) if n}
 
+# %% ../nbs/07d_router_conformance.ipynb #75e6d546
 def _named_traces(traces) -> dict[str, list[dict]]:
     "stream name -> ops, from a dict, or a list of trace files (named by file) or op lists (engine0, ...)."
     if isinstance(traces, dict): return {str(k): _trace_ops(v) for k, v in traces.items()}
@@ -259,7 +276,7 @@ def _named_traces(traces) -> dict[str, list[dict]]:
     if len(named) != len(traces): raise ValueError("two traces have the same file name: pass a dict of stream names")
     return named
 
-# %% ../nbs/07d_router_conformance.ipynb #07967ba7
+# %% ../nbs/07d_router_conformance.ipynb #01f2600f
 def _router_config(traces: dict[str, list[dict]], hash_form: str) -> dict:
     "The configuration all engines share; ValueError if the traces' block sizes or hash algorithms differ."
     if not traces: raise ValueError("no traces given: checking nothing is not a pass")
@@ -269,6 +286,7 @@ def _router_config(traces: dict[str, list[dict]], hash_form: str) -> dict:
     (block_size, hash_algo), = seen
     return {"block_size": block_size, "hash_algo": hash_algo, "hash_form": hash_form, "seed": None}
 
+# %% ../nbs/07d_router_conformance.ipynb #a544ca5a
 def _interleaved(traces: dict[str, list[dict]], hash_form: str) -> Iterator[tuple[str, OpBatch]]:
     "Every engine's batches, op by op across the engines (engine order within an op index)."
     streams = {}
@@ -279,7 +297,7 @@ def _interleaved(traces: dict[str, list[dict]], hash_form: str) -> Iterator[tupl
         for stream, batches in streams.items():
             yield from ((stream, b) for b in batches if b.i == n)
 
-# %% ../nbs/07d_router_conformance.ipynb #4cf87b77
+# %% ../nbs/07d_router_conformance.ipynb #9468454a
 def check_router(factory: Callable[[dict], RouterAdapter],  # config dict -> the router under test
                  traces,                                    # trace files, op lists, or {stream: trace}
                  hash_form: str = "int",                    # see `HASH_FORMS`
@@ -299,7 +317,7 @@ def check_router(factory: Callable[[dict], RouterAdapter],  # config dict -> the
             if got != expected: return RouterDivergence(named, stream, batch.seq, prompt, expected, got)
     return None
 
-# %% ../nbs/07d_router_conformance.ipynb #bf09b2ef
+# %% ../nbs/07d_router_conformance.ipynb #6732c7d1
 def _still_diverges(factory, traces: dict, hash_form: str, prompt: Prompt) -> RouterDivergence | None:
     try: return check_router(factory, traces, hash_form, [prompt])
     except ValueError: return None  # not a trace kvref can replay
@@ -313,6 +331,7 @@ def _shrink_pool(ops: list[dict], attempt: Callable[[list[dict]], bool]) -> list
         else: step //= 2
     return ops
 
+# %% ../nbs/07d_router_conformance.ipynb #3b37b9cf
 def _shrink_ops(ops: list[dict], attempt: Callable[[list[dict]], bool]) -> list[dict]:
     "A shorter `ops` (config kept) found by shrinking the pool, dropping requests, then halving runs of ops."
     ops = _shrink_pool(ops, attempt)
@@ -327,7 +346,7 @@ def _shrink_ops(ops: list[dict], attempt: Callable[[list[dict]], bool]) -> list[
         size //= 2
     return ops
 
-# %% ../nbs/07d_router_conformance.ipynb #bfcef0be
+# %% ../nbs/07d_router_conformance.ipynb #86aac35e
 def shrink_router(factory: Callable[[dict], RouterAdapter], divergence: RouterDivergence,
                   hash_form: str = "int") -> RouterDivergence:
     "A divergence on the same prompt with as few engines and ops as this search finds."
@@ -340,7 +359,7 @@ def shrink_router(factory: Callable[[dict], RouterAdapter], divergence: RouterDi
         traces[stream] = _shrink_ops(traces[stream], attempt)
     return _still_diverges(factory, traces, hash_form, prompt)
 
-# %% ../nbs/07d_router_conformance.ipynb #f31cd855
+# %% ../nbs/07d_router_conformance.ipynb #15fd8dcf
 def publish_trace(trace, endpoint: str, replay_endpoint: str | None = None, hash_form: str = "int",
                   data_parallel_rank: int = 0, wait_s: float = 1.0, serve_s: float = 0.0) -> int:
     "Publish a trace's batches on `endpoint` after `wait_s` (for subscribers to join), serving replays for `serve_s` more; the count."
