@@ -10,7 +10,8 @@ import torch
 
 from kvref.logits_processors import BatchUpdate
 from kvref.sampling_params import SamplingParams
-from kvref.thinking_budget import BEHAVIORS, ReasoningConfig, ThinkingBudgetStateHolder, contract_forcings
+from kvref.thinking_budget import ReasoningConfig, contract_forcings
+from kvref.thinking_budget_vllm import BEHAVIORS
 
 REQS, VOCAB, STEPS = 256, 1024, 100
 CFG = ReasoningConfig([100, 101], [200, 201, 202])
@@ -30,7 +31,7 @@ def workload(length):
 
 def time_holder(behavior, length, num_spec=0, steps=STEPS):
     reqs = workload(length)
-    h = ThinkingBudgetStateHolder(CFG, REQS, num_spec, behavior=behavior)
+    h = BEHAVIORS[behavior](CFG, REQS, num_spec)
     h.sync_batch(BatchUpdate(REQS, [], [(i, SamplingParams(thinking_token_budget=b), p, o)
                                         for i, (p, o, b) in enumerate(reqs)], []))
     outs = [o for _, o, _ in reqs]

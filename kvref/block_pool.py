@@ -7,13 +7,49 @@ Docs: https://kvref.github.io/kvref/block_pool.html.md"""
 # %% ../nbs/03_block_pool.ipynb #c181b47e
 from __future__ import annotations
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 from fastcore.basics import patch
 from .free_queue import KVCacheBlock, FreeKVCacheBlockQueue, block_ids, _check_bool, _check_count, _checked_blocks
 
 # %% auto #0
-__all__ = ['KVCacheEvent', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'BlockPool']
+__all__ = ['KVCacheEvent', 'BlockHashToBlockMap', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'BlockPool']
+
+# %% ../nbs/03_block_pool.ipynb #b7c1a002
+class BlockHashToBlockMap(Mapping):
+    "Block hash -> the blocks cached under it, earliest first: the block itself, or a dict when there are duplicates."
+    def __init__(self): self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+    def __len__(self) -> int: return len(self._cache)
+    def __iter__(self): return iter(self._cache)
+    def __contains__(self, block_hash) -> bool: return block_hash in self._cache
+    def __getitem__(self, block_hash: bytes) -> dict[int, KVCacheBlock]:
+        blocks = self._cache[block_hash]
+        return {blocks.block_id: blocks} if type(blocks) is KVCacheBlock else dict(blocks)
+    def __repr__(self) -> str: return f"BlockHashToBlockMap({ {h: block_ids(self[h].values()) for h in self} })"
+    def clear(self) -> None: self._cache.clear()
+
+# %% ../nbs/03_block_pool.ipynb #b7c1a003
+@patch
+def get_one_block(self: BlockHashToBlockMap, block_hash: bytes) -> KVCacheBlock | None:
+    "The block cached earliest under `block_hash`, or None."
+    blocks = self._cache.get(block_hash)
+    return blocks if blocks is None or type(blocks) is KVCacheBlock else next(iter(blocks.values()))
+
+@patch
+def insert(self: BlockHashToBlockMap, block_hash: bytes, block: KVCacheBlock) -> None:
+    "Cache `block` under `block_hash`, after the blocks already cached there."
+    blocks = self._cache.setdefault(block_hash, block)
+    if blocks is block: return
+    if type(blocks) is KVCacheBlock: self._cache[block_hash] = {blocks.block_id: blocks, block.block_id: block}
+    else: blocks[block.block_id] = block
+
+@patch
+def pop(self: BlockHashToBlockMap, block_hash: bytes, block_id: int) -> None:
+    "Forget block `block_id`, cached under `block_hash`."
+    blocks = self._cache[block_hash]
+    if type(blocks) is KVCacheBlock or len(blocks) == 1: del self._cache[block_hash]
+    else: del blocks[block_id]
 
 # %% ../nbs/03_block_pool.ipynb #f19e8973
 @dataclass(slots=True, frozen=True)
@@ -26,11 +62,13 @@ class BlockStored:
     lora_name: str | None            # the LoRA adapter the request used, if any
     extra_keys: list[tuple | None] | None = None  # each block's hash extra keys (tagged), when the caller gives them
 
+# %% ../nbs/03_block_pool.ipynb #53a2003c
 @dataclass(slots=True, frozen=True)
 class BlockRemoved:
     "These blocks were evicted: their hashes no longer hit here."
     block_hashes: list[bytes]
 
+# %% ../nbs/03_block_pool.ipynb #698a6670
 @dataclass(slots=True, frozen=True)
 class AllBlocksCleared:
     "The prefix cache was reset: nothing hits any more."
@@ -52,21 +90,25 @@ class BlockPool:
         self.num_blocks, self.enable_caching = num_blocks, enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        self.cached_block_hash_to_block: dict[bytes, dict[int, KVCacheBlock]] = {}
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.null_block: KVCacheBlock | None = None
         if null_block:
             self.null_block = self.free_block_queue.popleft()
             self.null_block.is_null = True
         self.kv_event_queue: list[KVCacheEvent] | None = [] if enable_kv_cache_events else None
 
-    def get_num_free_blocks(self) -> int:
-        "Blocks in the free queue, cached eviction candidates included."
-        return self.free_block_queue.num_free_blocks
+# %% ../nbs/03_block_pool.ipynb #b315412c
+@patch
+def get_num_free_blocks(self: BlockPool) -> int:
+    "Blocks in the free queue, cached eviction candidates included."
+    return self.free_block_queue.num_free_blocks
 
-    def get_usage(self) -> float:
-        "Fraction of the usable blocks (the null block excluded) held by requests; 0 when there are none."
-        usable = self.num_blocks - (self.null_block is not None)
-        return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
+# %% ../nbs/03_block_pool.ipynb #64cb68c5
+@patch
+def get_usage(self: BlockPool) -> float:
+    "Fraction of the usable blocks (the null block excluded) held by requests; 0 when there are none."
+    usable = self.num_blocks - (self.null_block is not None)
+    return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
 
 # %% ../nbs/03_block_pool.ipynb #afee2611
 @patch
@@ -85,13 +127,12 @@ def _maybe_evict_cached_block(self: BlockPool, block: KVCacheBlock) -> bool:
     "Forget `block`'s cached hash, if any, as it is about to be overwritten; return whether it was cached."
     block_hash = block.block_hash
     if block_hash is None: return False
-    holders = self.cached_block_hash_to_block[block_hash]
-    del holders[block.block_id]
-    if not holders: del self.cached_block_hash_to_block[block_hash]
+    self.cached_block_hash_to_block.pop(block_hash, block.block_id)
     block.block_hash = None
     if self.kv_event_queue is not None: self.kv_event_queue.append(BlockRemoved([block_hash]))
     return True
 
+# %% ../nbs/03_block_pool.ipynb #484f3a6c
 @patch
 def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
     "Take `num_blocks` blocks from the head of the free queue, evicting cached ones, each with count 1."
@@ -103,6 +144,12 @@ def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
         if block.block_hash is not None: self._maybe_evict_cached_block(block)
         block.ref_cnt += 1
     return blocks
+
+# %% ../nbs/03_block_pool.ipynb #17d0c007
+@patch
+def get_cached_block(self: BlockPool, block_hash: bytes) -> KVCacheBlock | None:
+    "The block cached earliest under `block_hash`, or None on a miss."
+    return self.cached_block_hash_to_block.get_one_block(block_hash)
 
 # %% ../nbs/03_block_pool.ipynb #834c1a46
 @patch
@@ -124,18 +171,12 @@ def cache_full_blocks(self: BlockPool,
         raise ValueError(f"extra_keys has {len(extra_keys)} entries for {len(new_blocks)} newly full blocks")
     for block, block_hash in zip(new_blocks, new_hashes):
         block.block_hash = block_hash
-        self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block
+        self.cached_block_hash_to_block.insert(block_hash, block)
     if self.kv_event_queue is not None:
         parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
         tokens = list(token_ids[num_cached_blocks * block_size:num_full_blocks * block_size])
         keys = None if extra_keys is None else list(extra_keys)
         self.kv_event_queue.append(BlockStored(new_hashes, parent, tokens, block_size, lora_name, keys))
-
-@patch
-def get_cached_block(self: BlockPool, block_hash: bytes) -> KVCacheBlock | None:
-    "The block cached earliest under `block_hash`, or None on a miss."
-    holders = self.cached_block_hash_to_block.get(block_hash)
-    return next(iter(holders.values())) if holders else None
 
 # %% ../nbs/03_block_pool.ipynb #9841b473
 @patch
@@ -172,6 +213,7 @@ def touch(self: BlockPool, blocks: Iterable[KVCacheBlock]) -> None:
         if block.ref_cnt == 0 and not block.is_null: self.free_block_queue.remove(block)
         block.ref_cnt += 1
 
+# %% ../nbs/03_block_pool.ipynb #2138e1d6
 @patch
 def free_blocks(self: BlockPool,
                 ordered_blocks: Iterable[KVCacheBlock],  # blocks to release, first to be evicted first
@@ -203,6 +245,7 @@ def reset_prefix_cache(self: BlockPool) -> bool:
     if self.kv_event_queue is not None: self.kv_event_queue.append(AllBlocksCleared())
     return True
 
+# %% ../nbs/03_block_pool.ipynb #43902eef
 @patch
 def take_events(self: BlockPool) -> list[KVCacheEvent]:
     "The KV events recorded since the last call (empty when events are off)."

@@ -15,11 +15,12 @@ import torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['RUNTIME_MODES', 'ATTENTION_CG_SUPPORT', 'MAX_DEFAULT_CAPTURE_SIZE', 'CUDAGraphMode', 'as_mode', 'AttentionCGSupport',
-           'min_cg_support', 'default_capture_sizes', 'derive_capture_sizes', 'round_capture_sizes_for_spec_decode',
-           'Downgrade', 'ModeResolution', 'resolve_cudagraph_mode', 'resolve_cudagraph_mode_and_sizes',
-           'BatchDescriptor', 'LoRASettings', 'CudagraphDispatcher', 'ForwardContext', 'set_forward_context',
-           'get_forward_context', 'StandInGraph', 'CUDAGraphEntry', 'CUDAGraphWrapper', 'capture_cudagraphs']
+__all__ = ['RUNTIME_MODES', 'ATTENTION_CG_SUPPORT', 'MAX_DEFAULT_CAPTURE_SIZE', 'RESOLUTION_STEPS', 'CUDAGraphMode', 'as_mode',
+           'AttentionCGSupport', 'min_cg_support', 'default_capture_sizes', 'derive_capture_sizes',
+           'round_capture_sizes_for_spec_decode', 'Downgrade', 'ModeResolution', 'resolve_cudagraph_mode',
+           'resolve_cudagraph_mode_and_sizes', 'BatchDescriptor', 'LoRASettings', 'CudagraphDispatcher',
+           'ForwardContext', 'set_forward_context', 'get_forward_context', 'StandInGraph', 'CUDAGraphEntry',
+           'CUDAGraphWrapper', 'capture_cudagraphs']
 
 # %% ../nbs/10_cudagraph.ipynb #d00d9380
 class CUDAGraphMode(enum.Enum):
@@ -34,13 +35,16 @@ class CUDAGraphMode(enum.Enum):
         "Whether uniform decode batches get their own routine (true of the dual modes)."
         return isinstance(self.value, tuple)
 
-    def decode_mode(self) -> CUDAGraphMode:
-        "The runtime mode for uniform decode batches."
-        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
+# %% ../nbs/10_cudagraph.ipynb #a47e9c00
+@patch
+def decode_mode(self: CUDAGraphMode) -> CUDAGraphMode:
+    "The runtime mode for uniform decode batches."
+    return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
 
-    def mixed_mode(self) -> CUDAGraphMode:
-        "The runtime mode for prefill and mixed batches."
-        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
+@patch
+def mixed_mode(self: CUDAGraphMode) -> CUDAGraphMode:
+    "The runtime mode for prefill and mixed batches."
+    return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
 
 # %% ../nbs/10_cudagraph.ipynb #2f625e92
 @patch
@@ -50,6 +54,7 @@ def has_mode(self: CUDAGraphMode, mode: CUDAGraphMode) -> bool:
         raise ValueError(f"has_mode takes a runtime mode (NONE, PIECEWISE or FULL), not {mode.name}")
     return mode in (self.decode_mode(), self.mixed_mode())
 
+# %% ../nbs/10_cudagraph.ipynb #179157c7
 @patch
 def requires_piecewise_compilation(self: CUDAGraphMode) -> bool:
     "Whether some batches run piecewise graphs, which exist only under piecewise compilation."
@@ -98,17 +103,18 @@ ATTENTION_CG_SUPPORT: dict[str, AttentionCGSupport] = {
     "Mamba attention": AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE,
 }
 
+# %% ../nbs/10_cudagraph.ipynb #dd25ed14
 def min_cg_support(backends: Iterable[str], # the attention backends the model uses, one per attention group
-                   table: dict[str, AttentionCGSupport] = ATTENTION_CG_SUPPORT, # what each backend declares
+                   table: dict[str, AttentionCGSupport] | None = None, # what each backend declares (None: ATTENTION_CG_SUPPORT)
                   ) -> tuple[AttentionCGSupport, str | None]:
     "The weakest support among `backends`, and the first backend that has it (ALWAYS and None for no backends)."
     if isinstance(backends, (str, bytes)) or not isinstance(backends, Iterable):
         raise TypeError(f"backends must be a list of attention backend names, got {backends!r}")
-    weakest, name = AttentionCGSupport.ALWAYS, None
+    table, weakest, name = ATTENTION_CG_SUPPORT if table is None else table, AttentionCGSupport.ALWAYS, None
     for backend in backends:
         if backend not in table:
             raise ValueError(f"unknown attention backend {backend!r}; known: {', '.join(table)} "
-                             "(the seed counts every backend it does not list as NEVER: add it to the table)")
+                             "(the design document counts every backend it does not list as NEVER: add it to the table)")
         if table[backend] < weakest: weakest, name = table[backend], backend
     return weakest, name
 
@@ -120,6 +126,7 @@ def _check_count(name: str, value: Any, least: int) -> None:
 def _check_flag(name: str, value: Any) -> None:
     if not isinstance(value, bool): raise TypeError(f"{name} must be a bool, got {value!r}")
 
+# %% ../nbs/10_cudagraph.ipynb #8a6f8321
 MAX_DEFAULT_CAPTURE_SIZE = 1 << 17  # kvref builds the default ladder up to here (8211 sizes); vLLM has no cap
 
 def default_capture_sizes(max_capture_size: int, # the largest size to capture
@@ -136,6 +143,15 @@ def default_capture_sizes(max_capture_size: int, # the largest size to capture
     return sizes
 
 # %% ../nbs/10_cudagraph.ipynb #7b093bf0
+def _user_capture_sizes(capture_sizes: Sequence[int], max_num_batched_tokens: int) -> list[int]:
+    "The user's capture sizes, checked, deduplicated and ascending, without those above max_num_batched_tokens."
+    if isinstance(capture_sizes, (str, bytes)) or not isinstance(capture_sizes, Sequence):
+        raise TypeError(f"cudagraph_capture_sizes must be a list of ints or None, got {capture_sizes!r}")
+    if len(capture_sizes) == 0: raise ValueError("cudagraph_capture_sizes is empty; give at least one size, or None for the default ladder")
+    for s in capture_sizes: _check_count("each capture size", s, 1)
+    return sorted({s for s in capture_sizes if s <= max_num_batched_tokens})
+
+# %% ../nbs/10_cudagraph.ipynb #bb11cb5a
 def derive_capture_sizes(max_num_seqs: int,             # SchedulerConfig.max_num_seqs
                          max_num_batched_tokens: int,   # SchedulerConfig.max_num_batched_tokens
                          num_speculative_tokens: int = 0,        # draft tokens per request per step
@@ -149,15 +165,10 @@ def derive_capture_sizes(max_num_seqs: int,             # SchedulerConfig.max_nu
     if max_capture_size is not None: _check_count("max_cudagraph_capture_size", max_capture_size, 1)
     ceiling = max_capture_size if max_capture_size is not None else min(max_num_seqs * (1 + num_speculative_tokens) * 2, 512)
     ceiling = min(ceiling, max_num_batched_tokens)
-    if capture_sizes is None: sizes = default_capture_sizes(ceiling)
-    else:
-        if isinstance(capture_sizes, (str, bytes)) or not isinstance(capture_sizes, Sequence):
-            raise TypeError(f"cudagraph_capture_sizes must be a list of ints or None, got {capture_sizes!r}")
-        if len(capture_sizes) == 0: raise ValueError("cudagraph_capture_sizes is empty; give at least one size, or None for the default ladder")
-        for s in capture_sizes: _check_count("each capture size", s, 1)
-        sizes = sorted({s for s in capture_sizes if s <= max_num_batched_tokens})
+    user = capture_sizes is not None
+    sizes = _user_capture_sizes(capture_sizes, max_num_batched_tokens) if user else default_capture_sizes(ceiling)
     top = sizes[-1] if sizes else 0
-    if capture_sizes is not None and max_capture_size is not None and max_capture_size != top:
+    if user and max_capture_size is not None and max_capture_size != top:
         raise ValueError(f"max_cudagraph_capture_size={max_capture_size} disagrees with the largest usable capture size "
                          f"{top} (sizes above max_num_batched_tokens={max_num_batched_tokens} are dropped); give one of the two")
     return sizes, top
@@ -188,6 +199,7 @@ class Downgrade:
     after: CUDAGraphMode
     reason: str
 
+# %% ../nbs/10_cudagraph.ipynb #8d4792c2
 @dataclass(frozen=True, slots=True)
 class ModeResolution:
     "The mode a model runs with, and the downgrades that led there from the requested one."
@@ -196,6 +208,65 @@ class ModeResolution:
     downgrades: tuple[Downgrade, ...] = ()
 
 # %% ../nbs/10_cudagraph.ipynb #ae5ce037
+@dataclass(frozen=True, slots=True)
+class _Model:
+    "What mode resolution knows about the model."
+    support: AttentionCGSupport  # the weakest attention backend's support
+    supports: str  # "attention backend X supports", for messages
+    split: bool  # attention ops are piecewise split points
+    compiled: bool  # piecewise compilation (VLLM_COMPILE)
+    q: int  # uniform decode query length, 1 + num_speculative_tokens
+
+# %% ../nbs/10_cudagraph.ipynb #ef353e61
+def _needs_compilation(mode: CUDAGraphMode, m: _Model) -> tuple[CUDAGraphMode, str] | None:
+    "Step 1: piecewise graphs exist only under piecewise compilation."
+    if mode.requires_piecewise_compilation() and not m.compiled:
+        return CUDAGraphMode.NONE, "piecewise graphs need piecewise compilation (compilation mode VLLM_COMPILE)"
+
+def _one_piece(mode: CUDAGraphMode, m: _Model) -> tuple[CUDAGraphMode, str] | None:
+    "Step 2: with attention not split out, the model is one piece."
+    if m.compiled and not m.split and mode.without_piecewise() != mode:
+        return mode.without_piecewise(), "attention is not a split point (empty splitting_ops), so the model is one piece"
+
+# %% ../nbs/10_cudagraph.ipynb #9aec0bd8
+def _mixed_needs_always(mode: CUDAGraphMode, m: _Model) -> tuple[CUDAGraphMode, str] | None:
+    "Step 3: full graphs of mixed batches need ALWAYS; with NEVER there is nothing to keep."
+    if mode.mixed_mode() != CUDAGraphMode.FULL or m.support == AttentionCGSupport.ALWAYS: return None
+    if m.support == AttentionCGSupport.NEVER:
+        raise ValueError(f"cudagraph_mode={mode.name} needs full graphs, but {m.supports} no CUDA graphs (NEVER); "
+                         "choose PIECEWISE (with piecewise compilation and attention in splitting_ops) or NONE")
+    return (CUDAGraphMode.FULL_AND_PIECEWISE if m.split else CUDAGraphMode.FULL_DECODE_ONLY,
+            f"{m.supports} full graphs of uniform batches only ({m.support.name}), so mixed batches run "
+            + ("piecewise" if m.split else "eagerly"))
+
+# %% ../nbs/10_cudagraph.ipynb #67580987
+def _decode_needs_graphs(mode: CUDAGraphMode, m: _Model) -> tuple[CUDAGraphMode, str] | None:
+    "Step 4: full decode graphs on a NEVER backend."
+    if mode.decode_mode() == CUDAGraphMode.FULL and m.support == AttentionCGSupport.NEVER:
+        return CUDAGraphMode.PIECEWISE if m.split else CUDAGraphMode.NONE, f"{m.supports} no full graphs (NEVER)"
+
+def _drafts_need_uniform_batch(mode: CUDAGraphMode, m: _Model) -> tuple[CUDAGraphMode, str] | None:
+    "Step 5: with speculative decoding, full decode graphs need UNIFORM_BATCH."
+    if mode.decode_mode() == CUDAGraphMode.FULL and m.q > 1 and m.support < AttentionCGSupport.UNIFORM_BATCH:
+        return (CUDAGraphMode.PIECEWISE if m.split else CUDAGraphMode.NONE,
+                f"speculative decoding gives decode batches {m.q} tokens per request, but {m.supports} full graphs "
+                f"of single-token decode only ({m.support.name})")
+
+RESOLUTION_STEPS = (_needs_compilation, _one_piece, _mixed_needs_always, _decode_needs_graphs, _drafts_need_uniform_batch)
+
+# %% ../nbs/10_cudagraph.ipynb #1a0a491b
+def _model(min_support, backend, attention_split, piecewise_compilation, uniform_decode_query_len) -> _Model:
+    "The checked facts resolution needs."
+    if not isinstance(min_support, AttentionCGSupport): raise TypeError(f"min_support must be an AttentionCGSupport, got {min_support!r}")
+    _check_count("uniform_decode_query_len", uniform_decode_query_len, 1)
+    _check_flag("attention_split", attention_split)
+    _check_flag("piecewise_compilation", piecewise_compilation)
+    if attention_split and not piecewise_compilation:
+        raise ValueError("attention_split=True needs piecewise_compilation=True: split points exist only in piecewise compilation")
+    supports = f"attention backend {backend} supports" if backend else "the attention backends support"
+    return _Model(min_support, supports, attention_split, piecewise_compilation, uniform_decode_query_len)
+
+# %% ../nbs/10_cudagraph.ipynb #f604ae81
 def resolve_cudagraph_mode(requested: CUDAGraphMode | str, # CompilationConfig.cudagraph_mode
                            min_support: AttentionCGSupport = AttentionCGSupport.ALWAYS, # weakest backend's support
                            backend: str | None = None,       # that backend's name, for messages
@@ -204,35 +275,12 @@ def resolve_cudagraph_mode(requested: CUDAGraphMode | str, # CompilationConfig.c
                            uniform_decode_query_len: int = 1,  # 1 + num_speculative_tokens
                           ) -> ModeResolution:
     "Downgrade `requested` to what the model can run, as vLLM 0.33 does, recording each step; errors where vLLM errors."
-    mode, steps, q = as_mode(requested), [], uniform_decode_query_len
-    if not isinstance(min_support, AttentionCGSupport): raise TypeError(f"min_support must be an AttentionCGSupport, got {min_support!r}")
-    _check_count("uniform_decode_query_len", q, 1)
-    _check_flag("attention_split", attention_split)
-    _check_flag("piecewise_compilation", piecewise_compilation)
-    if attention_split and not piecewise_compilation:
-        raise ValueError("attention_split=True needs piecewise_compilation=True: split points exist only in piecewise compilation")
-    supports = f"attention backend {backend} supports" if backend else "the attention backends support"
-    full, split = CUDAGraphMode.FULL, attention_split
-    def to(after: CUDAGraphMode, reason: str):
-        nonlocal mode
-        steps.append(Downgrade(mode, after, reason)); mode = after
-    if mode.requires_piecewise_compilation() and not piecewise_compilation:
-        to(CUDAGraphMode.NONE, "piecewise graphs need piecewise compilation (compilation mode VLLM_COMPILE)")
-    if piecewise_compilation and not split and mode.without_piecewise() != mode:
-        to(mode.without_piecewise(), "attention is not a split point (empty splitting_ops), so the model is one piece")
-    if mode.mixed_mode() == full and min_support < AttentionCGSupport.ALWAYS:
-        if min_support == AttentionCGSupport.NEVER:
-            raise ValueError(f"cudagraph_mode={mode.name} needs full graphs, but {supports} no CUDA graphs (NEVER); "
-                             "choose PIECEWISE (with piecewise compilation and attention in splitting_ops) or NONE")
-        to(CUDAGraphMode.FULL_AND_PIECEWISE if split else CUDAGraphMode.FULL_DECODE_ONLY,
-           f"{supports} full graphs of uniform batches only ({min_support.name}), so mixed batches run "
-           + ("piecewise" if split else "eagerly"))
-    if mode.decode_mode() == full and min_support == AttentionCGSupport.NEVER:
-        to(CUDAGraphMode.PIECEWISE if split else CUDAGraphMode.NONE, f"{supports} no full graphs (NEVER)")
-    if mode.decode_mode() == full and q > 1 and min_support < AttentionCGSupport.UNIFORM_BATCH:
-        to(CUDAGraphMode.PIECEWISE if split else CUDAGraphMode.NONE,
-           f"speculative decoding gives decode batches {q} tokens per request, but {supports} full graphs "
-           f"of single-token decode only ({min_support.name})")
+    mode = as_mode(requested)
+    m, steps = _model(min_support, backend, attention_split, piecewise_compilation, uniform_decode_query_len), []
+    for step in RESOLUTION_STEPS:
+        if (to := step(mode, m)) is not None:
+            steps.append(Downgrade(mode, *to))
+            mode = to[0]
     return ModeResolution(as_mode(requested), mode, tuple(steps))
 
 # %% ../nbs/10_cudagraph.ipynb #7f2156ef
@@ -284,21 +332,25 @@ class LoRASettings:
         _check_flag("specialize", self.specialize)
         _check_flag("specialize_active_loras", self.specialize_active_loras)
 
-    def cases(self) -> list[int]:
-        "The active-adapter counts captured for every size; 0 is a batch without LoRA."
-        top = self.max_loras + 1  # with specialize_active_loras: the powers of two below it, then itself
-        counts = [1 << i for i in range(top.bit_length()) if 1 << i < top] + [top] if self.specialize_active_loras else [top]
-        return [0] + counts if self.specialize else [top]
+# %% ../nbs/10_cudagraph.ipynb #970ed88c
+@patch
+def cases(self: LoRASettings) -> list[int]:
+    "The active-adapter counts captured for every size; 0 is a batch without LoRA."
+    top = self.max_loras + 1  # with specialize_active_loras: the powers of two below it, then itself
+    counts = [1 << i for i in range(top.bit_length()) if 1 << i < top] + [top] if self.specialize_active_loras else [top]
+    return [0] + counts if self.specialize else [top]
 
-    def effective_count(self, num_active_loras: int) -> int:
-        "The captured count a batch with `num_active_loras` adapters dispatches to."
-        _check_count("num_active_loras", num_active_loras, 0)
-        if num_active_loras > self.max_loras:
-            raise ValueError(f"num_active_loras={num_active_loras} exceeds max_loras={self.max_loras}")
-        if num_active_loras == 0: return 0
-        if not self.specialize_active_loras: return self.max_loras + 1
-        counts = [n for n in self.cases() if n]
-        return counts[bisect.bisect_left(counts, num_active_loras)]
+# %% ../nbs/10_cudagraph.ipynb #20203c49
+@patch
+def effective_count(self: LoRASettings, num_active_loras: int) -> int:
+    "The captured count a batch with `num_active_loras` adapters dispatches to."
+    _check_count("num_active_loras", num_active_loras, 0)
+    if num_active_loras > self.max_loras:
+        raise ValueError(f"num_active_loras={num_active_loras} exceeds max_loras={self.max_loras}")
+    if num_active_loras == 0: return 0
+    if not self.specialize_active_loras: return self.max_loras + 1
+    counts = [n for n in self.cases() if n]
+    return counts[bisect.bisect_left(counts, num_active_loras)]
 
 # %% ../nbs/10_cudagraph.ipynb #ae10bcdb
 class CudagraphDispatcher:
@@ -323,13 +375,15 @@ class CudagraphDispatcher:
         self.cudagraph_keys: dict[CUDAGraphMode, set[BatchDescriptor]] = {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}
         self.keys_initialized = False
 
-    def padded_size(self, num_tokens: int) -> int:
-        "The smallest capture size that holds `num_tokens` (which must not exceed the largest)."
-        _check_count("num_tokens", num_tokens, 1)
-        if not self.capture_sizes: raise ValueError("this dispatcher has no capture sizes to pad to")
-        if num_tokens > self.max_capture_size:
-            raise ValueError(f"num_tokens={num_tokens} exceeds the largest capture size {self.max_capture_size}")
-        return self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
+# %% ../nbs/10_cudagraph.ipynb #e0d6a394
+@patch
+def padded_size(self: CudagraphDispatcher, num_tokens: int) -> int:
+    "The smallest capture size that holds `num_tokens` (which must not exceed the largest)."
+    _check_count("num_tokens", num_tokens, 1)
+    if not self.capture_sizes: raise ValueError("this dispatcher has no capture sizes to pad to")
+    if num_tokens > self.max_capture_size:
+        raise ValueError(f"num_tokens={num_tokens} exceeds the largest capture size {self.max_capture_size}")
+    return self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
 
 # %% ../nbs/10_cudagraph.ipynb #b94c2375
 @patch
@@ -348,6 +402,22 @@ def _descriptor(self: CudagraphDispatcher, num_tokens: int, uniform: bool, num_a
 
 # %% ../nbs/10_cudagraph.ipynb #45307eac
 @patch
+def _build_keys(self: CudagraphDispatcher, mode: CUDAGraphMode, q: int) -> dict[CUDAGraphMode, set[BatchDescriptor]]:
+    "Every key under `mode` and decode query length `q`, built aside (a refused call changes nothing)."
+    keys = {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}
+    loras, mixed = (self.lora.cases() if self.lora else [0]), mode.mixed_mode()
+    if mixed != CUDAGraphMode.NONE:
+        for size, n in product(self.capture_sizes, loras):
+            key = self._descriptor(size, False, n, mode, q)
+            keys[mixed].add(key.relax_for_mixed_batch_cudagraphs() if mixed == CUDAGraphMode.PIECEWISE else key)
+    if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
+        decode_sizes = [s for s in self.capture_sizes if q <= s <= q * self.max_num_seqs]
+        for size, n in product(decode_sizes, loras):
+            keys[CUDAGraphMode.FULL].add(self._descriptor(size, True, n, mode, q))
+    return keys
+
+# %% ../nbs/10_cudagraph.ipynb #7de88ab0
+@patch
 def initialize_cudagraph_keys(self: CudagraphDispatcher,
                               cudagraph_mode: CUDAGraphMode | str, # the resolved mode
                               uniform_decode_query_len: int = 1,   # 1 + num_speculative_tokens
@@ -358,16 +428,7 @@ def initialize_cudagraph_keys(self: CudagraphDispatcher,
     if mode.requires_piecewise_compilation() and not self.attention_split:
         raise ValueError(f"cudagraph_mode={mode.name} has piecewise graphs, but attention is not a split point; "
                          "resolve the mode first (resolve_cudagraph_mode)")
-    keys = {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}  # built aside: a refused call changes nothing
-    loras, mixed = (self.lora.cases() if self.lora else [0]), mode.mixed_mode()
-    if mixed != CUDAGraphMode.NONE:
-        for size, n in product(self.capture_sizes, loras):
-            key = self._descriptor(size, False, n, mode, q)
-            keys[mixed].add(key.relax_for_mixed_batch_cudagraphs() if mixed == CUDAGraphMode.PIECEWISE else key)
-    if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
-        decode_sizes = [s for s in self.capture_sizes if q <= s <= q * self.max_num_seqs]
-        for size, n in product(decode_sizes, loras):
-            keys[CUDAGraphMode.FULL].add(self._descriptor(size, True, n, mode, q))
+    keys = self._build_keys(mode, q)
     self.cudagraph_mode, self.uniform_decode_query_len, self.cudagraph_keys, self.keys_initialized = mode, q, keys, True
 
 # %% ../nbs/10_cudagraph.ipynb #eb297e2c
@@ -409,6 +470,7 @@ def _allowed_modes(self: CudagraphDispatcher, valid_modes, invalid_modes) -> fro
     if not allowed - forbidden: raise ValueError("valid_modes minus invalid_modes leaves no runtime mode to run the batch in")
     return frozenset(allowed - forbidden)
 
+# %% ../nbs/10_cudagraph.ipynb #e2e4f1c3
 @patch
 def _check_batch(self: CudagraphDispatcher, num_tokens, uniform_decode, has_lora, num_active_loras) -> None:
     _check_count("num_tokens", num_tokens, 1)
@@ -442,6 +504,7 @@ class ForwardContext:
     batch_descriptor: BatchDescriptor | None = None            # the dispatcher's key
     capturing: bool = False                                     # graphs may be captured now (start-up capture)
 
+# %% ../nbs/10_cudagraph.ipynb #563ecf8c
 _forward_context: ForwardContext | None = None  # a module global, as in vLLM
 
 @contextmanager
@@ -461,6 +524,7 @@ def set_forward_context(cudagraph_runtime_mode: CUDAGraphMode | str = CUDAGraphM
     try: yield _forward_context
     finally: _forward_context = outer
 
+# %% ../nbs/10_cudagraph.ipynb #ae53c725
 def get_forward_context() -> ForwardContext:
     "The forward context of the model call in progress."
     if _forward_context is None: raise RuntimeError("no forward context: call the model inside `with set_forward_context(...)`")
@@ -479,12 +543,14 @@ class StandInGraph:
         "Overwrite the captured outputs with `fn` of the captured inputs' current values."
         _copy_into(self.output, self.fn(*self.args, **self.kwargs))
 
+# %% ../nbs/10_cudagraph.ipynb #1f28d43f
 def _copy_into(static: Any, fresh: Any) -> None:
     if isinstance(static, torch.Tensor): static.copy_(fresh)
     elif isinstance(static, (tuple, list)):
         for s, f in zip(static, fresh, strict=True): _copy_into(s, f)
     else: raise TypeError(f"a captured callable must return tensors (or tuples of them), got {type(static).__name__}")
 
+# %% ../nbs/10_cudagraph.ipynb #9f8919f3
 class _CUDAGraph:
     "`torch.cuda.CUDAGraph` behind the same two calls as `StandInGraph`."
     def __init__(self, pool: Any): self.graph, self.pool = torch.cuda.CUDAGraph(), pool
@@ -503,6 +569,7 @@ class CUDAGraphEntry:
     input_addresses: list[int]
     output: Any
 
+# %% ../nbs/10_cudagraph.ipynb #33dcc1ee
 class CUDAGraphWrapper:
     "Wraps a callable for one runtime mode: captures or replays when the forward context names that mode, else calls through."
     def __init__(self,
@@ -524,6 +591,27 @@ class CUDAGraphWrapper:
 
 # %% ../nbs/10_cudagraph.ipynb #acdb6076
 @patch
+def _check_replay(self: CUDAGraphWrapper, entry: CUDAGraphEntry, inputs: list[torch.Tensor]) -> None:
+    "A replay reads the captured buffers: same shapes, same addresses."
+    key, shapes = entry.batch_descriptor, [tuple(t.shape) for t in inputs]
+    if shapes != entry.input_shapes:
+        raise ValueError(f"the {self.runtime_mode.name} graph for {key} was captured with input shapes "
+                         f"{entry.input_shapes}, got {shapes}: pad the batch to the key's num_tokens")
+    moved = [i for i, t in enumerate(inputs) if t.data_ptr() != entry.input_addresses[i]]
+    if moved:
+        raise ValueError(f"input(s) {moved} of the {self.runtime_mode.name} graph for {key} are not the buffers it was "
+                         "captured with; copy new values into the captured buffers instead of passing new tensors")
+
+@patch
+def _capture(self: CUDAGraphWrapper, key, inputs, args, kwargs) -> Any:
+    graph = _CUDAGraph(self._pool) if self.device == "cuda" else StandInGraph()
+    output = graph.capture(self.runnable, args, kwargs)
+    self.entries[key] = CUDAGraphEntry(key, graph, [tuple(t.shape) for t in inputs], [t.data_ptr() for t in inputs], output)
+    self.capture_count += 1
+    return output
+
+# %% ../nbs/10_cudagraph.ipynb #d8df7bf4
+@patch
 def __call__(self: CUDAGraphWrapper, *args: Any, **kwargs: Any) -> Any:
     "Call through, capture, or replay, as the forward context says."
     context = get_forward_context()
@@ -536,25 +624,10 @@ def __call__(self: CUDAGraphWrapper, *args: Any, **kwargs: Any) -> Any:
                              f"{sorted(k.num_tokens for k in self.entries)} tokens. Capture every key of "
                              "get_capture_descs() at start-up, and dispatch with the same dispatcher")
         return self._capture(key, inputs, args, kwargs)
-    shapes = [tuple(t.shape) for t in inputs]
-    if shapes != entry.input_shapes:
-        raise ValueError(f"the {self.runtime_mode.name} graph for {key} was captured with input shapes "
-                         f"{entry.input_shapes}, got {shapes}: pad the batch to the key's num_tokens")
-    moved = [i for i, t in enumerate(inputs) if t.data_ptr() != entry.input_addresses[i]]
-    if moved:
-        raise ValueError(f"input(s) {moved} of the {self.runtime_mode.name} graph for {key} are not the buffers it was "
-                         "captured with; copy new values into the captured buffers instead of passing new tensors")
+    self._check_replay(entry, inputs)
     entry.graph.replay()
     self.replay_count += 1
     return entry.output
-
-@patch
-def _capture(self: CUDAGraphWrapper, key, inputs, args, kwargs) -> Any:
-    graph = _CUDAGraph(self._pool) if self.device == "cuda" else StandInGraph()
-    output = graph.capture(self.runnable, args, kwargs)
-    self.entries[key] = CUDAGraphEntry(key, graph, [tuple(t.shape) for t in inputs], [t.data_ptr() for t in inputs], output)
-    self.capture_count += 1
-    return output
 
 # %% ../nbs/10_cudagraph.ipynb #e8b3dee2
 def capture_cudagraphs(dummy_run: Callable[[BatchDescriptor], Any], # runs the model on dummy inputs shaped like a key

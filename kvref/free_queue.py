@@ -23,11 +23,13 @@ class KVCacheBlock:
     prev_free_block: KVCacheBlock | None = None  # free-list link towards the head (the queue's business only)
     next_free_block: KVCacheBlock | None = None  # free-list link towards the tail
     is_null: bool = False                        # vLLM's placeholder block 0, never handed out
+    free_queue: FreeKVCacheBlockQueue | None = None  # the queue linking it, if any (the queue's business only)
 
     def __repr__(self) -> str:
         h = "" if self.block_hash is None else f", hash={self.block_hash.hex()[:8]}"
         return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}{h})"
 
+# %% ../nbs/02_free_queue.ipynb #60dbbc85
 def block_ids(blocks: Iterable[KVCacheBlock]) -> list[int]:
     "The ids of `blocks`, in order: how block tables and queues are shown everywhere in kvref."
     return [b.block_id for b in blocks]
@@ -37,10 +39,12 @@ def _check_count(name: str, value, low: int = 0) -> None:
     "Refuse `value` unless it is an int >= `low`; a bool is not a count."
     if type(value) is not int or value < low: raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
+# %% ../nbs/02_free_queue.ipynb #1bb8d8c7
 def _check_bool(name: str, value) -> None:
     "Refuse `value` unless it is True or False."
     if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
 
+# %% ../nbs/02_free_queue.ipynb #4b97d46b
 def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> list[KVCacheBlock]:
     "`blocks` as a list, refusing anything but KVCacheBlocks with a TypeError that names `name`."
     if not hasattr(blocks, "__iter__"):
@@ -51,6 +55,19 @@ def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> lis
         raise TypeError(f"{name} must be KVCacheBlocks, got {type(bad).__name__}")
     return blocks
 
+# %% ../nbs/02_free_queue.ipynb #b59fb963
+def _checked_unqueued(blocks: Iterable[KVCacheBlock], queue: FreeKVCacheBlockQueue) -> list[KVCacheBlock]:
+    "`blocks` as a list, after checking that none is in a free queue (`queue`, or another) and none repeats."
+    blocks = _checked_blocks(blocks)
+    for block in blocks:
+        if block.free_queue is not None:
+            raise ValueError(f"block {block.block_id} is already in {'the' if block.free_queue is queue else 'another'} free queue")
+    if len(set(blocks)) < len(blocks):
+        seen: set[KVCacheBlock] = set()
+        twice = next(b for b in blocks if b in seen or seen.add(b))
+        raise ValueError(f"block {twice.block_id} appears twice in the blocks to queue")
+    return blocks
+
 # %% ../nbs/02_free_queue.ipynb #1ac36fbc
 class FreeKVCacheBlockQueue:
     "The free blocks in eviction order (head first), as a doubly linked list threaded through the blocks."
@@ -58,58 +75,43 @@ class FreeKVCacheBlockQueue:
         self.fake_head, self.fake_tail = KVCacheBlock(-1), KVCacheBlock(-1)
         self.fake_head.next_free_block, self.fake_tail.prev_free_block = self.fake_tail, self.fake_head
         self.num_free_blocks, self.version = 0, 0  # version: bumped by every change, so snapshots can tell
-        self._queued: set[KVCacheBlock] = set()   # the blocks linked here (blocks hash by identity)
         self._link(blocks, self.fake_head, self.fake_tail)
 
     def __len__(self) -> int: return self.num_free_blocks
 
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        "All free blocks from head (next to be reused) to tail."
-        out, block = [], self.fake_head.next_free_block
-        while block is not self.fake_tail:
-            out.append(block)
-            block = block.next_free_block
-        return out
+    def _link(self, blocks: Iterable[KVCacheBlock], prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
+        "Splice `blocks`, in order, between the adjacent queue nodes `prev` and `nxt`, after checking them all."
+        blocks = _checked_unqueued(blocks, self)
+        for block in blocks:
+            prev.next_free_block, block.prev_free_block, block.free_queue = block, prev, self
+            prev = block
+        prev.next_free_block, nxt.prev_free_block = nxt, prev
+        self.num_free_blocks += len(blocks)
+        self.version += 1
 
-# %% ../nbs/02_free_queue.ipynb #a9a06cb2
+# %% ../nbs/02_free_queue.ipynb #6c67e3d4
 @patch
-def _checked_unqueued(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> list[KVCacheBlock]:
-    "`blocks` as a list, after checking that none is in a queue (this one or another) and none repeats."
-    blocks = _checked_blocks(blocks)
-    for block in blocks:
-        if block.prev_free_block is not None:
-            raise ValueError(f"block {block.block_id} is already in {'the' if block in self._queued else 'another'} free queue")
-    if len(set(blocks)) < len(blocks):
-        seen: set[KVCacheBlock] = set()
-        twice = next(b for b in blocks if b in seen or seen.add(b))
-        raise ValueError(f"block {twice.block_id} appears twice in the blocks to queue")
-    return blocks
-
-@patch
-def _link(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock], prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
-    "Splice `blocks`, in order, between the adjacent queue nodes `prev` and `nxt`, after checking them all."
-    blocks = self._checked_unqueued(blocks)
-    for block in blocks:
-        prev.next_free_block, block.prev_free_block = block, prev
-        prev = block
-    prev.next_free_block, nxt.prev_free_block = nxt, prev
-    self._queued.update(blocks)
-    self.num_free_blocks += len(blocks)
-    self.version += 1
+def get_all_free_blocks(self: FreeKVCacheBlockQueue) -> list[KVCacheBlock]:
+    "All free blocks from head (next to be reused) to tail."
+    out, block = [], self.fake_head.next_free_block
+    while block is not self.fake_tail:
+        out.append(block)
+        block = block.next_free_block
+    return out
 
 # %% ../nbs/02_free_queue.ipynb #07275f9e
 @patch
 def remove(self: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     "Unlink `block` from wherever it sits in the queue, in O(1)."
     if type(block) is not KVCacheBlock: raise TypeError(f"block must be a KVCacheBlock, got {type(block).__name__}")
-    if block not in self._queued: raise ValueError(f"block {block.block_id} is not in the free queue")
+    if block.free_queue is not self: raise ValueError(f"block {block.block_id} is not in the free queue")
     prev, nxt = block.prev_free_block, block.next_free_block
     prev.next_free_block, nxt.prev_free_block = nxt, prev
-    block.prev_free_block = block.next_free_block = None
-    self._queued.remove(block)
+    block.prev_free_block = block.next_free_block = block.free_queue = None
     self.num_free_blocks -= 1
     self.version += 1
 
+# %% ../nbs/02_free_queue.ipynb #48befa1b
 @patch
 def popleft(self: FreeKVCacheBlockQueue) -> KVCacheBlock:
     "Take the head block (the least recently freed one)."
@@ -118,13 +120,22 @@ def popleft(self: FreeKVCacheBlockQueue) -> KVCacheBlock:
     self.remove(block)
     return block
 
+# %% ../nbs/02_free_queue.ipynb #5f1b1218
 @patch
 def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
-    "Take the first `n` blocks, head first."
+    "Take the first `n` blocks, head first, unlinking them in one walk."
     _check_count("n", n)
     if n > self.num_free_blocks:
         raise ValueError(f"asked for {n} free blocks but only {self.num_free_blocks} are free")
-    return [self.popleft() for _ in range(n)]
+    out, block = [], self.fake_head.next_free_block
+    for _ in range(n):
+        out.append(block)
+        block = block.next_free_block
+    for taken in out: taken.prev_free_block = taken.next_free_block = taken.free_queue = None
+    self.fake_head.next_free_block, block.prev_free_block = block, self.fake_head
+    self.num_free_blocks -= n
+    self.version += 1
+    return out
 
 # %% ../nbs/02_free_queue.ipynb #2b82c459
 @patch
@@ -132,11 +143,13 @@ def append_n(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> Non
     "Put `blocks` at the tail, in order (the last one becomes the tail)."
     self._link(blocks, self.fake_tail.prev_free_block, self.fake_tail)
 
+# %% ../nbs/02_free_queue.ipynb #4f8faf54
 @patch
 def append(self: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     "Put one block at the tail."
     self._link([block], self.fake_tail.prev_free_block, self.fake_tail)
 
+# %% ../nbs/02_free_queue.ipynb #fbc86d54
 @patch
 def prepend_n(self: FreeKVCacheBlockQueue, blocks: Iterable[KVCacheBlock]) -> None:
     "Put `blocks` at the head, in order (the first one becomes the head)."

@@ -25,8 +25,8 @@ except ImportError:  # pragma: no cover
 # %% auto #0
 __all__ = ['HASH_FUNCTIONS', 'SHA256_FAMILY', 'NONE_HASH_SEED', 'sha256', 'sha256_cbor', 'xxhash', 'xxhash_cbor', 'builtin',
            'get_hash_fn_by_name', 'init_none_hash', 'hash_block_tokens', 'LoRARequest', 'MultiModalItem',
-           'generate_block_hash_extra_keys', 'hash_request_tokens', 'block_hash_to_int64', 'load_vectors',
-           'VectorMismatch', 'check_vectors']
+           'generate_block_hash_extra_keys', 'request_block_hashes', 'block_hash_to_int64', 'hash_request_tokens',
+           'load_vectors', 'VectorMismatch', 'check_vectors']
 
 # %% ../nbs/01_hashing.ipynb #c844f5b7
 def sha256(obj: Any) -> bytes:
@@ -39,20 +39,23 @@ def sha256_cbor(obj: Any) -> bytes:
 
 # %% ../nbs/01_hashing.ipynb #066e031a
 def _require_xxhash(name: str):
+    "The `xxhash` module, or an error saying how to install it."
     if _xxhash is None or not hasattr(_xxhash, "xxh3_128_digest"):
-        raise ValueError(f"hash algorithm {name!r} needs the optional package xxhash>=3 (pip install 'kvref[xxhash]')")
+        raise ValueError(f"hash algorithm {name!r} needs the optional package xxhash>=3 "
+                         "(pip install 'kvref[xxhash]')")
     return _xxhash
 
 def xxhash(obj: Any) -> bytes:
     "xxh3-128 digest of `obj` pickled with protocol 5 (fast, not cryptographic)."
     return _require_xxhash("xxhash").xxh3_128_digest(pickle.dumps(obj, protocol=5))
 
+# %% ../nbs/01_hashing.ipynb #066e031c
 def xxhash_cbor(obj: Any) -> bytes:
     "xxh3-128 digest of `obj` as canonical CBOR (fast, not cryptographic)."
     return _require_xxhash("xxhash_cbor").xxh3_128_digest(cbor2.dumps(obj, canonical=True))
 
 def builtin(obj: Any) -> bytes:
-    "Python's `hash(obj)` as 8 signed big-endian bytes: the seeds' original, different in every process."
+    "Python's `hash(obj)` as 8 signed big-endian bytes: vLLM's original block hash, different in every process."
     return hash(obj).to_bytes(8, "big", signed=True)
 
 # %% ../nbs/01_hashing.ipynb #6c1a0b0c
@@ -60,6 +63,7 @@ HASH_FUNCTIONS: dict[str, Callable[[Any], bytes]] = {
     "sha256": sha256, "sha256_cbor": sha256_cbor, "xxhash": xxhash, "xxhash_cbor": xxhash_cbor, "builtin": builtin}
 SHA256_FAMILY = frozenset({"sha256", "sha256_cbor"})  # cryptographic: seeded with a fixed string by default
 
+# %% ../nbs/01_hashing.ipynb #6c1a0b0e
 def get_hash_fn_by_name(name: str  # one of `HASH_FUNCTIONS`
                        ) -> Callable[[Any], bytes]:
     "The block hash function called `name`."
@@ -69,7 +73,7 @@ def get_hash_fn_by_name(name: str  # one of `HASH_FUNCTIONS`
     if fn is xxhash or fn is xxhash_cbor: _require_xxhash(name)
     return fn
 
-# %% ../nbs/01_hashing.ipynb #ef49dac8
+# %% ../nbs/01_hashing.ipynb #ef49dac9
 NONE_HASH_SEED = "vllm-none-hash"  # vLLM 0.33's default seed for the SHA-256 family
 _PROCESS_NONE_HASHES: dict[str, bytes] = {}  # like vLLM's global NONE_HASH: random once per process and algorithm
 
@@ -85,8 +89,6 @@ def init_none_hash(hash_fn_name: str,  # algorithm, see `HASH_FUNCTIONS`
     return hash_fn(seed)
 
 # %% ../nbs/01_hashing.ipynb #78c910cc
-_NAME_OF_HASH_FN = {fn: name for name, fn in HASH_FUNCTIONS.items()}
-
 def hash_block_tokens(hash_fn: Callable[[Any], bytes],  # from `get_hash_fn_by_name`
                       parent_block_hash: bytes | None,  # previous block's hash; None for the first block
                       curr_block_token_ids: Sequence[int],  # the block's token ids (a full block)
@@ -94,13 +96,17 @@ def hash_block_tokens(hash_fn: Callable[[Any], bytes],  # from `get_hash_fn_by_n
                       none_hash: bytes | None = None,  # parent of the first block; default `init_none_hash`
                      ) -> bytes:
     "The hash of one full block: `hash_fn((parent, tuple(token_ids), extra_keys))`."
-    if not parent_block_hash:
-        if none_hash is None:
-            name = _NAME_OF_HASH_FN.get(hash_fn)
-            if name is None: raise ValueError("hash_block_tokens needs none_hash= for a hash function kvref does not name")
-            none_hash = init_none_hash(name)
-        parent_block_hash = none_hash
+    if not parent_block_hash: parent_block_hash = none_hash or _default_none_hash(hash_fn)
     return hash_fn((parent_block_hash, tuple(curr_block_token_ids), extra_keys))
+
+# %% ../nbs/01_hashing.ipynb #c37a65b0
+_NAME_OF_HASH_FN = {fn: name for name, fn in HASH_FUNCTIONS.items()}
+
+def _default_none_hash(hash_fn: Callable[[Any], bytes]) -> bytes:
+    "`init_none_hash` of the kvref hash function `hash_fn`."
+    name = _NAME_OF_HASH_FN.get(hash_fn)
+    if name is None: raise ValueError("hash_block_tokens needs none_hash= for a hash function kvref does not name")
+    return init_none_hash(name)
 
 # %% ../nbs/01_hashing.ipynb #5de3000d
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ class LoRARequest:
             if not isinstance(getattr(self, field), str):
                 raise TypeError(f"LoRARequest.{field} must be a str, got {type(getattr(self, field)).__name__}")
 
+# %% ../nbs/01_hashing.ipynb #5de3000e
 @dataclass(frozen=True)
 class MultiModalItem:
     "A multimodal input (an image, say): its content hash and the placeholder tokens it occupies in the prompt."
@@ -132,12 +139,13 @@ class MultiModalItem:
     @property
     def end(self) -> int: return self.offset + self.length
 
-# %% ../nbs/01_hashing.ipynb #fb0f504d
+# %% ../nbs/01_hashing.ipynb #fb0f504b
 def _is_tensor(x) -> bool:
     "Whether `x` is a torch tensor (torch is not imported for this: if it is not loaded, `x` is none)."
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
+# %% ../nbs/01_hashing.ipynb #fb0f5047
 def _embedding_rows_bytes(rows) -> bytes:
     "Raw bytes, C order, of a slice of prompt embeddings (a numpy array or a torch tensor)."
     if isinstance(rows, np.ndarray): return np.ascontiguousarray(rows).tobytes()
@@ -146,6 +154,7 @@ def _embedding_rows_bytes(rows) -> bytes:
         return rows.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
     raise TypeError(f"prompt_embeds must be a numpy array or a torch tensor, got {type(rows).__name__}")
 
+# %% ../nbs/01_hashing.ipynb #fb0f504d
 def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the block
                                    end_token_idx: int,  # one past its last token
                                    *, lora: LoRARequest | None = None,
@@ -156,7 +165,7 @@ def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the b
     "The tagged extra keys of the block `[start_token_idx, end_token_idx)`, in vLLM 0.33's order; None if none."
     keys: list[tuple] = []
     if lora is not None: keys.append(("lora", lora.name, lora.path))
-    first = bisect.bisect_right(mm_items, start_token_idx, key=lambda item: item.end)  # first item ending after start
+    first = bisect.bisect_right(mm_items, start_token_idx, key=lambda item: item.end)  # first to end after start
     for item in islice(mm_items, first, None):
         if item.offset >= end_token_idx: break
         keys.append(("mm", item.identifier, item.offset - start_token_idx))
@@ -166,11 +175,43 @@ def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the b
         keys.append(("prompt_embeds", hashlib.sha256(rows).digest()))
     return tuple(keys) or None
 
-# %% ../nbs/01_hashing.ipynb #76a3e5f1
+# %% ../nbs/01_hashing.ipynb #d22197c5
+def request_block_hashes(token_ids: Sequence[int],  # all token ids so far: prompt, then generated
+                         block_size: int,  # tokens per block
+                         algo: str = "sha256",  # see `HASH_FUNCTIONS`
+                         *, cache_salt: str | None = None,  # tenant salt, goes into the first block
+                         lora: LoRARequest | None = None,
+                         mm_items: Sequence[MultiModalItem] = (),
+                         prompt_embeds=None,  # [num_prompt_tokens, hidden] array or tensor, if given instead of ids
+                         seed: str | None = None,  # NONE_HASH seed, see `init_none_hash`
+                         known_hashes: Sequence[bytes] = (),  # hashes of the first blocks, already computed
+                        ) -> list[bytes]:
+    "The definition: `known_hashes`, then the hash of each later full block of `token_ids`, chained."
+    hash_fn, hashes = get_hash_fn_by_name(algo), list(known_hashes)
+    mm_items = sorted(mm_items, key=lambda item: item.offset)
+    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
+        end = start + block_size
+        keys = generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt,
+                                              prompt_embeds=prompt_embeds)
+        parent = hashes[-1] if hashes else init_none_hash(algo, seed)
+        hashes.append(hash_block_tokens(hash_fn, parent, token_ids[start:end], keys))
+    return hashes
+
+# %% ../nbs/01_hashing.ipynb #d5c9aeed
+def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
+                       ) -> int:
+    "The 64-bit block id vLLM publishes in KV events: the digest's last 8 bytes, big-endian, unsigned."
+    if not isinstance(h, (bytes, bytearray)): raise TypeError(f"block hash must be bytes, got {type(h).__name__}")
+    if len(h) < 8: raise ValueError(f"block hash must have at least 8 bytes, got {len(h)}")
+    return int.from_bytes(h[-8:], "big")
+
+# %% ../nbs/01_hashing.ipynb #c1a00002
 def _check_block_size(block_size) -> None:
+    "A block size is an int >= 1 (not a bool, not a float)."
     if type(block_size) is not int or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
 
+# %% ../nbs/01_hashing.ipynb #c1a00013
 def _check_token_container(token_ids) -> None:
     "Token ids come as a sequence (list, tuple, range) or a 1-D numpy or torch array, never as a string."
     is_array = isinstance(token_ids, np.ndarray) or _is_tensor(token_ids)
@@ -180,6 +221,18 @@ def _check_token_container(token_ids) -> None:
     if is_array and token_ids.ndim != 1:
         raise TypeError(f"token_ids must be one-dimensional, got shape {tuple(token_ids.shape)}")
 
+# %% ../nbs/01_hashing.ipynb #76a3e5f1
+def _checked_token(token, index: int) -> int:
+    "One token id as a Python int, or an error naming `token_ids[index]`."
+    value = token.tolist() if hasattr(token, "tolist") else token  # a numpy or torch scalar: the number it holds
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"token_ids[{index}] is {token!r} ({type(token).__name__}); token ids must be ints >= 0")
+    value = operator.index(value)
+    if not 0 <= value < 1 << 64:
+        raise ValueError(f"token_ids[{index}] is {value}; token ids must be ints in [0, 2**64)")
+    return value
+
+# %% ../nbs/01_hashing.ipynb #76a3e5f3
 def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[int, ...]:
     "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
     span = token_ids[start:stop]
@@ -192,24 +245,19 @@ def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[in
         except OverflowError: pass
     return tuple(_checked_token(token, i) for i, token in enumerate(tokens, start))
 
-def _checked_token(token, index: int) -> int:
-    "One token id as a Python int, or an error naming `token_ids[index]`."
-    value = token.tolist() if hasattr(token, "tolist") else token  # a numpy or torch scalar: the number it holds
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"token_ids[{index}] is {token!r} ({type(token).__name__}); token ids must be ints >= 0")
-    value = operator.index(value)
-    if not 0 <= value < 1 << 64: raise ValueError(f"token_ids[{index}] is {value}; token ids must be ints in [0, 2**64)")
-    return value
-
+# %% ../nbs/01_hashing.ipynb #c1a00007
 def _check_prompt_embeds(prompt_embeds) -> None:
     "Prompt embeddings are None or a numeric array or tensor [num_prompt_tokens, hidden]: their bytes are hashed."
     if prompt_embeds is None: return
-    if not (_is_tensor(prompt_embeds) or isinstance(prompt_embeds, np.ndarray) and prompt_embeds.dtype.kind in "biufc"):
-        got = f"a numpy array of {prompt_embeds.dtype}" if isinstance(prompt_embeds, np.ndarray) else type(prompt_embeds).__name__
+    is_array = isinstance(prompt_embeds, np.ndarray)
+    if not (_is_tensor(prompt_embeds) or is_array and prompt_embeds.dtype.kind in "biufc"):
+        got = f"a numpy array of {prompt_embeds.dtype}" if is_array else type(prompt_embeds).__name__
         raise TypeError(f"prompt_embeds must be a numpy array or a torch tensor of numbers, got {got}")
     if prompt_embeds.ndim != 2 and prompt_embeds.shape != (0,):  # (0,): no rows, as JSON writes an empty table
-        raise ValueError(f"prompt_embeds must be 2-D [num_prompt_tokens, hidden], got shape {tuple(prompt_embeds.shape)}")
+        raise ValueError(f"prompt_embeds must be 2-D [num_prompt_tokens, hidden], "
+                         f"got shape {tuple(prompt_embeds.shape)}")
 
+# %% ../nbs/01_hashing.ipynb #c1a0000a
 def _checked_mm_items(mm_items: Sequence[MultiModalItem], num_tokens: int) -> list[MultiModalItem]:
     "`mm_items` sorted by offset, after checking each lies inside the tokens and none overlaps another."
     for item in mm_items:
@@ -225,7 +273,9 @@ def _checked_mm_items(mm_items: Sequence[MultiModalItem], num_tokens: int) -> li
                              f"{b.identifier!r} [{b.offset}, {b.end}) overlap")
     return items
 
-def _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds) -> list[MultiModalItem]:
+# %% ../nbs/01_hashing.ipynb #c1a0000d
+def _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items,
+                     prompt_embeds) -> list[MultiModalItem]:
     "Check everything about a request but its token values; return its multimodal items sorted by offset."
     _check_token_container(token_ids)
     get_hash_fn_by_name(algo)  # checks the name, and that xxhash is installed when asked for
@@ -237,6 +287,16 @@ def _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items, pr
     _check_prompt_embeds(prompt_embeds)
     return _checked_mm_items(mm_items, len(token_ids)) if mm_items else []
 
+# %% ../nbs/01_hashing.ipynb #c1a0002d
+def _check_known_hashes(known_hashes: Sequence[bytes], num_full_blocks: int, num_tokens: int,
+                        block_size: int) -> None:
+    "`known_hashes` must not outnumber the full blocks, and must end in a real hash."
+    if len(known_hashes) > num_full_blocks:
+        raise ValueError(f"known_hashes has {len(known_hashes)} hashes but {num_tokens} tokens fill only "
+                         f"{num_full_blocks} blocks of {block_size}")
+    if known_hashes and (not isinstance(known_hashes[-1], bytes) or not known_hashes[-1]):
+        raise TypeError(f"known_hashes must hold non-empty bytes, got {known_hashes[-1]!r:.40}")
+
 # %% ../nbs/01_hashing.ipynb #74beb75d
 def _cbor_head(major: int, n: int) -> bytes:
     "The shortest CBOR head of major type `major` with argument `n` (RFC 8949, section 3)."
@@ -245,6 +305,7 @@ def _cbor_head(major: int, n: int) -> bytes:
         if n < 1 << (8 * width): return bytes([major << 5 | info]) + n.to_bytes(width, "big")
     raise ValueError(f"CBOR cannot encode {n} in one head (it must be < 2**64)")
 
+# %% ../nbs/01_hashing.ipynb #74beb75f
 def _cbor_token_blocks(tokens: Sequence[int], block_size: int) -> list[bytes]:
     "Canonical CBOR of each full block of `tokens` (ints in [0, 2**64)) as an array, encoded in one numpy pass."
     if not tokens: return []
@@ -270,6 +331,7 @@ _CBOR_DIGESTS: dict[str, Callable[[bytes], bytes]] = {
     "sha256_cbor": lambda data: hashlib.sha256(data).digest(),
     "xxhash_cbor": lambda data: _require_xxhash("xxhash_cbor").xxh3_128_digest(data)}
 
+# %% ../nbs/01_hashing.ipynb #97e22ec1
 def _hash_blocks_cbor(algo: str, parent: bytes, blocks: list[bytes], extra_keys: list | None) -> list[bytes]:
     "Chain the CBOR algorithm `algo` over pre-encoded token blocks: same bytes as `cbor2.dumps(tuple)`."
     digest, hashes, heads = _CBOR_DIGESTS[algo], [], {}
@@ -286,9 +348,17 @@ def _hash_blocks_cbor(algo: str, parent: bytes, blocks: list[bytes], extra_keys:
 # %% ../nbs/01_hashing.ipynb #d13cbd04
 _CHUNK_TOKENS = 8192  # token ids checked and hashed together: small enough to stay in cache
 
-def _hash_blocks(algo: str, parent: bytes, tokens: tuple[int, ...], block_size: int, extra_keys: list | None) -> list[bytes]:
+def _chunks(start: int, stop: int, block_size: int):
+    "`(lo, hi)` spans of whole blocks covering `[start, stop)`, about `_CHUNK_TOKENS` tokens each."
+    chunk = block_size * max(1, _CHUNK_TOKENS // block_size)
+    for lo in range(start, stop, chunk): yield lo, min(lo + chunk, stop)
+
+# %% ../nbs/01_hashing.ipynb #d13cbd08
+def _hash_blocks(algo: str, parent: bytes, tokens: tuple[int, ...], block_size: int,
+                 extra_keys: list | None) -> list[bytes]:
     "Chain the full blocks of `tokens` (checked) after `parent`: the definition, or the CBOR fast path."
-    if algo in _CBOR_DIGESTS: return _hash_blocks_cbor(algo, parent, _cbor_token_blocks(tokens, block_size), extra_keys)
+    if algo in _CBOR_DIGESTS:
+        return _hash_blocks_cbor(algo, parent, _cbor_token_blocks(tokens, block_size), extra_keys)
     hash_fn, hashes = HASH_FUNCTIONS[algo], []
     for s, keys in zip(range(0, len(tokens), block_size), repeat(None) if extra_keys is None else extra_keys):
         parent = hash_fn((parent, tokens[s:s + block_size], keys))
@@ -299,9 +369,11 @@ def _hash_blocks(algo: str, parent: bytes, tokens: tuple[int, ...], block_size: 
 def _extra_keys_per_block(start: int, stop: int, block_size: int, **request) -> list[tuple | None]:
     "`generate_block_hash_extra_keys` of each block in `[start, stop)`, generated only for the blocks that differ."
     if request["prompt_embeds"] is not None:  # every block has embeddings of its own
-        return [generate_block_hash_extra_keys(s, s + block_size, **request) for s in range(start, stop, block_size)]
+        return [generate_block_hash_extra_keys(s, s + block_size, **request)
+                for s in range(start, stop, block_size)]
     later = max(start, block_size)  # any block but block 0: the LoRA key alone (or None), shared by most blocks
-    keys = [generate_block_hash_extra_keys(later, later + block_size, lora=request["lora"])] * ((stop - start) // block_size)
+    shared = generate_block_hash_extra_keys(later, later + block_size, lora=request["lora"])
+    keys = [shared] * ((stop - start) // block_size)
     special = {0} if start == 0 else set()  # block 0 carries the salt; blocks under a multimodal item carry it
     for item in request["mm_items"]:
         lo, hi = max(item.offset, start), min(item.end, stop)
@@ -321,53 +393,43 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
                         seed: str | None = None,  # NONE_HASH seed, see `init_none_hash`
                         known_hashes: Sequence[bytes] = (),  # hashes of the first blocks, already computed
                        ) -> list[bytes]:
-    "Hashes of all full blocks of `token_ids`; only the blocks after `known_hashes` are computed."
-    # when no block is new, a `known_hashes` list is returned as is (no copy): the decode step stays O(1)
+    "`request_block_hashes`, every input checked, fast: hashes of all full blocks, computed after `known_hashes`."
     items = _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds)
     first, last = len(known_hashes), len(token_ids) // block_size
-    if first > last:
-        raise ValueError(f"known_hashes has {first} hashes but {len(token_ids)} tokens fill only {last} "
-                         f"blocks of {block_size}")
+    _check_known_hashes(known_hashes, last, len(token_ids), block_size)
     _checked_tokens(token_ids, last * block_size, len(token_ids))  # the partial block: checked, hashed once full
-    if first == last:  # the common decode step: no block completed, nothing to hash
+    if first == last:  # the common decode step: no block completed, nothing to hash, no copy
         return known_hashes if type(known_hashes) is list else list(known_hashes)
-    start, stop = first * block_size, last * block_size
     hashes = list(known_hashes)
-    if first and (not isinstance(hashes[-1], bytes) or not hashes[-1]):
-        raise TypeError(f"known_hashes must hold non-empty bytes, got {hashes[-1]!r:.40}")
+    request = dict(lora=lora, mm_items=items, cache_salt=cache_salt, prompt_embeds=prompt_embeds)
     has_keys = lora is not None or items or prompt_embeds is not None or (cache_salt and first == 0)
-    chunk = block_size * max(1, _CHUNK_TOKENS // block_size)
-    for lo in range(start, stop, chunk):  # check, key and hash a cache-sized chunk at a time
-        hi = min(lo + chunk, stop)
-        keys = _extra_keys_per_block(lo, hi, block_size, lora=lora, mm_items=items, cache_salt=cache_salt,
-                                     prompt_embeds=prompt_embeds) if has_keys else None
+    for lo, hi in _chunks(first * block_size, last * block_size, block_size):
+        keys = _extra_keys_per_block(lo, hi, block_size, **request) if has_keys else None
         parent = hashes[-1] if hashes else init_none_hash(algo, seed)
         hashes += _hash_blocks(algo, parent, _checked_tokens(token_ids, lo, hi), block_size, keys)
     return hashes
 
-# %% ../nbs/01_hashing.ipynb #d5c9aeed
-def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
-                       ) -> int:
-    "The 64-bit block id vLLM publishes in KV events: the digest's last 8 bytes, big-endian, unsigned."
-    if not isinstance(h, (bytes, bytearray)): raise TypeError(f"block hash must be bytes, got {type(h).__name__}")
-    if len(h) < 8: raise ValueError(f"block hash must have at least 8 bytes, got {len(h)}")
-    return int.from_bytes(h[-8:], "big")
-
 # %% ../nbs/01_hashing.ipynb #9bce485a
 def _lora_from_json(value) -> LoRARequest | None:
+    "A vector's `lora` field: null or `{\"name\": str, \"path\": str}`."
     if value is None: return None
     if not isinstance(value, dict) or not {"name", "path"} <= set(value):
         raise ValueError(f'expected {{"name": str, "path": str}} or null, got {value!r:.60}')
     return LoRARequest(value["name"], value["path"])
 
+# %% ../nbs/01_hashing.ipynb #9bce4864
 def _mm_from_json(value) -> list[MultiModalItem]:
+    "A vector's `mm` field: null or a list of `{\"identifier\", \"offset\", \"length\"}`."
     fields = ("identifier", "offset", "length")
     if value is None: return []
     if not isinstance(value, list) or not all(isinstance(m, dict) and set(fields) <= set(m) for m in value):
-        raise ValueError(f'expected a list of {{"identifier": str, "offset": int, "length": int}} or null, got {value!r:.60}')
+        raise ValueError(f'expected a list of {{"identifier": str, "offset": int, "length": int}} or null, '
+                         f'got {value!r:.60}')
     return [MultiModalItem(*(m[f] for f in fields)) for m in value]
 
+# %% ../nbs/01_hashing.ipynb #9bce485c
 def _embeds_from_json(value) -> np.ndarray | None:
+    "A vector's `prompt_embeds` field: null or `{\"dtype\": str, \"rows\": [[number, ...], ...]}`."
     if value is None: return None
     if not isinstance(value, dict) or not isinstance(value.get("dtype"), str) or "rows" not in value:
         raise ValueError(f'expected {{"dtype": str, "rows": [[number, ...], ...]}} or null, got {value!r:.60}')
@@ -380,10 +442,14 @@ def _embeds_from_json(value) -> np.ndarray | None:
     _check_prompt_embeds(rows)
     return rows
 
+# %% ../nbs/01_hashing.ipynb #9bce4865
 def _seed_from_json(value) -> str | None:
-    if value is not None and not isinstance(value, str): raise ValueError(f"expected a str or null, got {value!r:.60}")
+    "A vector's `none_hash_seed` field: null or a str."
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"expected a str or null, got {value!r:.60}")
     return value
 
+# %% ../nbs/01_hashing.ipynb #9bce485f
 _PARSED_FIELDS = {"lora": _lora_from_json, "mm": _mm_from_json, "prompt_embeds": _embeds_from_json,
                   "none_hash_seed": _seed_from_json}  # vector-file fields that are not passed on as they are
 
@@ -398,14 +464,26 @@ def _vector_request(entry: dict) -> dict:
         except (ValueError, TypeError) as e: raise ValueError(f"malformed {field} field: {e}") from None
     tokens = entry["prompt_token_ids"]
     if not isinstance(tokens, list): raise ValueError("prompt_token_ids must be a list")
-    request = dict(token_ids=tokens, block_size=entry["block_size"], algo=entry["algo"], cache_salt=entry.get("cache_salt"),
-                   lora=parsed["lora"], mm_items=parsed["mm"], prompt_embeds=parsed["prompt_embeds"])
+    request = dict(token_ids=tokens, block_size=entry["block_size"], algo=entry["algo"],
+                   cache_salt=entry.get("cache_salt"), lora=parsed["lora"], mm_items=parsed["mm"],
+                   prompt_embeds=parsed["prompt_embeds"])
     _checked_request(**request)
     _checked_tokens(tokens, 0, len(tokens))
     return dict(request, seed=parsed["none_hash_seed"])
 
+# %% ../nbs/01_hashing.ipynb #9bce4861
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
+def _check_vector_answers(entry: dict, algo: str) -> None:
+    "A vector's expected answers: one hex digest of `algo`'s size per block, and 64-bit ids if given."
+    hashes, ids, digits = entry["block_hashes"], entry.get("block_ids_int64"), 2 * len(HASH_FUNCTIONS[algo](b""))
+    if not isinstance(hashes, list) or not all(isinstance(h, str) and len(h) == digits and set(h) <= _HEX_DIGITS
+                                               for h in hashes):
+        raise ValueError(f"block_hashes must be a list of hex strings of {digits} digits ({algo} digests)")
+    if ids is not None and not (isinstance(ids, list) and all(type(x) is int and 0 <= x < 1 << 64 for x in ids)):
+        raise ValueError("block_ids_int64 must be a list of ints in [0, 2**64)")
+
+# %% ../nbs/01_hashing.ipynb #9bce4868
 def load_vectors(path: str | Path) -> list[dict]:
     "The vectors of a vector file, every field checked; errors name the file, the vector and the field."
     try: data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -413,18 +491,11 @@ def load_vectors(path: str | Path) -> list[dict]:
     vectors = data.get("vectors") if isinstance(data, dict) else None
     if not isinstance(vectors, list): raise ValueError(f"{path}: no 'vectors' list at the top level")
     for i, entry in enumerate(vectors):
-        try:
-            request = _vector_request(entry)
-            hashes, ids = entry["block_hashes"], entry.get("block_ids_int64")
-            digits = 2 * len(HASH_FUNCTIONS[request["algo"]](b""))
-            if not isinstance(hashes, list) or not all(isinstance(h, str) and len(h) == digits and set(h) <= _HEX_DIGITS for h in hashes):
-                raise ValueError(f"block_hashes must be a list of hex strings of {digits} digits ({request['algo']} digests)")
-            if ids is not None and not (isinstance(ids, list) and all(type(x) is int and 0 <= x < 1 << 64 for x in ids)):
-                raise ValueError("block_ids_int64 must be a list of ints in [0, 2**64)")
+        try: _check_vector_answers(entry, _vector_request(entry)["algo"])
         except (ValueError, TypeError) as e: raise ValueError(f"{path}: vector {i}: {e}") from None
     return vectors
 
-# %% ../nbs/01_hashing.ipynb #1deda3ee
+# %% ../nbs/01_hashing.ipynb #1deda3ed
 @dataclass(frozen=True)
 class VectorMismatch:
     "The first place where kvref's hashes differ from a vector file's."
@@ -434,6 +505,14 @@ class VectorMismatch:
     expected: str
     got: str
 
+def _first_difference(want: list[str], have: list[str]) -> tuple[int, str, str] | None:
+    "(index, wanted, got) of the first place two lists differ, '(no block)' standing for a missing item."
+    for b in range(max(len(want), len(have))):
+        w, g = (want[b] if b < len(want) else "(no block)"), (have[b] if b < len(have) else "(no block)")
+        if w != g: return b, w, g
+    return None
+
+# %% ../nbs/01_hashing.ipynb #1deda3ee
 def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | None]:
     "Recompute every vector of the files at `paths`: (number of vectors, first mismatch or None)."
     if not paths: raise ValueError("no vector files given: checking nothing is not a pass")
@@ -444,13 +523,11 @@ def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | No
         for i, entry in enumerate(vectors):
             count += 1
             got = hash_request_tokens(**_vector_request(entry))
-            expected = [h.lower() for h in entry["block_hashes"]]
-            columns = [(expected, [h.hex() for h in got])]
+            columns = [([h.lower() for h in entry["block_hashes"]], [h.hex() for h in got])]
             if "block_ids_int64" in entry:
-                columns.append(([str(x) for x in entry["block_ids_int64"]], [str(block_hash_to_int64(h)) for h in got]))
+                columns.append(([str(x) for x in entry["block_ids_int64"]],
+                                [str(block_hash_to_int64(h)) for h in got]))
             for want, have in columns:
-                for b in range(max(len(want), len(have))):
-                    w = want[b] if b < len(want) else "(no block)"
-                    g = have[b] if b < len(have) else "(no block)"
-                    if w != g: return count, VectorMismatch(str(path), i, b, w, g)
+                if difference := _first_difference(want, have):
+                    return count, VectorMismatch(str(path), i, *difference)
     return count, None

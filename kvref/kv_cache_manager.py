@@ -17,6 +17,36 @@ from .hashing import (LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_req
 # %% auto #0
 __all__ = ['BEHAVIORS', 'Request', 'cdiv', 'KVCacheManager']
 
+# %% ../nbs/04_kv_cache_manager.ipynb #85d3d1b3
+class _naming_request:
+    "Context manager: prefix a TypeError/ValueError raised inside with the request's id."
+    def __init__(self, request_id: str): self.request_id = request_id
+    def __enter__(self): return self
+    def __exit__(self, kind, error, tb):
+        if kind in (TypeError, ValueError): raise kind(f"request {self.request_id!r}: {error}") from None
+
+# %% ../nbs/04_kv_cache_manager.ipynb #6ceb875f
+def _checked_token_ids(token_ids: Sequence[int], name: str) -> list[int]:
+    "`token_ids` as a new list of ints in [0, 2**64) (the hashing chapter's check)."
+    if isinstance(token_ids, (str, bytes, dict, set)) or not hasattr(token_ids, "__iter__"):
+        raise TypeError(f"{name} must be a list of ints, got {type(token_ids).__name__}")
+    return list(_checked_tokens(token_ids if hasattr(token_ids, "__getitem__") else list(token_ids), 0, None))
+
+# %% ../nbs/04_kv_cache_manager.ipynb #91a41512
+def _check_request_fields(request: Request) -> None:
+    "Refuse an empty prompt, a computed count outside it, and a salt, adapter or items that could not be hashed."
+    if not request.all_token_ids: raise ValueError("empty prompt: a request needs at least one token")
+    _check_count("num_computed_tokens", request.num_computed_tokens)
+    if request.num_computed_tokens > len(request.all_token_ids):
+        raise ValueError(f"num_computed_tokens={request.num_computed_tokens} but the prompt has {len(request.all_token_ids)} tokens")
+    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
+        raise TypeError(f"cache_salt must be a str or None, got {type(request.cache_salt).__name__}")
+    if request.lora_request is not None and not isinstance(request.lora_request, LoRARequest):
+        raise TypeError(f"lora_request must be a LoRARequest or None, got {type(request.lora_request).__name__}")
+    if not isinstance(request.mm_items, (tuple, list)):
+        raise TypeError(f"mm_items must be a tuple of MultiModalItem, got {type(request.mm_items).__name__}")
+    _checked_mm_items(request.mm_items, len(request.all_token_ids))
+
 # %% ../nbs/04_kv_cache_manager.ipynb #e0826e74
 @dataclass(eq=False)
 class Request:
@@ -37,51 +67,40 @@ class Request:
             self.all_token_ids = _checked_token_ids(self.prompt_token_ids, "prompt_token_ids")
             _check_request_fields(self)
 
-    @property
-    def num_tokens(self) -> int: return len(self.all_token_ids)
+# %% ../nbs/04_kv_cache_manager.ipynb #7cdbe1fd
+@patch(as_prop=True)
+def num_tokens(self: Request) -> int: return len(self.all_token_ids)
 
-    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
-        "Add generated tokens (their KV is computed when they are next scheduled); all checked before any is added."
-        if type(token_ids) is int and 0 <= token_ids < 1 << 64: self.all_token_ids.append(token_ids)  # decode fast path
-        else:
-            with _naming_request(self.request_id):
-                self.all_token_ids += _checked_token_ids([token_ids] if isinstance(token_ids, int) else token_ids, "token_ids")
-
-# %% ../nbs/04_kv_cache_manager.ipynb #85d3d1b3
-class _naming_request:
-    "Context manager: prefix a TypeError/ValueError raised inside with the request's id."
-    def __init__(self, request_id: str): self.request_id = request_id
-    def __enter__(self): return self
-    def __exit__(self, kind, error, tb):
-        if kind in (TypeError, ValueError): raise kind(f"request {self.request_id!r}: {error}") from None
-
-def _checked_token_ids(token_ids: Sequence[int], name: str) -> list[int]:
-    "`token_ids` as a new list of ints in [0, 2**64) (the hashing chapter's check)."
-    if isinstance(token_ids, (str, bytes, dict, set)) or not hasattr(token_ids, "__iter__"):
-        raise TypeError(f"{name} must be a list of ints, got {type(token_ids).__name__}")
-    return list(_checked_tokens(token_ids if hasattr(token_ids, "__getitem__") else list(token_ids), 0, None))
-
-def _check_request_fields(request: Request) -> None:
-    "Refuse an empty prompt, a computed count outside it, and a salt, adapter or items that could not be hashed."
-    if not request.all_token_ids: raise ValueError("empty prompt: a request needs at least one token")
-    _check_count("num_computed_tokens", request.num_computed_tokens)
-    if request.num_computed_tokens > request.num_tokens:
-        raise ValueError(f"num_computed_tokens={request.num_computed_tokens} but the prompt has {request.num_tokens} tokens")
-    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
-        raise TypeError(f"cache_salt must be a str or None, got {type(request.cache_salt).__name__}")
-    if request.lora_request is not None and not isinstance(request.lora_request, LoRARequest):
-        raise TypeError(f"lora_request must be a LoRARequest or None, got {type(request.lora_request).__name__}")
-    if not isinstance(request.mm_items, (tuple, list)):
-        raise TypeError(f"mm_items must be a tuple of MultiModalItem, got {type(request.mm_items).__name__}")
-    _checked_mm_items(request.mm_items, request.num_tokens)
+@patch
+def append_output_token_ids(self: Request, token_ids: int | Sequence[int]) -> None:
+    "Add generated tokens (their KV is computed when they are next scheduled); all checked before any is added."
+    if type(token_ids) is int and 0 <= token_ids < 1 << 64: self.all_token_ids.append(token_ids)  # decode fast path
+    else:
+        with _naming_request(self.request_id):
+            self.all_token_ids += _checked_token_ids([token_ids] if isinstance(token_ids, int) else token_ids, "token_ids")
 
 # %% ../nbs/04_kv_cache_manager.ipynb #5c03ccbd
 BEHAVIORS = ("vllm_0_33", "design_doc")
 
+# %% ../nbs/04_kv_cache_manager.ipynb #f2a0fcb7
+def _check_config(behavior, block_size, max_model_len, num_preallocate_tokens, hash_algo,
+                  **flags) -> None:
+    "Refuse a configuration the manager could not run, naming the argument."
+    if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
+    _check_count("block_size", block_size, 1)
+    _check_count("num_preallocate_tokens", num_preallocate_tokens)
+    if max_model_len is not None: _check_count("max_model_len", max_model_len, 1)
+    for name, flag in flags.items(): _check_bool(name, flag)
+    if num_preallocate_tokens and behavior == "vllm_0_33":
+        raise ValueError("num_preallocate_tokens is a design_doc feature; vLLM 0.33 does not preallocate")
+    get_hash_fn_by_name(hash_algo)  # fail early on an unknown algorithm
+
+# %% ../nbs/04_kv_cache_manager.ipynb #d3772ad0
 def cdiv(a: int, b: int) -> int:
     "Ceiling division: blocks needed for `a` tokens at `b` tokens per block."
     return -(-a // b)
 
+# %% ../nbs/04_kv_cache_manager.ipynb #766aa1f5
 class KVCacheManager:
     "Allocates KV cache blocks to requests with prefix caching, as vLLM 0.33 or as the design doc does."
     def __init__(self,
@@ -108,39 +127,44 @@ class KVCacheManager:
         self.live_requests: dict[str, Request] = {}  # the Request object that holds each block table
         self._free_queue_ids: tuple[int, list[int]] = (-1, [])  # (queue version, ids): reread only on change
 
-    @property
-    def num_free_blocks(self) -> int: return self.block_pool.get_num_free_blocks()
+# %% ../nbs/04_kv_cache_manager.ipynb #f02920b8
+@patch(as_prop=True)
+def num_free_blocks(self: KVCacheManager) -> int: return self.block_pool.get_num_free_blocks()
 
-    @property
-    def usage(self) -> float: return self.block_pool.get_usage()
+# %% ../nbs/04_kv_cache_manager.ipynb #a29f64d6
+@patch(as_prop=True)
+def usage(self: KVCacheManager) -> float: return self.block_pool.get_usage()
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        "The request's block table as block ids (empty if it holds none)."
-        return block_ids(self.req_to_blocks.get(request_id, ()))
+# %% ../nbs/04_kv_cache_manager.ipynb #83a78d01
+@patch
+def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
+    "The request's block table as block ids (empty if it holds none)."
+    return block_ids(self.req_to_blocks.get(request_id, ()))
 
-    def get_free_queue_ids(self) -> list[int]:
-        "The free queue's block ids, head (reused first) to tail; a new list, walked only when the queue changed."
-        queue = self.block_pool.free_block_queue
-        if self._free_queue_ids[0] != queue.version:
-            self._free_queue_ids = (queue.version, block_ids(queue.get_all_free_blocks()))
-        return list(self._free_queue_ids[1])
+# %% ../nbs/04_kv_cache_manager.ipynb #2173b5ea
+@patch
+def get_free_queue_ids(self: KVCacheManager) -> list[int]:
+    "The free queue's block ids, head (reused first) to tail; a new list, walked only when the queue changed."
+    queue = self.block_pool.free_block_queue
+    if self._free_queue_ids[0] != queue.version:
+        self._free_queue_ids = (queue.version, block_ids(queue.get_all_free_blocks()))
+    return list(self._free_queue_ids[1])
 
-    def take_events(self) -> list[KVCacheEvent]:
-        "KV events since the last call (when created with `enable_kv_cache_events=True`)."
-        return self.block_pool.take_events()
+# %% ../nbs/04_kv_cache_manager.ipynb #bbcbc481
+@patch
+def take_events(self: KVCacheManager) -> list[KVCacheEvent]:
+    "KV events since the last call (when created with `enable_kv_cache_events=True`)."
+    return self.block_pool.take_events()
 
-# %% ../nbs/04_kv_cache_manager.ipynb #f2a0fcb7
-def _check_config(behavior, block_size, max_model_len, num_preallocate_tokens, hash_algo,
-                  **flags) -> None:
-    "Refuse a configuration the manager could not run, naming the argument."
-    if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
-    _check_count("block_size", block_size, 1)
-    _check_count("num_preallocate_tokens", num_preallocate_tokens)
-    if max_model_len is not None: _check_count("max_model_len", max_model_len, 1)
-    for name, flag in flags.items(): _check_bool(name, flag)
-    if num_preallocate_tokens and behavior == "vllm_0_33":
-        raise ValueError("num_preallocate_tokens is a design_doc feature; vLLM 0.33 does not preallocate")
-    get_hash_fn_by_name(hash_algo)  # fail early on an unknown algorithm
+# %% ../nbs/04_kv_cache_manager.ipynb #23ebfe02
+@patch
+def _checked_request(self: KVCacheManager, request: Request) -> Request:
+    "`request`, after checking it is a Request and not a second object under a live request's id."
+    if not isinstance(request, Request): raise TypeError(f"request must be a Request, got {type(request).__name__}")
+    live = self.live_requests.get(request.request_id)
+    if live is not None and live is not request:
+        raise ValueError(f"request {request.request_id!r} is live as another Request object; free it before reusing its id")
+    return request
 
 # %% ../nbs/04_kv_cache_manager.ipynb #fd774a60
 @patch
@@ -152,6 +176,7 @@ def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
             lora=request.lora_request, mm_items=request.mm_items, known_hashes=request.block_hashes)
     return request.block_hashes
 
+# %% ../nbs/04_kv_cache_manager.ipynb #4c07ee93
 @patch
 def get_computed_blocks(self: KVCacheManager, request: Request) -> tuple[list[KVCacheBlock], int]:
     "The longest cached prefix of full blocks (leaving at least one token to compute) and its token count."
@@ -175,7 +200,7 @@ def allocate_slots(self: KVCacheManager,
                    num_lookahead_tokens: int = 0,          # extra slots for speculative tokens
                   ) -> list[KVCacheBlock] | None:
     "Grow the request's block table for this step; the new blocks, or None (and no change) if they do not fit."
-    hits = _checked_blocks(new_computed_blocks or (), "new_computed_blocks")
+    hits = _checked_blocks(new_computed_blocks, "new_computed_blocks") if new_computed_blocks else []
     table = self._checked_step(request, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens)
     rid, num_computed = request.request_id, request.num_computed_tokens + num_new_computed_tokens
     num_slots = num_computed + num_new_tokens + num_lookahead_tokens
@@ -195,14 +220,17 @@ def allocate_slots(self: KVCacheManager,
     if self.enable_caching: self._cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
     return new_blocks
 
+# %% ../nbs/04_kv_cache_manager.ipynb #a846d79a
 @patch
 def _num_preallocate(self: KVCacheManager, num_held: int, num_new_blocks: int) -> int:
     "Design doc only: blocks to take beyond `num_new_blocks`, within the pool and `max_model_len`."
+    if not self.num_preallocate_blocks: return 0
     extra = min(self.num_preallocate_blocks, self.block_pool.get_num_free_blocks() - num_new_blocks)
     if self.max_model_len is not None:
         extra = min(extra, cdiv(self.max_model_len, self.block_size) - num_held - num_new_blocks)
     return extra
 
+# %% ../nbs/04_kv_cache_manager.ipynb #3ed5db06
 @patch
 def _cache_blocks(self: KVCacheManager, request: Request, num_tokens: int) -> None:
     "Cache the request's blocks that `num_tokens` known tokens fill and that are not cached yet."
@@ -229,8 +257,10 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
                   hits: list[KVCacheBlock], num_lookahead_tokens: int) -> list[KVCacheBlock]:
     "Validate one `allocate_slots` call; return the request's block table (a new empty list if it has none)."
     rid = self._checked_request(request).request_id
-    for name, value in (("num_new_tokens", num_new_tokens), ("num_new_computed_tokens", num_new_computed_tokens),
-                        ("num_lookahead_tokens", num_lookahead_tokens)): _check_count(f"request {rid!r}: {name}", value)
+    if not (type(num_new_tokens) is type(num_new_computed_tokens) is type(num_lookahead_tokens) is int
+            and min(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens) >= 0):  # one cheap test first
+        for name, value in (("num_new_tokens", num_new_tokens), ("num_new_computed_tokens", num_new_computed_tokens),
+                            ("num_lookahead_tokens", num_lookahead_tokens)): _check_count(f"request {rid!r}: {name}", value)
     if num_new_tokens == 0:
         raise ValueError(f"request {rid!r}: num_new_tokens must be > 0; vLLM refuses a step with nothing to compute")
     if num_new_computed_tokens != len(hits) * self.block_size:
@@ -251,16 +281,7 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
     if self.enable_caching: self._block_hashes(request)
     return table
 
-# %% ../nbs/04_kv_cache_manager.ipynb #23ebfe02
-@patch
-def _checked_request(self: KVCacheManager, request: Request) -> Request:
-    "`request`, after checking it is a Request and not a second object under a live request's id."
-    if not isinstance(request, Request): raise TypeError(f"request must be a Request, got {type(request).__name__}")
-    live = self.live_requests.get(request.request_id)
-    if live is not None and live is not request:
-        raise ValueError(f"request {request.request_id!r} is live as another Request object; free it before reusing its id")
-    return request
-
+# %% ../nbs/04_kv_cache_manager.ipynb #954cd520
 @patch
 def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]) -> None:
     "Refuse hit blocks that are not exactly the blocks cached under the request's first block hashes, in order."
@@ -290,6 +311,7 @@ def free(self: KVCacheManager, request: Request | str) -> None:
     else:
         self.block_pool.free_blocks(reversed(table) if self.enable_caching else table)
 
+# %% ../nbs/04_kv_cache_manager.ipynb #b5078fd9
 @patch
 def reset_prefix_cache(self: KVCacheManager) -> bool:
     "Forget every cached prefix, if no request holds a block; return whether it did."

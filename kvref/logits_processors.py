@@ -18,18 +18,63 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from fastcore.basics import patch_to
+from fastcore.basics import patch
 
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, _is_int
 
 # %% auto #0
 __all__ = ['RemovedRequest', 'AddedRequest', 'MovedRequest', 'RequestLogitsProcessor', 'LOGITSPROCS_GROUP',
            'BUILTIN_LOGITS_PROCESSORS', 'STR_POOLING_REJECTS_LOGITSPROCS', 'STR_SPEC_DEC_REJECTS_LOGITSPROCS',
-           'MoveDirectionality', 'BatchUpdate', 'BatchUpdateBuilder', 'LogitsProcessorConfig', 'LogitsProcessor',
-           'LogitsProcessors', 'process_dict_updates', 'PersistentBatch', 'MinPLogitsProcessor',
+           'MoveDirectionality', 'BatchUpdate', 'validate_batch_update', 'BatchUpdateBuilder', 'LogitsProcessorConfig',
+           'LogitsProcessor', 'LogitsProcessors', 'process_dict_updates', 'PersistentBatch', 'MinPLogitsProcessor',
            'LogitBiasLogitsProcessor', 'MinTokensLogitsProcessor', 'AdapterLogitsProcessor', 'load_logitsprocs_plugins',
            'load_logitsprocs_by_fqcns', 'build_logitsprocs', 'validate_logits_processors_parameters', 'sample_logits',
            'apply_top_k_top_p']
+
+# %% ../nbs/08_logits_processors.ipynb #f992a7e0
+def _check_count(name: str, value, minimum: int = 0) -> None:
+    if not _is_int(value): raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum: raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+def _check_slot(what: str, slot, max_num_seqs: int | None) -> None:
+    if not _is_int(slot): raise TypeError(f"{what}: slot must be an int, got {slot!r}")
+    if slot < 0 or max_num_seqs is not None and slot >= max_num_seqs:
+        cap = "" if max_num_seqs is None else f" (max_num_seqs={max_num_seqs})"
+        raise ValueError(f"{what}: slot {slot} is outside the batch{cap}")
+
+# %% ../nbs/08_logits_processors.ipynb #89da2401
+def _check_request(what: str, params, prompt_token_ids, output_token_ids) -> None:
+    if not isinstance(params, SamplingParams): raise TypeError(f"{what}: params must be a SamplingParams, got {params!r}")
+    if prompt_token_ids is not None and not isinstance(prompt_token_ids, (list, tuple)):
+        raise TypeError(f"{what}: prompt_token_ids must be a list of token ids or None, got {prompt_token_ids!r}")
+    if not isinstance(output_token_ids, list):
+        raise TypeError(f"{what}: output_token_ids must be a list (the request's live output), got {output_token_ids!r}")
+
+# %% ../nbs/08_logits_processors.ipynb #4aebb3b8
+def _check_logits(logits, rows: int | None = None, min_rows: int = 0, min_columns: int = 0) -> None:
+    if not isinstance(logits, torch.Tensor): raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2: raise ValueError(f"logits must be 2-D [rows, vocab], got shape {list(logits.shape)}")
+    if not logits.is_floating_point(): raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    n, vocab = logits.shape
+    if rows is not None and n != rows: raise ValueError(f"logits have {n} rows but the batch has {rows}")
+    if n < min_rows: raise ValueError(f"logits have {n} rows but slot {min_rows - 1} holds a request")
+    if vocab < min_columns: raise ValueError(f"token id {min_columns - 1} is outside the {vocab} logits columns")
+
+# %% ../nbs/08_logits_processors.ipynb #27367612
+def _check_per_row(name: str, values, rows: int) -> None:
+    if not isinstance(values, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor of shape [{rows}], got {values!r}")
+    if tuple(values.shape) != (rows,): raise ValueError(f"{name} must have shape [{rows}] (one per logits row), got {list(values.shape)}")
+
+# %% ../nbs/08_logits_processors.ipynb #cb045537
+def _check_draft_counts(logits, num_draft_tokens, tracked: dict, min_columns: int) -> None:
+    _check_logits(logits, min_columns=min_columns)
+    if not isinstance(num_draft_tokens, (list, tuple)) or not all(_is_int(d) for d in num_draft_tokens):
+        raise TypeError(f"num_draft_tokens must be a list of ints, got {num_draft_tokens!r}")
+    if any(d < 0 for d in num_draft_tokens): raise ValueError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
+    if sum(num_draft_tokens) != logits.shape[0]:
+        raise ValueError(f"logits have {logits.shape[0]} rows but num_draft_tokens sums to {sum(num_draft_tokens)}")
+    if tracked and max(tracked) >= len(num_draft_tokens):
+        raise ValueError(f"num_draft_tokens has {len(num_draft_tokens)} entries but slot {max(tracked)} holds a request")
 
 # %% ../nbs/08_logits_processors.ipynb #e5eea1b0
 class MoveDirectionality(Enum):
@@ -50,6 +95,36 @@ class BatchUpdate:
     added: Sequence[AddedRequest]  # (index, SamplingParams | None, prompt ids | None, live output ids)
     moved: Sequence[MovedRequest]  # (i, j, MoveDirectionality), applied in order after added and removed
 
+# %% ../nbs/08_logits_processors.ipynb #994f472c
+def _check_added_entry(i: int, entry, max_num_seqs: int | None) -> None:
+    if not isinstance(entry, tuple) or len(entry) != 4:
+        raise ValueError(f"BatchUpdate added[{i}] must be (index, params, prompt_token_ids, output_token_ids), got {entry!r}")
+    _check_slot(f"BatchUpdate added[{i}]", entry[0], max_num_seqs)
+    _check_request(f"BatchUpdate added[{i}]", *entry[1:])
+
+# %% ../nbs/08_logits_processors.ipynb #517f3693
+def _check_moved_entry(i: int, entry, max_num_seqs: int | None) -> None:
+    if not isinstance(entry, tuple) or len(entry) != 3:
+        raise ValueError(f"BatchUpdate moved[{i}] must be (from, to, MoveDirectionality), got {entry!r}")
+    for slot in entry[:2]: _check_slot(f"BatchUpdate moved[{i}]", slot, max_num_seqs)
+    if not isinstance(entry[2], MoveDirectionality):
+        raise TypeError(f"BatchUpdate moved[{i}]: direction must be a MoveDirectionality, got {entry[2]!r}")
+
+# %% ../nbs/08_logits_processors.ipynb #960ce44d
+def validate_batch_update(batch_update: BatchUpdate,  # the update about to be applied
+                          max_num_seqs: int | None = None):  # the batch capacity, when known
+    "Raise `TypeError`/`ValueError` unless every entry of `batch_update` is well formed."
+    if not isinstance(batch_update, BatchUpdate): raise TypeError(f"batch_update must be a BatchUpdate or None, got {batch_update!r}")
+    _check_count("BatchUpdate batch_size", batch_update.batch_size)
+    if max_num_seqs is not None and batch_update.batch_size > max_num_seqs:
+        raise ValueError(f"BatchUpdate batch_size {batch_update.batch_size} is past the capacity (max_num_seqs={max_num_seqs})")
+    for name in ("removed", "added", "moved"):
+        if not isinstance(getattr(batch_update, name), (list, tuple)):
+            raise TypeError(f"BatchUpdate {name} must be a list, got {getattr(batch_update, name)!r}")
+    for i, slot in enumerate(batch_update.removed): _check_slot(f"BatchUpdate removed[{i}]", slot, max_num_seqs)
+    for i, entry in enumerate(batch_update.added): _check_added_entry(i, entry, max_num_seqs)
+    for i, entry in enumerate(batch_update.moved): _check_moved_entry(i, entry, max_num_seqs)
+
 # %% ../nbs/08_logits_processors.ipynb #3d0c199b
 class BatchUpdateBuilder:
     "Collects one step's removals, additions and moves, then hands them out as a single `BatchUpdate`."
@@ -62,63 +137,82 @@ class BatchUpdateBuilder:
 
     def removed_append(self, index: int):  # the slot that was freed
         "Register a freed slot; only allowed before the first read of the removed slots in this step."
+        _check_count("slot", index)
         if self._removed_sorted:
             raise RuntimeError(f"removed_append({index}) after the removed slots were read in this step: "
                                "register every removal before the first add")
         self._removed.append(index)
         self._changed = True
 
-    def _sorted_removed(self) -> list[int]:
-        if not self._removed_sorted:
-            self._removed.sort(reverse=True)
-            self._removed_sorted = True
-        return self._removed
+# %% ../nbs/08_logits_processors.ipynb #1cdce185
+@patch
+def _sorted_removed(self: BatchUpdateBuilder) -> list[int]:
+    if not self._removed_sorted:
+        self._removed.sort(reverse=True)
+        self._removed_sorted = True
+    return self._removed
 
-    @property
-    def removed(self) -> list[int]:
-        "The freed slots, largest first."
-        return self._sorted_removed()
+@patch(as_prop=True)
+def removed(self: BatchUpdateBuilder) -> list[int]:
+    "The freed slots, largest first."
+    return self._sorted_removed()
 
-    def has_removed(self) -> bool: return bool(self._removed)
+# %% ../nbs/08_logits_processors.ipynb #1c36b5f1
+@patch
+def has_removed(self: BatchUpdateBuilder) -> bool: return bool(self._removed)
 
-    def peek_removed(self) -> int | None:
-        "The smallest freed slot, or None."
-        return self._sorted_removed()[-1] if self._removed else None
+@patch
+def peek_removed(self: BatchUpdateBuilder) -> int | None:
+    "The smallest freed slot, or None."
+    return self._sorted_removed()[-1] if self._removed else None
 
-    def pop_removed(self) -> int | None:
-        "Take the smallest freed slot in O(1), or None."
-        return self._sorted_removed().pop() if self._removed else None
+@patch
+def pop_removed(self: BatchUpdateBuilder) -> int | None:
+    "Take the smallest freed slot in O(1), or None."
+    return self._sorted_removed().pop() if self._removed else None
 
-    def add_request(self, index: int,  # the slot the request goes to
-                    params,  # its SamplingParams (None for pooling requests)
-                    prompt_token_ids: list[int] | None,  # its prompt
-                    output_token_ids: list[int]):  # its LIVE output list, not a copy
-        "Register a request added at `index`."
-        self.added.append((index, params, prompt_token_ids, output_token_ids))
+# %% ../nbs/08_logits_processors.ipynb #fb0333c0
+@patch
+def add_request(self: BatchUpdateBuilder, index: int,  # the slot the request goes to
+                params,  # its SamplingParams (None for pooling requests)
+                prompt_token_ids: list[int] | None,  # its prompt
+                output_token_ids: list[int]):  # its LIVE output list, not a copy
+    "Register a request added at `index`."
+    _check_count("slot", index)
+    self.added.append((index, params, prompt_token_ids, output_token_ids))
 
-    def move(self, i: int, j: int, direction: MoveDirectionality):
-        "Register a move of slot i to slot j, or a swap of the two."
-        self.moved.append((i, j, direction))
+# %% ../nbs/08_logits_processors.ipynb #bb6c5ca1
+@patch
+def move(self: BatchUpdateBuilder, i: int, j: int, direction: MoveDirectionality):
+    "Register a move of slot i to slot j, or a swap of the two."
+    _check_count("slot", i); _check_count("slot", j)
+    if not isinstance(direction, MoveDirectionality): raise TypeError(f"direction must be a MoveDirectionality, got {direction!r}")
+    self.moved.append((i, j, direction))
 
-    @property
-    def batch_changed(self) -> bool:
-        "Whether anything changed since the last `reset` or `get_and_reset`."
-        return self._changed or bool(self._removed or self.added or self.moved)
+# %% ../nbs/08_logits_processors.ipynb #d42a2f81
+@patch(as_prop=True)
+def batch_changed(self: BatchUpdateBuilder) -> bool:
+    "Whether anything changed since the last `reset` or `get_and_reset`."
+    return self._changed or bool(self._removed or self.added or self.moved)
 
-    def reset(self) -> bool:
-        "Forget this step's changes; return whether there were any (pooling models call this, not `get_and_reset`)."
-        changed = self.batch_changed
-        self._removed, self.added, self.moved = [], [], []
-        self._removed_sorted = self._changed = False
-        return changed
+@patch
+def reset(self: BatchUpdateBuilder) -> bool:
+    "Forget this step's changes; return whether there were any (pooling models call this, not `get_and_reset`)."
+    changed = self.batch_changed
+    self._removed, self.added, self.moved = [], [], []
+    self._removed_sorted = self._changed = False
+    return changed
 
-    def get_and_reset(self, batch_size: int  # live rows after the update
-                      ) -> BatchUpdate | None:
-        "This step's `BatchUpdate` (None when nothing changed); the builder starts the next step empty."
-        changed = self._removed or self.added or self.moved
-        update = BatchUpdate(batch_size, self.removed, self.added, self.moved) if changed else None
-        self.reset()
-        return update
+# %% ../nbs/08_logits_processors.ipynb #00c71f78
+@patch
+def get_and_reset(self: BatchUpdateBuilder, batch_size: int  # live rows after the update
+                  ) -> BatchUpdate | None:
+    "This step's `BatchUpdate` (None when nothing changed); the builder starts the next step empty."
+    _check_count("batch_size", batch_size)
+    changed = self._removed or self.added or self.moved
+    update = BatchUpdate(batch_size, self.removed, self.added, self.moved) if changed else None
+    self.reset()
+    return update
 
 # %% ../nbs/08_logits_processors.ipynb #705deb72
 @dataclass(frozen=True)
@@ -128,12 +222,16 @@ class LogitsProcessorConfig:
     num_speculative_tokens: int = 0  # > 0 means speculative decoding is on (vLLM: speculative_config)
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "num_speculative_tokens"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool): raise TypeError(f"{name} must be an int, got {v!r}")
-        if self.max_num_seqs < 1: raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.num_speculative_tokens < 0:
-            raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+        _check_count("max_num_seqs", self.max_num_seqs, 1)
+        _check_count("num_speculative_tokens", self.num_speculative_tokens)
+
+# %% ../nbs/08_logits_processors.ipynb #2dc85adc
+def _check_processor_args(config, device, is_pin_memory) -> int:
+    "The batch capacity, once the three arguments every built-in takes are checked."
+    if not isinstance(config, LogitsProcessorConfig): raise TypeError(f"config must be a LogitsProcessorConfig, got {config!r}")
+    if not isinstance(device, (torch.device, str)): raise TypeError(f"device must be a torch.device, got {device!r}")
+    if not isinstance(is_pin_memory, bool): raise TypeError(f"is_pin_memory must be a bool, got {is_pin_memory!r}")
+    return config.max_num_seqs
 
 # %% ../nbs/08_logits_processors.ipynb #2a6679b3
 class LogitsProcessor(ABC):
@@ -161,15 +259,36 @@ class LogitsProcessor(ABC):
 class LogitsProcessors:
     "The built processors, split by argmax invariance the way the sampler consumes them."
     def __init__(self, logitsprocs: Iterable[LogitsProcessor] | None = None):
+        if logitsprocs is not None and not isinstance(logitsprocs, Iterable):
+            raise TypeError(f"logitsprocs must be an iterable of LogitsProcessor instances, got {logitsprocs!r}")
+        logitsprocs = list(logitsprocs or ())
+        if bad := [p for p in logitsprocs if not isinstance(p, LogitsProcessor)]:
+            raise TypeError(f"logitsprocs must be LogitsProcessor instances, got {bad[0]!r}")
         self.argmax_invariant: list[LogitsProcessor] = []
         self.non_argmax_invariant: list[LogitsProcessor] = []
-        for p in logitsprocs or ():
+        for p in logitsprocs:
             (self.argmax_invariant if p.is_argmax_invariant() else self.non_argmax_invariant).append(p)
 
-    @property
-    def all(self) -> Iterator[LogitsProcessor]:
-        "Every processor: argmax-invariant ones first."
-        return chain(self.argmax_invariant, self.non_argmax_invariant)
+@patch(as_prop=True)
+def all(self: LogitsProcessors) -> Iterator[LogitsProcessor]:
+    "Every processor: argmax-invariant ones first."
+    return chain(self.argmax_invariant, self.non_argmax_invariant)
+
+# %% ../nbs/08_logits_processors.ipynb #25fffe92
+def _apply_removed_and_moved(req_entries: dict, batch_update: BatchUpdate) -> bool:
+    "The removed and moved half of `process_dict_updates`."
+    updated = False
+    for index in batch_update.removed:
+        if req_entries.pop(index, None) is not None: updated = True
+    for a, b, direction in batch_update.moved:
+        a_entry, b_entry = req_entries.pop(a, None), req_entries.pop(b, None)
+        if a_entry is not None:
+            req_entries[b] = a_entry
+            updated = True
+        if b_entry is not None:
+            updated = True
+            if direction == MoveDirectionality.SWAP: req_entries[a] = b_entry
+    return updated
 
 # %% ../nbs/08_logits_processors.ipynb #2720e6da
 _T = TypeVar("_T")
@@ -179,33 +298,29 @@ def process_dict_updates(req_entries: dict[int, _T],  # the processor's {slot: s
                          new_state: Callable[[SamplingParams, list[int] | None, list[int]], _T | None]  # params, prompt, output -> state or None
                          ) -> bool:
     "Apply a `BatchUpdate` to a sparse `{slot: state}` dict; return whether it changed."
-    if not batch_update: return False
+    if not isinstance(req_entries, dict): raise TypeError(f"req_entries must be a dict, got {req_entries!r}")
+    if not callable(new_state): raise TypeError(f"new_state must be callable, got {new_state!r}")
+    if batch_update is None: return False
+    validate_batch_update(batch_update)
+    added = [(index, new_state(params, prompt_ids, output_ids))  # every callback runs before the dict changes
+             for index, params, prompt_ids, output_ids in batch_update.added]
     updated = False
-    for index, params, prompt_ids, output_ids in batch_update.added:
-        if (state := new_state(params, prompt_ids, output_ids)) is not None:
-            req_entries[index] = state
-            updated = True
-        elif req_entries.pop(index, None) is not None:
-            updated = True
-    if req_entries:
-        for index in batch_update.removed:
-            if req_entries.pop(index, None) is not None: updated = True
-        for a, b, direction in batch_update.moved:
-            a_entry, b_entry = req_entries.pop(a, None), req_entries.pop(b, None)
-            if a_entry is not None:
-                req_entries[b] = a_entry
-                updated = True
-            if b_entry is not None:
-                updated = True
-                if direction == MoveDirectionality.SWAP: req_entries[a] = b_entry
-    return updated
+    for index, state in added:
+        if state is not None: req_entries[index], updated = state, True
+        elif req_entries.pop(index, None) is not None: updated = True
+    return (_apply_removed_and_moved(req_entries, batch_update) if req_entries else False) or updated
 
 # %% ../nbs/08_logits_processors.ipynb #3cab3953
 class PersistentBatch:
     "The slot bookkeeping of vLLM's `InputBatch`: the producer of `BatchUpdate`s, and the processors it feeds."
     def __init__(self, max_num_reqs: int,  # capacity (max_num_seqs)
-                 logitsprocs: LogitsProcessors | None = None):  # processors to notify in `refresh`
-        self.max_num_reqs, self.logitsprocs = max_num_reqs, logitsprocs or LogitsProcessors()
+                 logitsprocs: LogitsProcessors | None = None,  # processors to notify in `refresh`
+                 vocab_size: int | None = None):  # the model's vocabulary; when given, `add_request` checks token ids
+        _check_count("max_num_reqs", max_num_reqs, 1)
+        if logitsprocs is not None and not isinstance(logitsprocs, LogitsProcessors):
+            raise TypeError(f"logitsprocs must be a LogitsProcessors or None, got {logitsprocs!r}")
+        if vocab_size is not None: _check_count("vocab_size", vocab_size, 1)
+        self.max_num_reqs, self.logitsprocs, self.vocab_size = max_num_reqs, logitsprocs or LogitsProcessors(), vocab_size
         self.req_ids: list[str | None] = []  # slot -> request id (None: hole)
         self.output_token_ids: list[list[int] | None] = []  # slot -> the request's LIVE output list
         self.req_id_to_index: dict[str, int] = {}
@@ -214,31 +329,40 @@ class PersistentBatch:
     @property
     def num_reqs(self) -> int: return len(self.req_id_to_index)
 
-    def remove_request(self, req_id: str) -> int:
-        "Free the request's slot (a hole until an add or `condense` fills it)."
-        if req_id not in self.req_id_to_index: raise KeyError(f"request {req_id!r} is not in the batch")
-        index = self.req_id_to_index.pop(req_id)
-        self.req_ids[index] = self.output_token_ids[index] = None
-        self.batch_update_builder.removed_append(index)
-        return index
+# %% ../nbs/08_logits_processors.ipynb #fc6df841
+@patch
+def add_request(self: PersistentBatch, req_id: str, params: SamplingParams,
+                prompt_token_ids: list[int] | None, output_token_ids: list[int]) -> int:
+    "Put a request in the smallest free slot, or after the last one; return the slot."
+    if not isinstance(req_id, str): raise TypeError(f"req_id must be a str, got {req_id!r}")
+    _check_request(f"request {req_id!r}", params, prompt_token_ids, output_token_ids)
+    if self.vocab_size is not None: params.validate_for_vocab(self.vocab_size)  # where vLLM's input processor checks
+    if req_id in self.req_id_to_index: raise ValueError(f"request {req_id!r} is already in the batch")
+    if self.num_reqs >= self.max_num_reqs:
+        raise ValueError(f"cannot add {req_id!r}: the batch is full (max_num_reqs={self.max_num_reqs})")
+    index = self.batch_update_builder.pop_removed()
+    if index is None: index = self.num_reqs
+    if index == len(self.req_ids): self.req_ids.append(None); self.output_token_ids.append(None)
+    self.req_ids[index], self.output_token_ids[index] = req_id, output_token_ids
+    self.req_id_to_index[req_id] = index
+    self.batch_update_builder.add_request(index, params, prompt_token_ids, output_token_ids)
+    return index
 
-    def add_request(self, req_id: str, params: SamplingParams,
-                    prompt_token_ids: list[int] | None, output_token_ids: list[int]) -> int:
-        "Put a request in the smallest free slot, or after the last one; return the slot."
-        if req_id in self.req_id_to_index: raise ValueError(f"request {req_id!r} is already in the batch")
-        if self.num_reqs >= self.max_num_reqs:
-            raise ValueError(f"cannot add {req_id!r}: the batch is full (max_num_reqs={self.max_num_reqs})")
-        index = self.batch_update_builder.pop_removed()
-        if index is None: index = self.num_reqs
-        if index == len(self.req_ids): self.req_ids.append(None); self.output_token_ids.append(None)
-        self.req_ids[index], self.output_token_ids[index] = req_id, output_token_ids
-        self.req_id_to_index[req_id] = index
-        self.batch_update_builder.add_request(index, params, prompt_token_ids, output_token_ids)
-        return index
+# %% ../nbs/08_logits_processors.ipynb #3a5b2c68
+@patch
+def remove_request(self: PersistentBatch, req_id: str) -> int:
+    "Free the request's slot (a hole until an add or `condense` fills it)."
+    if not isinstance(req_id, str): raise TypeError(f"req_id must be a str, got {req_id!r}")
+    if req_id not in self.req_id_to_index: raise ValueError(f"request {req_id!r} is not in the batch")
+    index = self.req_id_to_index[req_id]
+    self.batch_update_builder.removed_append(index)  # refuses after this step's first add, before anything changed
+    del self.req_id_to_index[req_id]
+    self.req_ids[index] = self.output_token_ids[index] = None
+    return index
 
 # %% ../nbs/08_logits_processors.ipynb #fd324f66
-@patch_to(PersistentBatch)
-def condense(self):
+@patch
+def condense(self: PersistentBatch):
     "Move the last live requests into the holes so slots 0..num_reqs-1 are all live (vLLM's `condense`)."
     builder, num_reqs = self.batch_update_builder, self.num_reqs
     holes = builder.removed  # descending; reading it ends this step's removals
@@ -257,19 +381,22 @@ def condense(self):
         last -= 1
     del self.req_ids[num_reqs:], self.output_token_ids[num_reqs:]
 
-@patch_to(PersistentBatch)
-def swap_states(self, i: int, j: int):
+# %% ../nbs/08_logits_processors.ipynb #5dd1beda
+@patch
+def swap_states(self: PersistentBatch, i: int, j: int):
     "Swap the requests in live slots i and j (what a batch reorder does)."
     for s in (i, j):
-        if not 0 <= s < len(self.req_ids) or self.req_ids[s] is None: raise ValueError(f"slot {s} is not a live slot")
+        _check_count("slot", s)
+        if s >= len(self.req_ids) or self.req_ids[s] is None: raise ValueError(f"slot {s} is not a live slot")
     a, b = self.req_ids[i], self.req_ids[j]
     self.req_ids[i], self.req_ids[j] = b, a
     self.output_token_ids[i], self.output_token_ids[j] = self.output_token_ids[j], self.output_token_ids[i]
     self.req_id_to_index[a], self.req_id_to_index[b] = j, i
     self.batch_update_builder.moved.append((i, j, MoveDirectionality.SWAP))
 
-@patch_to(PersistentBatch)
-def refresh(self) -> BatchUpdate | None:
+# %% ../nbs/08_logits_processors.ipynb #7a296c4c
+@patch
+def refresh(self: PersistentBatch) -> BatchUpdate | None:
     "Close the step: condense, build the `BatchUpdate`, and give it to every processor."
     self.condense()
     update = self.batch_update_builder.get_and_reset(self.num_reqs)
@@ -280,7 +407,7 @@ def refresh(self) -> BatchUpdate | None:
 class MinPLogitsProcessor(LogitsProcessor):
     "Min-p filtering: mask tokens whose probability is below min_p * the row's top probability."
     def __init__(self, config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool):
-        n = config.max_num_seqs
+        n = self.max_num_seqs = _check_processor_args(config, device, is_pin_memory)
         self.min_p_count = 0  # slots with min_p > 0
         self.min_p_cpu_tensor = torch.zeros((n,), dtype=torch.float32, pin_memory=is_pin_memory)
         self.min_p_cpu = self.min_p_cpu_tensor.numpy()  # same memory, cheap scalar writes
@@ -291,75 +418,107 @@ class MinPLogitsProcessor(LogitsProcessor):
 
     def is_argmax_invariant(self) -> bool: return True
 
-    def get_min_p_by_index(self, index: int) -> float: return float(self.min_p_cpu[index])
-
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        _check_logits(logits, rows=self.min_p.shape[0] if self.min_p_count else None)
         if not self.min_p_count: return logits
         probs = torch.softmax(logits, dim=-1)
         threshold = probs.amax(dim=-1, keepdim=True).mul_(self.min_p)
         return logits.masked_fill_(probs < threshold, -float("inf"))
 
     def update_state(self, batch_update: BatchUpdate | None):
-        if not batch_update: return
-        cpu, needs_update = self.min_p_cpu, False
-        for index, params, _, _ in batch_update.added:
-            before, now = cpu[index], params.min_p
-            if before != now:
-                needs_update, cpu[index] = True, now
-                if now and not before: self.min_p_count += 1
-                elif before and not now: self.min_p_count -= 1
-        if self.min_p_count:
-            if batch_update.removed: needs_update = True
-            for index in batch_update.removed:
-                if cpu[index]: cpu[index], self.min_p_count = 0, self.min_p_count - 1
-            for a, b, direction in batch_update.moved:
-                pa, pb = cpu[a], cpu[b]
-                if pa != pb:
-                    needs_update, cpu[b] = True, pa
-                    if direction == MoveDirectionality.SWAP: cpu[a] = pb
-                if direction == MoveDirectionality.UNIDIRECTIONAL:
-                    if pa: cpu[a] = 0
-                    if pb: self.min_p_count -= 1
-        size = batch_update.batch_size
-        if self.min_p_count and (needs_update or self.min_p.shape[0] != size):
-            self.min_p = self.min_p_device[:size]
-            if self.use_double_tensor: self.min_p.copy_(self.min_p_cpu_tensor[:size], non_blocking=True)
-            self.min_p = self.min_p.unsqueeze(1)
+        if batch_update is None: return
+        validate_batch_update(batch_update, self.max_num_seqs)
+        needs_update = self._add_min_ps(batch_update.added)
+        if self.min_p_count: needs_update = self._move_min_ps(batch_update) or needs_update
+        self._refresh_min_p_view(batch_update.batch_size, needs_update)
 
-# %% ../nbs/08_logits_processors.ipynb #bff24d8e
+# %% ../nbs/08_logits_processors.ipynb #04fc34a1
+@patch
+def _add_min_ps(self: MinPLogitsProcessor, added: Sequence[AddedRequest]) -> bool:
+    needs_update, cpu = False, self.min_p_cpu
+    for index, params, _, _ in added:
+        before, now = cpu[index], params.min_p
+        if before != now:
+            needs_update, cpu[index] = True, now
+            if now and not before: self.min_p_count += 1
+            elif before and not now: self.min_p_count -= 1
+    return needs_update
+
+# %% ../nbs/08_logits_processors.ipynb #de0499f0
+@patch
+def _move_min_ps(self: MinPLogitsProcessor, batch_update: BatchUpdate) -> bool:
+    cpu, needs_update = self.min_p_cpu, bool(batch_update.removed)
+    for index in batch_update.removed:
+        if cpu[index]: cpu[index], self.min_p_count = 0, self.min_p_count - 1
+    for a, b, direction in batch_update.moved:
+        pa, pb = cpu[a], cpu[b]
+        if pa != pb:
+            needs_update, cpu[b] = True, pa
+            if direction == MoveDirectionality.SWAP: cpu[a] = pb
+        if direction == MoveDirectionality.UNIDIRECTIONAL:
+            if pa: cpu[a] = 0
+            if pb: self.min_p_count -= 1
+    return needs_update
+
+# %% ../nbs/08_logits_processors.ipynb #e588c3c9
+@patch
+def _refresh_min_p_view(self: MinPLogitsProcessor, size: int, needs_update: bool):
+    if self.min_p_count and (needs_update or self.min_p.shape[0] != size):
+        self.min_p = self.min_p_device[:size]
+        if self.use_double_tensor: self.min_p.copy_(self.min_p_cpu_tensor[:size], non_blocking=True)
+        self.min_p = self.min_p.unsqueeze(1)
+
+@patch
+def get_min_p_by_index(self: MinPLogitsProcessor, index: int) -> float:
+    _check_slot("get_min_p_by_index", index, self.max_num_seqs)
+    return float(self.min_p_cpu[index])
+
+# %% ../nbs/08_logits_processors.ipynb #6310bdab
 def _device_tensor(data: list, dtype: torch.dtype, device: torch.device, pin_memory: bool = False) -> torch.Tensor:
     return torch.tensor(data, dtype=dtype, pin_memory=pin_memory).to(device, non_blocking=True)
 
+# %% ../nbs/08_logits_processors.ipynb #bff24d8e
 class LogitBiasLogitsProcessor(LogitsProcessor):
     "Add each request's `logit_bias` to its row with one indexed add."
     def __init__(self, config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool):
+        self.max_num_seqs = _check_processor_args(config, device, is_pin_memory)
         self.device, self.pin_memory = device, is_pin_memory
         self.biases: dict[int, dict[int, float]] = {}
         self.bias_tensor = torch.tensor(())
         self.logits_slice = (self._tensor([], torch.int32), self._tensor([], torch.int32))
+        self.min_shape = (0, 0)  # the logits need a row past the last biased slot and a column past the largest token
 
     def _tensor(self, data, dtype): return _device_tensor(data, dtype, self.device, self.pin_memory)
     def is_argmax_invariant(self) -> bool: return False
 
     def update_state(self, batch_update: BatchUpdate | None):
-        if not process_dict_updates(self.biases, batch_update, lambda params, _, __: params.logit_bias or None): return
-        rows = [r for r, lb in self.biases.items() for _ in lb]
-        self.logits_slice = (self._tensor(rows, torch.int32),
-                             self._tensor([t for lb in self.biases.values() for t in lb], torch.int32))
-        self.bias_tensor = self._tensor([v for lb in self.biases.values() for v in lb.values()], torch.float32)
+        if batch_update is not None: validate_batch_update(batch_update, self.max_num_seqs)
+        if process_dict_updates(self.biases, batch_update, lambda params, _, __: params.logit_bias or None): self._rebuild()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        _check_logits(logits, None, *self.min_shape)
         if self.biases: logits[self.logits_slice] += self.bias_tensor
         return logits
+
+# %% ../nbs/08_logits_processors.ipynb #de2fc7c1
+@patch
+def _rebuild(self: LogitBiasLogitsProcessor):
+    rows = [r for r, lb in self.biases.items() for _ in lb]
+    toks = [t for lb in self.biases.values() for t in lb]
+    self.logits_slice = (self._tensor(rows, torch.int32), self._tensor(toks, torch.int32))
+    self.bias_tensor = self._tensor([v for lb in self.biases.values() for v in lb.values()], torch.float32)
+    self.min_shape = (max(rows, default=-1) + 1, max(toks, default=-1) + 1)
 
 # %% ../nbs/08_logits_processors.ipynb #8106c229
 class MinTokensLogitsProcessor(LogitsProcessor):
     "Mask each request's stop tokens to -inf until its output has `min_tokens` tokens."
     def __init__(self, config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool):
+        self.max_num_seqs = _check_processor_args(config, device, is_pin_memory)
         self.device, self.pin_memory = device, is_pin_memory
         self.min_toks: dict[int, tuple[int, Sequence[int], set[int]]] = {}  # slot -> (min_tokens, live output, stop ids)
         self.logits_slice = (self._tensor([], torch.int32), self._tensor([], torch.int32))
         self.neg_inf_tensor = torch.tensor(-float("inf"), dtype=torch.float32, device=device)
+        self.min_shape = (0, 0)  # the logits need a row past the last tracked slot and a column past the largest stop id
 
     def _tensor(self, data, dtype): return _device_tensor(data, dtype, self.device, self.pin_memory)
     def is_argmax_invariant(self) -> bool: return False
@@ -371,24 +530,32 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         return params.min_tokens, output_ids, params.all_stop_token_ids
 
     def update_state(self, batch_update: BatchUpdate | None):
+        if batch_update is not None: validate_batch_update(batch_update, self.max_num_seqs)
         needs_update = process_dict_updates(self.min_toks, batch_update, self.add_request)
         done = [i for i, (n, out, _) in self.min_toks.items() if len(out) >= n]
         for i in done: del self.min_toks[i]
-        if needs_update or done:
-            rows = [i for i, (_, _, stops) in self.min_toks.items() for _ in stops]
-            toks = [t for _, _, stops in self.min_toks.values() for t in stops]
-            self.logits_slice = (self._tensor(rows, torch.int32), self._tensor(toks, torch.int32))
+        if needs_update or done: self._rebuild()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        _check_logits(logits, None, *self.min_shape)
         if self.min_toks: logits.index_put_(self.logits_slice, self.neg_inf_tensor)
         return logits
 
+# %% ../nbs/08_logits_processors.ipynb #1fdc0687
+@patch
+def _rebuild(self: MinTokensLogitsProcessor):
+    rows = [i for i, (_, _, stops) in self.min_toks.items() for _ in stops]
+    toks = [t for _, _, stops in self.min_toks.values() for t in stops]
+    self.logits_slice = (self._tensor(rows, torch.int32), self._tensor(toks, torch.int32))
+    self.min_shape = (max(rows, default=-1) + 1, max(toks, default=-1) + 1)
+
 # %% ../nbs/08_logits_processors.ipynb #7793d6c2
-@patch_to(MinTokensLogitsProcessor)
-def apply_with_spec_decode(self, logits: torch.Tensor,  # [sum(num_draft_tokens), vocab] draft-position logits
+@patch
+def apply_with_spec_decode(self: MinTokensLogitsProcessor, logits: torch.Tensor,  # [sum(num_draft_tokens), vocab] draft-position logits
                            num_draft_tokens: list[int]  # drafts per batch slot
                            ) -> torch.Tensor:
     "Mask stop tokens on the draft rows that still fall short of `min_tokens`."
+    _check_draft_counts(logits, num_draft_tokens, self.min_toks, self.min_shape[1])
     if not self.min_toks: return logits
     starts = np.concatenate([[0], np.cumsum(num_draft_tokens)])
     rows, toks = [], []
@@ -405,33 +572,38 @@ RequestLogitsProcessor = Callable  # (output_ids, logits_row) or (prompt_ids, ou
 class AdapterLogitsProcessor(LogitsProcessor):
     "Wrap per-request callables (two or three parameters) as one batch-level processor."
     def __init__(self, config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool):
+        self.max_num_seqs = _check_processor_args(config, device, is_pin_memory)
         self.req_info: dict[int, partial] = {}  # slot -> callable with its prompt/output lists bound
 
     @abstractmethod
     def new_req_logits_processor(self, params: SamplingParams) -> RequestLogitsProcessor | None:
         "The callable for a request with these params, or None if it needs none."
 
-    def _new_state(self, params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]) -> partial | None:
-        if (req_lp := self.new_req_logits_processor(params)) is None: return None
-        arity = len(inspect.signature(req_lp).parameters)
-        if arity == 3:
-            if prompt_ids is None:
-                raise ValueError("this per-request logits processor takes the prompt ids, but none were provided")
-            return partial(req_lp, prompt_ids, output_ids)
-        if arity != 2:
-            raise TypeError(f"a per-request logits processor takes (output_ids, logits) or "
-                            f"(prompt_ids, output_ids, logits); {req_lp!r} takes {arity} parameters")
-        return partial(req_lp, output_ids)
-
     def update_state(self, batch_update: BatchUpdate | None):
+        if batch_update is not None: validate_batch_update(batch_update, self.max_num_seqs)
         process_dict_updates(self.req_info, batch_update, self._new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        _check_logits(logits, min_rows=max(self.req_info, default=-1) + 1)
         for slot, req_lp in self.req_info.items():
             row = logits[slot]
             new = req_lp(row)
             if new is not row: logits[slot] = new
         return logits
+
+# %% ../nbs/08_logits_processors.ipynb #b6f6054f
+@patch
+def _new_state(self: AdapterLogitsProcessor, params: SamplingParams, prompt_ids: list[int] | None,
+               output_ids: list[int]) -> partial | None:
+    if (req_lp := self.new_req_logits_processor(params)) is None: return None
+    arity = len(inspect.signature(req_lp).parameters)
+    if arity == 3:
+        if prompt_ids is None: raise ValueError("this per-request logits processor takes the prompt ids, but none were provided")
+        return partial(req_lp, prompt_ids, output_ids)
+    if arity != 2:
+        raise TypeError(f"a per-request logits processor takes (output_ids, logits) or "
+                        f"(prompt_ids, output_ids, logits); {req_lp!r} takes {arity} parameters")
+    return partial(req_lp, output_ids)
 
 # %% ../nbs/08_logits_processors.ipynb #347eb001
 LOGITSPROCS_GROUP = "vllm.logits_processors"
@@ -442,8 +614,10 @@ def _check_logitsproc_class(obj, name: str) -> type[LogitsProcessor]:
         raise ValueError(f"logits processor plugin {name}: {obj.__name__} must be a subclass of LogitsProcessor")
     return obj
 
+# %% ../nbs/08_logits_processors.ipynb #98dc0477
 def load_logitsprocs_plugins(group: str = LOGITSPROCS_GROUP) -> list[type[LogitsProcessor]]:
     "The processor classes installed packages register under the entry-point group."
+    if not isinstance(group, str): raise TypeError(f"group must be a str, got {group!r}")
     classes = []
     for ep in entry_points(group=group):
         try: obj = ep.load()
@@ -451,35 +625,41 @@ def load_logitsprocs_plugins(group: str = LOGITSPROCS_GROUP) -> list[type[Logits
         classes.append(_check_logitsproc_class(obj, repr(ep.name)))
     return classes
 
+# %% ../nbs/08_logits_processors.ipynb #7cc0da44
+def _resolve_fqcn(i: int, lp: str) -> type[LogitsProcessor]:
+    "The class that `lp` ('module.path:Qualname', the qualname possibly nested) names."
+    if not isinstance(lp, str) or lp.count(":") != 1 or not all(lp.split(":")):
+        raise ValueError(f"logits processor plugin #{i} {lp!r}: expected a class or 'module.path:Qualname'")
+    module_path, qualname = lp.split(":")
+    try: obj = importlib.import_module(module_path)
+    except Exception as e: raise RuntimeError(f"failed to load logits processor plugin #{i} {lp!r}") from e
+    for attr in qualname.split("."):
+        if not hasattr(obj, attr): raise ValueError(f"logits processor plugin #{i} {lp!r}: no attribute {attr!r}")
+        obj = getattr(obj, attr)
+    return _check_logitsproc_class(obj, f"#{i} {lp!r}")
+
 # %% ../nbs/08_logits_processors.ipynb #ec989ffc
 def load_logitsprocs_by_fqcns(logits_processors: Sequence[str | type] | None  # classes or "module.path:Qualname"
                               ) -> list[type[LogitsProcessor]]:
     "Resolve classes and fully qualified class names into `LogitsProcessor` subclasses."
-    classes = []
-    for i, lp in enumerate(logits_processors or ()):
-        if isinstance(lp, type):
-            classes.append(_check_logitsproc_class(lp, f"#{i} {lp.__name__}")); continue
-        if not isinstance(lp, str) or lp.count(":") != 1 or not all(lp.split(":")):
-            raise ValueError(f"logits processor plugin #{i} {lp!r}: expected a class or 'module.path:Qualname'")
-        module_path, qualname = lp.split(":")
-        try: obj = importlib.import_module(module_path)
-        except Exception as e: raise RuntimeError(f"failed to load logits processor plugin #{i} {lp!r}") from e
-        for attr in qualname.split("."):
-            if not hasattr(obj, attr): raise ValueError(f"logits processor plugin #{i} {lp!r}: no attribute {attr!r}")
-            obj = getattr(obj, attr)
-        classes.append(_check_logitsproc_class(obj, f"#{i} {lp!r}"))
-    return classes
+    if logits_processors is not None and not isinstance(logits_processors, (list, tuple)):
+        raise TypeError(f"logits_processors must be a list of classes or 'module.path:Qualname' strings, got {logits_processors!r}")
+    return [_check_logitsproc_class(lp, f"#{i} {lp.__name__}") if isinstance(lp, type) else _resolve_fqcn(i, lp)
+            for i, lp in enumerate(logits_processors or ())]
 
 # %% ../nbs/08_logits_processors.ipynb #00cb20b5
 BUILTIN_LOGITS_PROCESSORS: list[type[LogitsProcessor]] = [MinTokensLogitsProcessor, LogitBiasLogitsProcessor, MinPLogitsProcessor]
 STR_POOLING_REJECTS_LOGITSPROCS = "Pooling models do not support custom logits processors."
 STR_SPEC_DEC_REJECTS_LOGITSPROCS = "Custom logits processors are not supported when speculative decoding is enabled."
 
+# %% ../nbs/08_logits_processors.ipynb #e13c12b1
 def build_logitsprocs(config: LogitsProcessorConfig, device: torch.device, is_pin_memory: bool,
                       is_pooling_model: bool,  # pooling models get no processors
                       custom_logitsprocs: Sequence[str | type] = ()  # classes or "module:Qualname" strings
                       ) -> LogitsProcessors:
     "Build the engine's processors: none (pooling), MinTokens only (speculative), or built-ins then custom."
+    _check_processor_args(config, device, is_pin_memory)
+    if not isinstance(is_pooling_model, bool): raise TypeError(f"is_pooling_model must be a bool, got {is_pooling_model!r}")
     if is_pooling_model:
         if custom_logitsprocs: raise ValueError(STR_POOLING_REJECTS_LOGITSPROCS)
         return LogitsProcessors()
@@ -489,10 +669,33 @@ def build_logitsprocs(config: LogitsProcessorConfig, device: torch.device, is_pi
     custom = load_logitsprocs_plugins() + load_logitsprocs_by_fqcns(custom_logitsprocs)
     return LogitsProcessors(cls(config, device, is_pin_memory) for cls in chain(BUILTIN_LOGITS_PROCESSORS, custom))
 
+# %% ../nbs/08_logits_processors.ipynb #720851e4
 def validate_logits_processors_parameters(logits_processors: Sequence[str | type] | None, sampling_params: SamplingParams):
     "Let every custom processor class veto a request's params (`validate_params`) before it is queued."
+    if not isinstance(sampling_params, SamplingParams):
+        raise TypeError(f"sampling_params must be a SamplingParams, got {sampling_params!r}")
     for cls in load_logitsprocs_plugins() + load_logitsprocs_by_fqcns(logits_processors):
         cls.validate_params(sampling_params)
+
+# %% ../nbs/08_logits_processors.ipynb #8a9b54f7
+def _check_sampler_inputs(logits, logitsprocs, temperature, top_k, top_p, force, generator) -> None:
+    _check_logits(logits)
+    if not logits.shape[1]: raise ValueError("logits must have at least one column (the vocabulary)")
+    if not isinstance(logitsprocs, LogitsProcessors): raise TypeError(f"logitsprocs must be a LogitsProcessors, got {logitsprocs!r}")
+    _check_per_row("temperature", temperature, logits.shape[0])
+    if bool((temperature.isnan() | (temperature < 0)).any()): raise ValueError(f"temperature must be >= 0, got {temperature.tolist()}")
+    for name, values in (("top_k", top_k), ("top_p", top_p)):
+        if values is not None: _check_per_row(name, values, logits.shape[0])
+    if force is not None and not callable(force): raise TypeError(f"force must be callable, got {force!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {generator!r}")
+
+# %% ../nbs/08_logits_processors.ipynb #a34fbd22
+def _forced(force: Callable[[torch.Tensor], torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+    out = force(logits)
+    if not isinstance(out, torch.Tensor) or out.shape != logits.shape:
+        raise ValueError(f"force must return the logits' shape {list(logits.shape)}, got {getattr(out, 'shape', out)!r}")
+    return out
 
 # %% ../nbs/08_logits_processors.ipynb #59931a55
 _SAMPLING_EPS = 1e-5
@@ -505,11 +708,13 @@ def sample_logits(logits: torch.Tensor,  # [batch, vocab] raw model logits
                   force: Callable[[torch.Tensor], torch.Tensor] | None = None,  # thinking-budget forcing
                   generator: torch.Generator | None = None) -> torch.Tensor:
     "Sample one token per row in vLLM 0.33's V1 order; greedy rows take the argmax."
+    if not isinstance(logits, torch.Tensor): raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     logits = logits.to(torch.float32)
+    _check_sampler_inputs(logits, logitsprocs, temperature, top_k, top_p, force, generator)
     # (allowed-token-ids and bad-words masks run here)
     for p in logitsprocs.non_argmax_invariant: logits = p.apply(logits)  # MinTokens, LogitBias, custom
     # (repetition / frequency / presence penalties run here)
-    if force is not None: logits = force(logits)  # thinking budget: after penalties, before the argmax
+    if force is not None: logits = _forced(force, logits)  # thinking budget: after penalties, before the argmax
     greedy = logits.argmax(dim=-1)
     is_greedy = temperature < _SAMPLING_EPS
     if bool(is_greedy.all()): return greedy
@@ -523,6 +728,9 @@ def sample_logits(logits: torch.Tensor,  # [batch, vocab] raw model logits
 # %% ../nbs/08_logits_processors.ipynb #6819aec8
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
     "Mask to -inf what top-k (per-row k, 0 = off) and top-p (per-row p, 1 = off) drop, by sorting."
+    _check_logits(logits)
+    for name, values in (("top_k", k), ("top_p", p)):
+        if values is not None: _check_per_row(name, values, logits.shape[0])
     if k is None and p is None: return logits
     sorted_logits, order = logits.sort(dim=-1, descending=False)
     vocab = logits.shape[-1]

@@ -1,4 +1,4 @@
-"""The state machine that ends reasoning on budget, also under speculative decoding.
+"""The contract that ends reasoning on budget, also under speculative decoding.
 
 Docs: https://kvref.github.io/kvref/thinking_budget.html.md"""
 
@@ -9,32 +9,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import ClassVar
 
+import torch
 from fastcore.basics import patch
 
 from .logits_processors import BatchUpdate, MoveDirectionality
 from .sampling_params import SamplingParams
 
 # %% auto #0
-__all__ = ['FORCED_LOGIT', 'BEHAVIORS', 'GREEDY_RUN_MAX_VOCAB', 'ReasoningConfig', 'check_thinking_token_budget', 'Phase',
-           'ThinkState', 'advance', 'next_forced', 'think_state', 'plan_forcings', 'contract_forcings', 'force_index',
-           'ThinkingBudgetStateHolder', 'greedy_run']
+__all__ = ['FORCED_LOGIT', 'GREEDY_RUN_MAX_VOCAB', 'ReasoningConfig', 'check_thinking_token_budget', 'Phase', 'ThinkState',
+           'advance', 'next_forced', 'think_state', 'plan_forcings', 'contract_forcings', 'force_index',
+           'ContractEntry', 'ThinkingBudgetStateHolder', 'greedy_run']
 
 # %% ../nbs/09_thinking_budget.ipynb #0ff1975d
 FORCED_LOGIT = 1e9  # the logit a forced token gets: large and finite, so softmax never sees inf - inf
-BEHAVIORS = ("contract", "vllm_0_33_v1")  # the holder's two named behaviours
 
-# %% ../nbs/09_thinking_budget.ipynb #76f0c130
+# %% ../nbs/09_thinking_budget.ipynb #a0e1b2c3
+def _is_list(value) -> bool:
+    "A sequence that is not a string: what kvref accepts as a list of token ids."
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+# %% ../nbs/09_thinking_budget.ipynb #aee70ee3
 def _token_ids(name: str, ids) -> tuple[int, ...]:
     "`ids` as a tuple after checking it is a list of ints >= 0 (None: empty); `name` goes in the error."
     if ids is None: return ()
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-        raise TypeError(f"{name} must be a list of token ids, got {ids!r}")
+    if not _is_list(ids): raise TypeError(f"{name} must be a list of token ids, got {ids!r}")
+    ids = tuple(ids)
+    if all(type(t) is int for t in ids) and min(ids, default=0) >= 0: return ids  # the common case, checked fast
     for t in ids:
         if not isinstance(t, int) or isinstance(t, bool): raise TypeError(f"{name} must hold ints, got {t!r}")
         if t < 0: raise ValueError(f"{name} must hold token ids >= 0, got {t}")
-    return tuple(ids)
+    return ids
 
+# %% ../nbs/09_thinking_budget.ipynb #76f0c130
 @dataclass(frozen=True)
 class ReasoningConfig:
     "The reasoning markers: where thinking starts (S), what forcing writes (E), and the model's own end tag (N)."
@@ -67,6 +75,7 @@ class Phase(Enum):
     THINKING = "thinking"  # in a block, budget not yet spent
     ENDING = "ending"  # budget spent: E is being forced
 
+# %% ../nbs/09_thinking_budget.ipynb #76f14922
 @dataclass(frozen=True, slots=True)
 class ThinkState:
     "What the contract remembers about a token stream."
@@ -88,6 +97,7 @@ def _begun(tail: tuple[int, ...], E: tuple[int, ...], count: int) -> int:
         if tail[-k:] == E[:k]: return k
     return 0
 
+# %% ../nbs/09_thinking_budget.ipynb #d3fcaf66
 def advance(state: ThinkState,  # the state before `token`
             token: int,  # the next token of the stream
             config: ReasoningConfig,  # the markers
@@ -114,12 +124,12 @@ def next_forced(state: ThinkState, config: ReasoningConfig) -> int | None:
     "The token the contract forces at the next position, or None."
     return config.reasoning_end_token_ids[state.ended] if state.phase is Phase.ENDING else None
 
+# %% ../nbs/09_thinking_budget.ipynb #4801203e
 def think_state(tokens: Sequence[int],  # prompt and output, in order
                 config: ReasoningConfig, budget: int | None,
                 state: ThinkState = ThinkState()) -> ThinkState:  # the state before `tokens`
     "The contract's state after reading `tokens`."
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
-        raise TypeError(f"tokens must be a list of token ids, got {tokens!r}")
+    if not _is_list(tokens): raise TypeError(f"tokens must be a list of token ids, got {tokens!r}")
     for token in tokens: state = advance(state, token, config, budget)
     return state
 
@@ -136,6 +146,7 @@ def plan_forcings(state: ThinkState,  # the state after the committed tokens
         state = advance(state, drafts[row], config, budget)
     return forcings
 
+# %% ../nbs/09_thinking_budget.ipynb #cc73da46
 def contract_forcings(prompt: Sequence[int] | None,  # the prompt token ids
                       output: Sequence[int],  # the committed output token ids
                       drafts: Sequence[int],  # this step's draft tokens ([] without speculative decoding)
@@ -150,13 +161,14 @@ def contract_forcings(prompt: Sequence[int] | None,  # the prompt token ids
     if budget is None or budget == -1: return []
     return plan_forcings(think_state([*prompt, *output], config, budget), drafts, config, budget)
 
-# %% ../nbs/09_thinking_budget.ipynb #6bc521ac
+# %% ../nbs/09_thinking_budget.ipynb #eebcd5e3
 def _check_int(name: str, value, least: int | None = None) -> int:
     "`value` after checking it is an int (not a bool) and, when `least` is given, at least `least`."
     if not isinstance(value, int) or isinstance(value, bool): raise TypeError(f"{name} must be an int, got {value!r}")
     if least is not None and value < least: raise ValueError(f"{name} must be an int >= {least}, got {value}")
     return value
 
+# %% ../nbs/09_thinking_budget.ipynb #6bc521ac
 def force_index(remaining: int,  # budget minus thinking tokens already spent
                 num_drafts: int) -> int:  # draft tokens this step
     "vLLM's row rule: remaining <= 0 forces row 0, 0 < remaining < d forces row `remaining`, else the bonus row d."
@@ -167,8 +179,8 @@ def force_index(remaining: int,  # budget minus thinking tokens already spent
 
 # %% ../nbs/09_thinking_budget.ipynb #3ef22aea
 @dataclass(slots=True)
-class _ContractEntry:
-    "One tracked row under `contract`."
+class ContractEntry:
+    "One tracked row under the contract."
     budget: int  # thinking_token_budget (-1: unlimited)
     prompt: Sequence[int]  # the prompt token ids
     state: ThinkState = ThinkState()  # after prompt + output[:consumed]
@@ -176,34 +188,37 @@ class _ContractEntry:
     spec: list[int] = field(default_factory=list)  # this step's drafts
     plan: list[tuple[int, int]] = field(default_factory=list)  # this step's (row, token) forcings
 
-    def update(self, output: Sequence[int], spec: list[int], config: ReasoningConfig):
-        if len(output) < self.consumed: self.state, self.consumed = think_state(self.prompt, config, self.budget), 0
-        for i in range(self.consumed, len(output)): self.state = advance(self.state, output[i], config, self.budget)
-        self.consumed, self.spec = len(output), spec
-        far = self.state.phase is not Phase.ENDING and self.state.count + len(spec) < self.budget
-        self.plan = [] if self.budget == -1 or far else plan_forcings(self.state, spec, config, self.budget)
+# %% ../nbs/09_thinking_budget.ipynb #3a3923d2
+@patch
+def update(self: ContractEntry, output: Sequence[int], spec: list[int], config: ReasoningConfig):
+    "Read the tokens committed since the last step, then plan this step's (row, token) forcings."
+    if len(output) < self.consumed: self.state, self.consumed = think_state(self.prompt, config, self.budget), 0
+    for i in range(self.consumed, len(output)): self.state = advance(self.state, output[i], config, self.budget)
+    self.consumed, self.spec = len(output), spec
+    far = self.state.phase is not Phase.ENDING and self.state.count + len(spec) < self.budget
+    self.plan = [] if self.budget == -1 or far else plan_forcings(self.state, spec, config, self.budget)
 
 # %% ../nbs/09_thinking_budget.ipynb #5af40b86
 class ThinkingBudgetStateHolder:
-    "Tracks thinking blocks per batch row and forces the end sequence when a row's budget is spent."
+    "Tracks thinking blocks per batch row and forces the end sequence when a row's budget is spent (the contract)."
+    behavior: ClassVar[str] = "contract"  # the behaviour's name, as the command line and recorded checks give it
+
     def __init__(self, reasoning_config: ReasoningConfig | None,  # the markers; None disables the holder
                  max_num_seqs: int,  # batch rows
                  num_spec_tokens: int = 0,  # drafts per request per step (0: no speculative decoding)
-                 device=None, is_pin_memory: bool = False,  # accepted for vLLM's signature; unused
-                 behavior: str = "contract"):  # "contract" or "vllm_0_33_v1"
-        if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
+                 device=None, is_pin_memory: bool = False):  # accepted for vLLM's signature; unused
         if reasoning_config is not None and not isinstance(reasoning_config, ReasoningConfig):
             raise TypeError(f"reasoning_config must be a ReasoningConfig or None, got {reasoning_config!r}")
         for name, v, low in (("max_num_seqs", max_num_seqs, 1), ("num_spec_tokens", num_spec_tokens, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-        self.behavior, self.is_enabled, self.max_num_seqs = behavior, reasoning_config is not None, max_num_seqs
+        self.is_enabled, self.max_num_seqs = reasoning_config is not None, max_num_seqs
         self.config = reasoning_config or ReasoningConfig()
         self.think_start_token_ids = list(self.config.reasoning_start_token_ids)
         self.think_end_token_ids = list(self.config.reasoning_end_token_ids)
         self.in_spec_mode, self.num_spec_tokens = num_spec_tokens > 0, num_spec_tokens
         self._mask_capacity = max_num_seqs * (num_spec_tokens + 1)  # rows vLLM's mask buffer holds
-        self._state: dict[int, object] = {}  # batch row -> entry
+        self._state: dict[int, ContractEntry] = {}  # batch row -> entry
         self.cu_num_tokens: dict[int, int] = {}  # batch row -> its first logits row in the current call
 
     def has_tracked_requests(self) -> bool:
@@ -211,41 +226,53 @@ class ThinkingBudgetStateHolder:
         return bool(self._state)
 
 # %% ../nbs/09_thinking_budget.ipynb #cc7db986
-def _new_entry(self: ThinkingBudgetStateHolder, params, prompt, output):
+@patch
+def _new_entry(self: ThinkingBudgetStateHolder, budget: int, prompt: Sequence[int] | None,
+               output: Sequence[int]) -> ContractEntry:
+    "A checked request's entry: the contract's state after the prompt."
+    return ContractEntry(budget, list(prompt or ()), think_state(prompt or (), self.config, budget))
+
+# %% ../nbs/09_thinking_budget.ipynb #8dca6f10
+@patch
+def _entry_for(self: ThinkingBudgetStateHolder, params, prompt, output):
+    "The entry for one added request (None without a budget), after checking every input."
     budget = check_thinking_token_budget(getattr(params, "thinking_token_budget", "<missing>"))
     if budget is None: return None
     if budget != -1 and not (self.think_start_token_ids and self.think_end_token_ids):
         raise ValueError(f"thinking_token_budget={budget} needs reasoning start and end token ids, but the reasoning "
                          f"config has start={self.think_start_token_ids} end={self.think_end_token_ids}")
     _token_ids("prompt_tok_ids", prompt)
-    if isinstance(output, (str, bytes)) or not isinstance(output, Sequence):
-        raise TypeError(f"output_tok_ids must be the request's live list of output token ids, got {output!r}")
-    if self.behavior == "contract":
-        return _ContractEntry(budget, list(prompt or ()), think_state(prompt or (), self.config, budget))
-    return _vllm_entry(self, prompt, output, budget)
+    if not _is_list(output): raise TypeError(f"output_tok_ids must be the request's live output list, got {output!r}")
+    return self._new_entry(budget, prompt, output)
 
+# %% ../nbs/09_thinking_budget.ipynb #dfbe72bf
+@patch
 def _check_row(self: ThinkingBudgetStateHolder, index) -> int:
     if not isinstance(index, int) or isinstance(index, bool): raise TypeError(f"a batch row must be an int, got {index!r}")
     if not 0 <= index < self.max_num_seqs:
         raise ValueError(f"batch row {index} is outside the holder's {self.max_num_seqs} rows (max_num_seqs)")
     return index
 
-def _new_entries(self: ThinkingBudgetStateHolder, batch_update: BatchUpdate) -> list:
-    "Check every part of `batch_update` and build the added entries, changing nothing."
+# %% ../nbs/09_thinking_budget.ipynb #533025b8
+@patch
+def _entries_to_add(self: ThinkingBudgetStateHolder, batch_update: BatchUpdate) -> list:
+    "Check every part of `batch_update`; the (row, entry or None) pairs it adds."
     if not isinstance(batch_update, BatchUpdate): raise TypeError(f"batch_update must be a BatchUpdate, got {batch_update!r}")
-    for index in batch_update.removed: _check_row(self, index)
+    for index in batch_update.removed: self._check_row(index)
     for i, j, direction in batch_update.moved:
-        _check_row(self, i), _check_row(self, j)
+        self._check_row(i)
+        self._check_row(j)
         if not isinstance(direction, MoveDirectionality): raise TypeError(f"a move's direction must be a MoveDirectionality, got {direction!r}")
-    return [(_check_row(self, index), None if params is None else _new_entry(self, params, prompt, output))
+    return [(self._check_row(index), None if params is None else self._entry_for(params, prompt, output))
             for index, params, prompt, output in batch_update.added]
 
+# %% ../nbs/09_thinking_budget.ipynb #adc530e9
 @patch
 def sync_batch(self: ThinkingBudgetStateHolder,
                batch_update: BatchUpdate | None):  # this step's batch changes, or None
     "Add, remove and move per-row entries (no state update); a refused update changes nothing."
     if not self.is_enabled or batch_update is None: return
-    added = _new_entries(self, batch_update)
+    added = self._entries_to_add(batch_update)
     for index in batch_update.removed: self._state.pop(index, None)
     for index, entry in added:
         if entry is None: self._state.pop(index, None)
@@ -256,28 +283,39 @@ def sync_batch(self: ThinkingBudgetStateHolder,
         if a is not None: self._state[j] = a
         if b is not None: self._state[i] = b
 
+# %% ../nbs/09_thinking_budget.ipynb #49d30056
+@patch
+def _last_rows(self: ThinkingBudgetStateHolder, repeat_indices) -> dict[int, int] | None:
+    "With `repeat_indices`: each request's last output row (None without)."
+    if repeat_indices is None: return None
+    rows = repeat_indices.tolist() if hasattr(repeat_indices, "tolist") else list(repeat_indices)
+    return {_check_int("each repeat_indices entry", req, 0): row for row, req in enumerate(rows)}
+
 # %% ../nbs/09_thinking_budget.ipynb #427230d6
+@patch
 def _row_inputs(self: ThinkingBudgetStateHolder, output_token_ids, spec_token_ids, repeat_indices) -> list:
-    "Check this step's inputs and pair each tracked entry with its (output, drafts), changing nothing."
-    if isinstance(output_token_ids, (str, bytes)) or not isinstance(output_token_ids, Sequence):
+    "Check this step's inputs; each tracked entry paired with its (output, drafts)."
+    if not _is_list(output_token_ids):
         raise TypeError(f"output_token_ids must be a list of token lists, one per row, got {output_token_ids!r}")
     specs = [list(_token_ids(f"spec_token_ids[{i}]", s)) for i, s in enumerate(spec_token_ids or [])]
-    last_row = None
-    if repeat_indices is not None:
-        rows = repeat_indices.tolist() if hasattr(repeat_indices, "tolist") else list(repeat_indices)
-        last_row = {_check_int("each repeat_indices entry", req, 0): row for row, req in enumerate(rows)}
-    pairs = []
+    last_row, pairs = self._last_rows(repeat_indices), []
     for index, entry in self._state.items():
         row = index if last_row is None else last_row.get(index)
         if row is None or row >= len(output_token_ids): continue
         output, spec = output_token_ids[row], specs[index] if index < len(specs) else []
-        if isinstance(output, (str, bytes)) or not isinstance(output, Sequence):
-            raise TypeError(f"output_token_ids[{row}] must be a list of token ids, got {output!r}")
+        if not _is_list(output): raise TypeError(f"output_token_ids[{row}] must be a list of token ids, got {output!r}")
         if len(spec) > self.num_spec_tokens:
             raise ValueError(f"batch row {index} has {len(spec)} drafts but the holder was built with num_spec_tokens={self.num_spec_tokens}")
         pairs.append((entry, output, spec))
     return pairs
 
+# %% ../nbs/09_thinking_budget.ipynb #3ceb219d
+@patch
+def _update_entry(self: ThinkingBudgetStateHolder, entry: ContractEntry, output: Sequence[int], spec: list[int]):
+    "One entry's update for this step (the contract's)."
+    entry.update(output, spec, self.config)
+
+# %% ../nbs/09_thinking_budget.ipynb #fcc662cf
 @patch
 def update_state(self: ThinkingBudgetStateHolder,
                  output_token_ids: Sequence[Sequence[int]],  # committed output per row
@@ -285,12 +323,18 @@ def update_state(self: ThinkingBudgetStateHolder,
                  repeat_indices=None):  # optional: the request of each output row (list or tensor)
     "Read this step's committed outputs and drafts and work out which rows to force; a refused call changes nothing."
     if not self.is_enabled or not self._state: return
-    for entry, output, spec in _row_inputs(self, output_token_ids, spec_token_ids, repeat_indices):
-        if self.behavior == "contract": entry.update(output, spec, self.config)
-        else: _vllm_update(self, entry, output, spec)
+    for entry, output, spec in self._row_inputs(output_token_ids, spec_token_ids, repeat_indices):
+        self._update_entry(entry, output, spec)
 
 # %% ../nbs/09_thinking_budget.ipynb #6c228a47
-def _layout(self: ThinkingBudgetStateHolder, one_row_each: bool, specs: Sequence[Sequence[int]]) -> dict[int, int]:
+@patch
+def _one_row_each(self: ThinkingBudgetStateHolder, predict_bonus_token: bool, specs: list[list[int]]) -> bool:
+    "Whether this call has one logits row per request: the bonus call, no speculative decoding, or no drafts at all."
+    return predict_bonus_token or not self.in_spec_mode or not any(specs)
+
+# %% ../nbs/09_thinking_budget.ipynb #7aaebf3e
+@patch
+def _layout(self: ThinkingBudgetStateHolder, one_row_each: bool, specs: list[list[int]]) -> dict[int, int]:
     "Each batch row's first logits row in this call (vLLM's `cu_num_tokens`)."
     starts, total = {}, 0
     for index in range(max(len(specs), max(self._state) + 1)):
@@ -298,25 +342,32 @@ def _layout(self: ThinkingBudgetStateHolder, one_row_each: bool, specs: Sequence
         total += 1 if one_row_each else (len(specs[index]) if index < len(specs) else 0)
     return starts
 
-def _check_drafts_seen(self: ThinkingBudgetStateHolder, specs) -> None:
+# %% ../nbs/09_thinking_budget.ipynb #ef40f7f0
+@patch
+def _check_drafts_seen(self: ThinkingBudgetStateHolder, specs: list[list[int]]):
     for index, entry in sorted(self._state.items()):
         laid_out = len(specs[index]) if index < len(specs) else 0
         if laid_out != len(entry.spec):
-            raise ValueError(f"batch row {index}: apply_to_logits got {laid_out} drafts but update_state saw "
-                             f"{len(entry.spec)}")
+            raise ValueError(f"batch row {index}: apply_to_logits got {laid_out} drafts but update_state saw {len(entry.spec)}")
 
-def _contract_cells(self: ThinkingBudgetStateHolder, bonus_call: bool, num_rows: int) -> dict[int, int]:
-    cells = {}
+# %% ../nbs/09_thinking_budget.ipynb #01fe97d9
+@patch
+def _forced_cells(self: ThinkingBudgetStateHolder, layout: dict[int, int], predict_bonus_token: bool,
+                  specs: list[list[int]], num_rows: int) -> dict[int, int]:
+    "The contract's forcings in this call, as {logits row: token}; changes nothing."
+    if self.in_spec_mode: self._check_drafts_seen(specs)
+    bonus_call, cells = self._one_row_each(predict_bonus_token, specs), {}
     for index, entry in sorted(self._state.items()):
         for row, token in entry.plan:
             if bonus_call != (row == len(entry.spec)): continue
-            at = self.cu_num_tokens[index] + (0 if bonus_call else row)
+            at = layout[index] + (0 if bonus_call else row)
             if at < num_rows: cells[at] = token
     return cells
 
+# %% ../nbs/09_thinking_budget.ipynb #2584678f
+@patch
 def _check_logits(self: ThinkingBudgetStateHolder, logits, predict_bonus_token, spec_token_ids) -> list[list[int]]:
-    "Check one `apply_to_logits` call's inputs and return the drafts per row, changing nothing."
-    import torch
+    "Check one `apply_to_logits` call's inputs; the drafts per row."
     if not isinstance(logits, torch.Tensor): raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dim() != 2: raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
     if not logits.is_floating_point(): raise TypeError(f"logits must be floating point, got {logits.dtype}")
@@ -324,10 +375,12 @@ def _check_logits(self: ThinkingBudgetStateHolder, logits, predict_bonus_token, 
     if max(self.think_end_token_ids, default=-1) >= logits.shape[1]:
         raise ValueError(f"forced token {max(self.think_end_token_ids)} (reasoning_end_token_ids) is outside the "
                          f"{logits.shape[1]} logits")
-    specs = [list(_token_ids(f"spec_token_ids[{i}]", s)) for i, s in enumerate(spec_token_ids or [])]
-    if self.behavior == "contract" and self.in_spec_mode: _check_drafts_seen(self, specs)
+    specs = list(spec_token_ids or [])
+    for i, s in enumerate(specs):
+        if not _is_list(s): raise TypeError(f"spec_token_ids[{i}] must be a list of token ids, got {s!r}")
     return specs
 
+# %% ../nbs/09_thinking_budget.ipynb #c1e25038
 @patch
 def apply_to_logits(self: ThinkingBudgetStateHolder,
                     logits,  # [rows, vocab] tensor, changed in place
@@ -335,19 +388,14 @@ def apply_to_logits(self: ThinkingBudgetStateHolder,
                     spec_token_ids: Sequence[Sequence[int]] | None):  # this step's drafts per row (the layout)
     "Set the forced tokens' logits to `FORCED_LOGIT` and return `logits`; a refused call changes nothing."
     if not self.is_enabled or not self._state: return logits
-    specs = _check_logits(self, logits, predict_bonus_token, spec_token_ids)
-    one_row_each = predict_bonus_token or not self.in_spec_mode
-    if self.behavior == "contract":
-        one_row_each = one_row_each or not any(specs)  # a step without drafts goes through the plain sampler
-        self.cu_num_tokens = _layout(self, one_row_each, specs)
-        cells = _contract_cells(self, one_row_each, logits.shape[0])
-    else:
-        self.cu_num_tokens = _layout(self, one_row_each, specs)
-        cells = dict(_vllm_cells(self, predict_bonus_token, logits.shape[0]))  # a later write to a row wins
+    specs = self._check_logits(logits, predict_bonus_token, spec_token_ids)
+    layout = self._layout(self._one_row_each(predict_bonus_token, specs), specs)
+    cells = self._forced_cells(layout, predict_bonus_token, specs, logits.shape[0])
+    self.cu_num_tokens = layout
     if cells: logits[list(cells), list(cells.values())] = FORCED_LOGIT
     return logits
 
-# %% ../nbs/09_thinking_budget.ipynb #bd83e17a
+# %% ../nbs/09_thinking_budget.ipynb #e5170772
 GREEDY_RUN_MAX_VOCAB = 1 << 20  # greedy_run's scripted logits are 1 + the largest token id wide: at most this
 
 def _scripted_vocab(*token_lists: Sequence[int]) -> int:
@@ -357,13 +405,24 @@ def _scripted_vocab(*token_lists: Sequence[int]) -> int:
                          f"capped at {GREEDY_RUN_MAX_VOCAB} (GREEDY_RUN_MAX_VOCAB); real vocabularies are smaller")
     return vocab
 
+# %% ../nbs/09_thinking_budget.ipynb #72099b14
+def _verify(drafts: list[int], bonus, target) -> list[tuple[int, bool]]:
+    "Greedy verification: (token, forced) for each accepted draft row, the first mismatch, or else the bonus row."
+    emitted = []
+    for r, d in enumerate(drafts):
+        tok = int(target[r].argmax())
+        emitted.append((tok, bool(target[r, tok] == FORCED_LOGIT)))
+        if tok != d: return emitted
+    tok = int(bonus[0].argmax())
+    return emitted + [(tok, bool(bonus[0, tok] == FORCED_LOGIT))]
+
+# %% ../nbs/09_thinking_budget.ipynb #bd83e17a
 def greedy_run(holder: ThinkingBudgetStateHolder,  # a fresh holder (max_num_seqs >= 1)
                prompt: Sequence[int],  # prompt token ids
                wants: Sequence[int],  # the token the scripted model wants at each output position
                budget: int | None,  # thinking_token_budget
                drafter=None) -> tuple[list[int], list[bool]]:  # output -> drafts; needs num_spec_tokens > 0
     "Greedy decoding of one request with a scripted model; returns (emitted tokens, forced flags)."
-    import torch
     if not isinstance(holder, ThinkingBudgetStateHolder): raise TypeError(f"holder must be a ThinkingBudgetStateHolder, got {holder!r}")
     prompt, wants, out, forced = list(_token_ids("prompt", prompt)), _token_ids("wants", wants), [], []
     vocab = _scripted_vocab(wants, holder.think_end_token_ids)
@@ -379,146 +438,7 @@ def greedy_run(holder: ThinkingBudgetStateHolder,  # a fresh holder (max_num_seq
         n = len(out)
         bonus = holder.apply_to_logits(logits_for([n + len(drafts)]), bool(drafts), [drafts])
         target = holder.apply_to_logits(logits_for(range(n, n + len(drafts))), False, [drafts]) if drafts else None
-        for r, d in enumerate(drafts):
-            tok = int(target[r].argmax())
-            out.append(tok); forced.append(bool(target[r, tok] == FORCED_LOGIT))
-            if tok != d: break
-        else:
-            tok = int(bonus[0].argmax())
-            out.append(tok); forced.append(bool(bonus[0, tok] == FORCED_LOGIT))
+        emitted = _verify(drafts, bonus, target)
+        out.extend(t for t, _ in emitted)  # the holder reads this same list
+        forced.extend(f for _, f in emitted)
     return out[:len(wants)], forced[:len(wants)]
-
-# %% ../nbs/09_thinking_budget.ipynb #1c64b251
-@dataclass(slots=True)
-class _VllmEntry:
-    "One tracked row under `vllm_0_33_v1`: vLLM's per-request state fields."
-    thinking_token_budget: int
-    prompt_tok_ids: Sequence[int] | None
-    output_tok_ids: Sequence[int]
-    in_think: bool = False
-    in_end: bool = False
-    check_count_down: int = 0
-    think_count: int = 0
-    end_count: int = 0
-    prev_output_length: int = 0
-    spec_token_ids: list[int] = field(default_factory=list)
-    force_index: list[int] = field(default_factory=list)
-    start_thinking: int = -1  # position of the last S in the output (sticky until the block closes)
-    end_thinking: int = -1  # position of the last E in the output (likewise)
-    scan_offset: int = 0  # where the searches for S and E begin
-    continue_thinking: bool = False  # the block started in the prompt
-    bonus_token_forced: bool = False
-    start_seen: int = 0  # kvref: output tokens already searched for S
-    end_seen: int = 0  # kvref: output tokens already searched for E
-
-def _find_last(tokens: Sequence[int], marker: Sequence[int], lo: int = 0) -> int:
-    "Start of the last occurrence of `marker` in `tokens` at or after `lo`, or -1."
-    m = list(marker)
-    if not m: return -1
-    for i in range(len(tokens) - len(m), max(lo, 0) - 1, -1):
-        if tokens[i] == m[0] and list(tokens[i:i + len(m)]) == m: return i
-    return -1
-
-def _vllm_entry(self: ThinkingBudgetStateHolder, prompt, output, budget: int) -> _VllmEntry:
-    e = _VllmEntry(budget, prompt, output, check_count_down=budget)
-    if prompt is None: return e
-    S = self.think_start_token_ids
-    last_start, last_end = _find_last(prompt, S), _find_last(prompt, self.think_end_token_ids)
-    if last_start > last_end:  # the prompt ends inside a block
-        e.think_count = len(prompt) - (last_start + len(S))
-        e.in_think, e.continue_thinking = True, True
-        e.start_thinking = len(prompt) - e.think_count - 1  # (a prompt position, used as an output one)
-        e.check_count_down = budget - e.think_count
-        e.in_end = budget - e.think_count <= 0
-    return e
-
-# %% ../nbs/09_thinking_budget.ipynb #bf9e3837
-def _close_block(e: _VllmEntry):
-    e.in_think, e.think_count, e.continue_thinking = False, 0, False
-    e.start_thinking = e.end_thinking = -1
-    e.scan_offset = len(e.output_tok_ids)
-    e.check_count_down = e.thinking_token_budget
-
-def _search(self: ThinkingBudgetStateHolder, e: _VllmEntry):
-    out, S, E = e.output_tok_ids, self.think_start_token_ids, self.think_end_token_ids
-    if e.start_thinking == -1:
-        e.start_thinking = _find_last(out, S, max(e.scan_offset, e.start_seen - len(S) + 1))
-        e.start_seen = len(out)
-    if e.end_thinking == -1:
-        e.end_thinking = _find_last(out, E, max(e.scan_offset, e.end_seen - len(E) + 1))
-        e.end_seen = len(out)
-
-# %% ../nbs/09_thinking_budget.ipynb #7c3e903a
-def _vllm_update(self: ThinkingBudgetStateHolder, e: _VllmEntry, output: Sequence[int], spec: list[int]):
-    e.output_tok_ids, e.spec_token_ids, e.force_index = output, spec, []
-    B, out = e.thinking_token_budget, output
-    if B == -1: return
-    _search(self, e)
-    if not e.in_end and e.start_thinking >= 0 and e.end_thinking > e.start_thinking and not e.continue_thinking:
-        return _close_block(e)
-    if e.start_thinking == -1: return
-    if e.continue_thinking or e.prev_output_length: sampled = len(out) - e.prev_output_length
-    else: sampled = len(out) - len(self.think_start_token_ids)
-    countdown = e.check_count_down - sampled
-    closed_prompt_block = e.continue_thinking and e.end_thinking != -1  # the model ended the prompt's block
-    if not e.in_end and countdown - len(spec) - 1 >= 0 and not closed_prompt_block:  # the countdown shortcut
-        e.check_count_down, e.prev_output_length = countdown, len(out)
-        return
-    if not out:
-        if e.in_end: e.force_index = [0]
-        return
-    prev, cur = e.prev_output_length, len(out)
-    if cur <= prev:
-        if e.in_end: e.force_index = [force_index(B - e.think_count, len(spec))]
-        return
-    e.prev_output_length = cur
-    _vllm_recount(self, e, prev, cur)
-
-# %% ../nbs/09_thinking_budget.ipynb #0478e501
-def _vllm_recount(self: ThinkingBudgetStateHolder, e: _VllmEntry, prev: int, cur: int):
-    B, E, spec, out = e.thinking_token_budget, self.think_end_token_ids, e.spec_token_ids, e.output_tok_ids
-    start_len, start = len(self.think_start_token_ids), e.start_thinking
-    end = e.end_thinking + len(e.prompt_tok_ids or ()) if e.continue_thinking and e.end_thinking > -1 else e.end_thinking
-    if e.in_end and e.end_count == 0 and E[0] not in out[prev:]:  # the forced e0 was rejected: back to thinking
-        e.in_think, e.in_end, e.bonus_token_forced = True, False, False
-    if not e.in_end:
-        if start >= 0 and (end >= 0 or not e.continue_thinking) and start > end:
-            e.in_think, e.think_count = True, cur - (start + start_len)
-        elif end >= 0: _close_block(e)
-        elif e.in_think: e.think_count = len(out) + len(e.prompt_tok_ids or ()) - (start + start_len)
-        e.check_count_down = max(0, B - e.think_count) if e.in_think else B
-        if e.in_think and e.think_count + len(spec) + 1 > B:  # budget spent: start forcing E
-            e.in_think, e.in_end, e.end_count, e.check_count_down = False, True, 0, B
-            e.force_index = [force_index(B - e.think_count, len(spec))]
-        return
-    for i, token in enumerate(spec):  # in_end: walk E along the drafts (a draft equal to E's next token passes)
-        e.end_count += 1
-        if e.end_count < len(E) and token != E[e.end_count]:
-            e.force_index = [i]
-            break
-    else:
-        e.end_count += 1
-        e.force_index = [len(spec)]
-    if e.end_count >= len(E):
-        e.in_end, e.end_count = False, 0
-        _close_block(e)
-
-# %% ../nbs/09_thinking_budget.ipynb #54649e70
-def _vllm_cells(self: ThinkingBudgetStateHolder, predict_bonus_token: bool, num_rows: int):
-    E = self.think_end_token_ids
-    for index in sorted(self._state):
-        e = self._state[index]
-        if index not in self.cu_num_tokens or not e.in_end: continue
-        if predict_bonus_token:
-            if e.force_index and e.force_index[0] < len(e.spec_token_ids): continue
-            e.force_index = [0]
-        if e.end_count > 0: e.bonus_token_forced = False
-        if e.bonus_token_forced or not e.force_index: continue
-        end_count = e.end_count
-        for row in e.force_index:
-            if end_count >= len(E): continue
-            at = self.cu_num_tokens[index] + row
-            if at < self._mask_capacity and at < num_rows: yield at, E[end_count]
-            if predict_bonus_token:
-                if e.end_count > 0: e.bonus_token_forced, e.force_index = False, []
-                else: e.bonus_token_forced = True

@@ -2,8 +2,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from kvref.block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored
-from kvref.free_queue import block_ids
+from kvref.block_pool import AllBlocksCleared, BlockHashToBlockMap, BlockPool, BlockRemoved, BlockStored
+from kvref.free_queue import KVCacheBlock, block_ids
 
 
 def queue(pool):
@@ -133,3 +133,23 @@ def test_bad_input():
     with pytest.raises(ValueError, match="block 1 is already cached"):
         pool.cache_full_blocks(a, [b"y"], 0, 1, block_size=1)
     assert queue(pool) == [2] and pool.get_cached_block(b"x") is a[0]
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(0, 5)), max_size=60))
+def test_cache_map_equals_a_dict_of_dicts(ops):
+    "The compact map (a block, or a dict for duplicates) reads exactly like the plain dict of dicts."
+    blocks, compact, plain = [KVCacheBlock(i) for i in range(6)], BlockHashToBlockMap(), {}
+    for insert, h, i in ops:
+        key = bytes([h])
+        if insert and i not in plain.get(key, {}):
+            compact.insert(key, blocks[i])
+            plain.setdefault(key, {})[i] = blocks[i]
+        elif not insert and i in plain.get(key, {}):
+            compact.pop(key, i)
+            del plain[key][i]
+            if not plain[key]: del plain[key]
+        assert compact == plain and len(compact) == len(plain) and list(compact) == list(plain)
+        for key, holders in plain.items():
+            assert list(compact[key].items()) == list(holders.items())   # earliest first
+            assert compact.get_one_block(key) is next(iter(holders.values()))
+    assert compact.get_one_block(b"never") is None and b"never" not in compact

@@ -22,7 +22,7 @@ def links_consistent(q: FreeKVCacheBlockQueue) -> list[int]:
     assert forward[:-1] == backward[::-1][1:]
     inner = forward[:-1]
     assert len(inner) == q.num_free_blocks == len(q)
-    assert set(inner) == q._queued
+    assert all(b.free_queue is q for b in inner)
     return block_ids(inner)
 
 

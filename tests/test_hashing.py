@@ -13,7 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvref import hashing as H
 from kvref.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, generate_block_hash_extra_keys,
-                           get_hash_fn_by_name, hash_block_tokens, hash_request_tokens, init_none_hash)
+                           get_hash_fn_by_name, hash_block_tokens, hash_request_tokens, init_none_hash,
+                           request_block_hashes)
 from kvref.cli import hash_main
 
 xxhash = pytest.importorskip("xxhash")
@@ -86,6 +87,15 @@ def naive_of(req):
 def test_matches_naive_model(req, chunk_tokens):
     with patch.object(H, "_CHUNK_TOKENS", chunk_tokens):  # chunk boundaries anywhere, not only past 8192 tokens
         assert hash_request_tokens(**req) == naive_of(req)
+
+@given(requests(), st.one_of(st.integers(1, 300), st.just(H._CHUNK_TOKENS)))
+def test_fast_path_equals_the_definition(req, chunk_tokens):
+    "hash_request_tokens (checked, chunked, shared keys, pre-encoded CBOR) == the chapter's request_block_hashes."
+    with patch.object(H, "_CHUNK_TOKENS", chunk_tokens):
+        assert hash_request_tokens(**req) == request_block_hashes(**req)
+    cut = len(req["token_ids"]) // 2  # incrementally too: the definition chains onto known hashes the same way
+    known = request_block_hashes(**{**req, "token_ids": req["token_ids"][:cut]})
+    assert hash_request_tokens(**req, known_hashes=known) == request_block_hashes(**req, known_hashes=known)
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_long_request_crosses_chunks(algo):

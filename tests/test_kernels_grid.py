@@ -1,11 +1,19 @@
-"""Triton kernels against the float64 oracle over a reduced grid, on CPU through TRITON_INTERPRET=1.
+"""Triton kernels against the float64 oracle over a covering grid, on CPU through TRITON_INTERPRET=1.
 
-Inputs are fresh random numbers every run (the seed is in each failure message); the grid covers block sizes 1, 16
-and 32, head sizes 64 and 128, GQA ratios 1, 4 and 8, float32 and float16, with batches mixing prefill chunks,
-cached prefixes and decodes. Every cache slot no sequence uses holds NaN, so a stray read fails the finiteness
-check. bfloat16 runs on a smaller grid here (the interpreter computes it correctly: it widens to float32) and on the
-full grid on a GPU.
+Inputs are fresh random numbers every run (the seed is in each failure message); batches mix prefill chunks, cached
+prefixes and decodes, and every cache slot no sequence uses holds NaN, so a stray read fails the finiteness check.
+
+The fast grid is a *covering design*, not the full product: every block size (1, 12, 16, 32: 12 is not a power of
+two, so `pos // block_size` and `pos % block_size` cannot be shifts and masks), head size (64, 128), GQA ratio (1, 4,
+8), dtype (float32, float16) and, for decode, split count (1, 2, 4) appears, and so does every *pair* of values of
+any two of those factors (12 cases per kernel where the product has 48 or 144). The pairs are where kernel bugs
+live: a block-table index wrong only for some block sizes shows in any case with that block size, a head mapping
+wrong only for some ratios in any case with that ratio, a split bug that needs float16 rounding in the
+(splits, float16) cases. The full product runs with `KVREF_SLOW=1` (`@pytest.mark.slow`) and on a GPU.
+bfloat16 runs on a small grid here (the interpreter widens it to float32) and on the full grid on a GPU.
 """
+import itertools
+
 import pytest
 import torch
 
@@ -16,12 +24,35 @@ pytestmark = needs_triton
 if triton_available():
     from kvref.kernels.triton_attention import paged_decode_attention, unified_attention
 
+F32, F16 = torch.float32, torch.float16
+BLOCK_SIZES, HEAD_SIZES, GROUPS, DTYPES, SPLITS = (1, 12, 16, 32), (64, 128), (1, 4, 8), (F32, F16), (1, 2, 4)
 
-GRID = [(bs, hs, g, dt) for bs in (1, 16, 32) for hs in (64, 128) for g in (1, 4, 8)
-        for dt in (torch.float32, torch.float16)]
+# (block_size, head_size, group, dtype): every block size x group once; head size and dtype placed so that each
+# pair of values of any two factors appears at least once (checked by test_the_fast_grid_covers_every_pair)
+UNIFIED_FAST = [(1, 64, 1, F32), (1, 128, 4, F16), (1, 64, 8, F16),
+                (12, 128, 1, F16), (12, 64, 4, F32), (12, 128, 8, F32),
+                (16, 64, 1, F16), (16, 128, 4, F32), (16, 64, 8, F32),
+                (32, 128, 1, F32), (32, 64, 4, F16), (32, 128, 8, F16)]
+# decode adds the split count, placed (by a small search) so that each pair with splits appears too
+DECODE_FAST = [case + (splits,) for case, splits in zip(UNIFIED_FAST, [1, 2, 4, 1, 2, 4, 2, 4, 1, 4, 1, 2])]
 
 
-@pytest.mark.parametrize("block_size, head_size, group, dtype", GRID)
+def _grid(fast, cases):
+    """All `cases`: those in `fast` as they are, every other one marked slow."""
+    return [case if case in fast else pytest.param(*case, marks=pytest.mark.slow) for case in cases]
+
+
+def _pairs(cases):
+    return {(i, a, j, b) for case in cases for (i, a), (j, b) in itertools.combinations(enumerate(case), 2)}
+
+
+@pytest.mark.parametrize("fast, factors", [(UNIFIED_FAST, (BLOCK_SIZES, HEAD_SIZES, GROUPS, DTYPES)),
+                                           (DECODE_FAST, (BLOCK_SIZES, HEAD_SIZES, GROUPS, DTYPES, SPLITS))])
+def test_the_fast_grid_covers_every_pair(fast, factors):
+    assert _pairs(fast) == _pairs(itertools.product(*factors))
+
+
+@pytest.mark.parametrize("block_size, head_size, group, dtype", _grid(UNIFIED_FAST, itertools.product(BLOCK_SIZES, HEAD_SIZES, GROUPS, DTYPES)))
 def test_unified_attention_mixed_batch(block_size, head_size, group, dtype):
     case = ("unified", block_size, head_size, group, dtype)
     seqs = mixed_shape(block_size)
@@ -30,19 +61,24 @@ def test_unified_attention_mixed_batch(block_size, head_size, group, dtype):
     check(unified_attention(**batch), batch, case)
 
 
-@pytest.mark.parametrize("block_size, head_size, group, dtype", GRID)
-def test_paged_decode_split_and_unsplit(block_size, head_size, group, dtype):
-    case = ("decode", block_size, head_size, group, dtype)
+@pytest.mark.parametrize("block_size, head_size, group, dtype, splits",
+                         _grid(DECODE_FAST, itertools.product(BLOCK_SIZES, HEAD_SIZES, GROUPS, DTYPES, SPLITS)))
+def test_paged_decode_split_and_unsplit(block_size, head_size, group, dtype, splits):
+    """Lengths on and around block boundaries; with 4 splits the length-1 sequence leaves 3 splits empty and the
+    100-position one spans several."""
+    case = ("decode", block_size, head_size, group, dtype, splits)
     lens = [1, block_size, block_size + 1, 2 * block_size + 3, 100]
     batch = on_device(random_paged_batch(lens, [1] * len(lens), 2 * group, 2, head_size, block_size, dtype, seed_for(*case)))
-    # float32 takes the split path (100 positions in 4 splits of 32: longer than one split; the length-1 sequence
-    # leaves 3 splits empty), float16 the direct one; test_window_and_softcap runs both paths in both dtypes
-    splits = 4 if dtype == torch.float32 else 1
-    check(paged_decode_attention(**decode_inputs(batch), num_kv_splits=splits), batch, case + (splits,))
+    check(paged_decode_attention(**decode_inputs(batch), num_kv_splits=splits), batch, case)
 
 
-@pytest.mark.parametrize("sliding_window, softcap", [(1, None), (7, None), (None, 30.0), (16, 5.0), (33, 50.0)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+# each window / soft-cap option once in the fast run, the dtypes alternating so that each dtype meets a window alone,
+# a soft-cap alone and both; the other dtype of each option runs with KVREF_SLOW=1
+WINDOW_SOFTCAP = [(1, None, F16), (7, None, F32), (None, 30.0, F16), (16, 5.0, F32), (33, 50.0, F16)]
+
+
+@pytest.mark.parametrize("sliding_window, softcap, dtype",
+                         _grid(WINDOW_SOFTCAP, [(w, c, d) for w, c, _ in WINDOW_SOFTCAP for d in DTYPES]))
 def test_window_and_softcap(sliding_window, softcap, dtype):
     case = ("window/softcap", sliding_window, softcap, dtype)
     seqs = mixed_shape(16)
@@ -84,8 +120,8 @@ def test_odd_group_and_head_sizes(group, head_size):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 def test_gpu_full_grid(dtype, head_size):
-    for block_size in (1, 16, 32):
-        for group in (1, 4, 8):
+    for block_size in BLOCK_SIZES:
+        for group in GROUPS:
             case = ("gpu", dtype, head_size, block_size, group)
             seqs = mixed_shape(block_size) + [(1000, 1), (700, 300)]
             batch = on_device(random_paged_batch([n for n, _ in seqs], [q for _, q in seqs], 2 * group, 2, head_size,

@@ -135,7 +135,7 @@ def test_tanh_has_float32_relative_error():
 def test_softcap_error_does_not_grow_with_the_cap(softcap):
     """A 64-token decode and a 64-token prefill at caps 1, 30, 500 and 5000: all within the float32 tolerance.
     With `c * (2 * sigmoid(2s / c) - 1)` the error was about c * 2**-24: cap 500 failed by 1.8e-5, 5000 by 1.7e-4."""
-    for seed in range(3):
+    for seed in range(2):
         case = ("softcap", softcap, seed)
         decode = on_device(random_paged_batch([64, 64], [1, 1], 8, 2, 64, 16, seed=seed_for(*case)))
         check(unified_attention(**decode, softcap=softcap), decode, case, softcap=softcap)

@@ -89,3 +89,21 @@ def test_design_doc_behaviour_time_6_and_7_pictures():
     assert (steps[12].hit_blocks, steps[12].new_blocks, steps[12].evicted) == ([0, 1, 2], [7, 8, 9, 4, 3], [3])
     svg = step_svg(steps[12], token_names=lambda t: chr(65 + t) if t < 26 else str(t))
     assert "evicted: block 3" in svg and "[ABCD] -&gt; [0]" in svg
+
+
+def test_pictures_import_no_other_chapter():
+    "Pictures come before the allocator chapters (issue 14): importing them loads no other kvref module."
+    import subprocess, sys
+    code = "import sys, kvref.pictures; print(sorted(m for m in sys.modules if m.startswith('kvref.')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['kvref.pictures']"
+
+
+def test_text_is_at_least_11px_and_every_legend_item_is_drawn():
+    import re
+    from kvref.pictures import FONT_SIZE, rows_svg
+    ops, decisions = golden("design-doc-example")
+    for svg in (step_svg(list(follow(ops, decisions))[-1]), rows_svg({"q": [1, 2, 3]}, "t", cached=[2])):
+        sizes = [float(s) for s in re.findall(r"font-size: ([0-9.]+)px", svg)]
+        assert sizes and min(sizes) >= FONT_SIZE == 11
+        assert all(label in svg for label in ("hit", "new", "evicted", "holds a hash"))

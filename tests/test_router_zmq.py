@@ -19,6 +19,7 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SESSION = json.loads((GOLDEN / "events/zmq-session.json").read_text())
 DESIGN = load_trace(GOLDEN / "traces/design-doc-example.jsonl")
 WAIT_MS = 5000
+JOIN_S = 1.0  # time for a subscription to reach the PUB on a loaded machine
 
 
 def b64(frames):
@@ -46,7 +47,7 @@ def test_pub_frames_equal_the_recorded_session():
         sub = socket(zmq.SUB, publisher.endpoints()[0])
         try:
             sub.setsockopt(zmq.SUBSCRIBE, b"")
-            time.sleep(0.3)  # let the subscription reach the PUB (a late subscriber would replay instead)
+            time.sleep(JOIN_S)  # let the subscription reach the PUB (a late subscriber would replay instead)
             for batch in batches(): publisher.publish(batch)
             got = recv(sub, 4)
         finally: sub.close(linger=0)
@@ -84,7 +85,7 @@ def test_rank_and_topic():
         sub = socket(zmq.SUB, publisher.endpoints()[0])
         try:
             sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
-            time.sleep(0.3)
+            time.sleep(JOIN_S)
             publisher.publish(batches()[0])
             (frames,) = recv(sub, 1)
         finally: sub.close(linger=0)
@@ -120,10 +121,12 @@ def test_publish_trace_reaches_a_subscriber_that_joined_first():
     probe.bind("tcp://127.0.0.1:*")
     endpoint = probe.getsockopt(zmq.LAST_ENDPOINT).decode()
     probe.close(linger=0)  # a free loopback port
-    sub = socket(zmq.SUB, endpoint)
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.RECONNECT_IVL, 20)  # it connects before the publisher binds: retry soon
+    sub.connect(endpoint)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     try:
-        worker = threading.Thread(target=publish_trace, args=(DESIGN, endpoint), kwargs=dict(wait_s=0.5))
+        worker = threading.Thread(target=publish_trace, args=(DESIGN, endpoint), kwargs=dict(wait_s=2 * JOIN_S))
         worker.start()
         got = recv(sub, 4)
         worker.join(timeout=10)

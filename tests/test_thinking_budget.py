@@ -9,9 +9,11 @@ from hypothesis import given, strategies as st
 
 from kvref.logits_processors import BatchUpdate, MoveDirectionality
 from kvref.sampling_params import SamplingParams
-from kvref.thinking_budget import (BEHAVIORS, FORCED_LOGIT, Phase, ReasoningConfig, ThinkingBudgetStateHolder,
+from kvref.thinking_budget import (FORCED_LOGIT, Phase, ReasoningConfig, ThinkingBudgetStateHolder,
                                    check_thinking_token_budget, contract_forcings, force_index, greedy_run,
                                    next_forced, think_state)
+from kvref.cli import check_runs
+from kvref.thinking_budget_vllm import BEHAVIORS
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "thinking_budget" / "vllm-0.33-thinking-budget-v1.json"
 CASES = json.loads(GOLDEN.read_text())["cases"]
@@ -125,7 +127,7 @@ def test_budget_validation_at_sync_batch_duck_typed_params():
 @pytest.mark.parametrize("behavior", BEHAVIORS)
 @pytest.mark.parametrize("cfg", [ReasoningConfig([], [200]), ReasoningConfig([100], []), ReasoningConfig()])
 def test_budget_without_markers_is_rejected(behavior, cfg):
-    h = ThinkingBudgetStateHolder(cfg, 2, behavior=behavior)
+    h = BEHAVIORS[behavior](cfg, 2)
     add = BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=4), [1], [])], [])
     with pytest.raises(ValueError, match="needs reasoning start and end token ids"):
         h.sync_batch(add)
@@ -140,7 +142,7 @@ def test_config_and_holder_validation():
     with pytest.raises(TypeError, match="must be a list of token ids"):
         ReasoningConfig("<think>", [200])
     with pytest.raises(ValueError, match="behavior must be one of"):
-        ThinkingBudgetStateHolder(CFG1, 2, behavior="vllm")
+        check_runs(str(GOLDEN), "vllm")
     with pytest.raises(ValueError, match="max_num_seqs must be an int >= 1"):
         ThinkingBudgetStateHolder(CFG1, 0)
     with pytest.raises(ValueError, match="num_spec_tokens must be an int >= 0"):
@@ -158,7 +160,7 @@ def test_apply_rejects_a_layout_that_update_did_not_see():
 @pytest.mark.parametrize("behavior", BEHAVIORS)
 @pytest.mark.parametrize("num_spec, drafts", [(0, [60]), (2, [60, 60, 60])])
 def test_update_refuses_more_drafts_than_the_holder_was_built_for(behavior, num_spec, drafts):
-    h = ThinkingBudgetStateHolder(CFG1, 2, num_spec, behavior=behavior)
+    h = BEHAVIORS[behavior](CFG1, 2, num_spec)
     h.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=1), [], [])], []))
     with pytest.raises(ValueError, match=f"batch row 0 has {len(drafts)} drafts but the holder was built with "
                                          f"num_spec_tokens={num_spec}"):
@@ -168,7 +170,7 @@ def test_update_refuses_more_drafts_than_the_holder_was_built_for(behavior, num_
 @pytest.mark.parametrize("behavior", BEHAVIORS)
 def test_apply_names_logits_that_cannot_take_the_forced_token(behavior):
     output = [100, 60, 60, 60]
-    h = ThinkingBudgetStateHolder(CFG1, 2, behavior=behavior)
+    h = BEHAVIORS[behavior](CFG1, 2)
     h.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=3), [], output)], []))
     h.update_state([output], None)
     with pytest.raises(ValueError, match=r"forced token 200 \(reasoning_end_token_ids\) is outside the 150 logits"):
@@ -185,7 +187,7 @@ def natural_end(case):
 
 def run_case(case, behavior):
     cfg = ReasoningConfig(case["start"], case["end"], natural_end(case))
-    return greedy_run(ThinkingBudgetStateHolder(cfg, 4, behavior=behavior), case["prompt"], case["wish"],
+    return greedy_run(BEHAVIORS[behavior](cfg, 4), case["prompt"], case["wish"],
                       case["budget"])
 
 
@@ -228,7 +230,7 @@ def test_golden_contract_differences_are_all_documented():
 
 # ---------------------------------------------------------------- named departures, side by side
 def both(cfg, prompt, wants, budget, num_spec=0, drafter=None):
-    return {b: shown(greedy_run(ThinkingBudgetStateHolder(cfg, 4, num_spec, behavior=b), prompt, wants, budget,
+    return {b: shown(greedy_run(BEHAVIORS[b](cfg, 4, num_spec), prompt, wants, budget,
                                 drafter)) for b in BEHAVIORS}
 
 
@@ -269,7 +271,7 @@ def test_departure_unlimited_budget_forced_with_drafts():
 
 def test_departure_draftless_step_forces_only_row_0():
     def draftless_step(behavior):
-        h = ThinkingBudgetStateHolder(CFG1, 4, num_spec_tokens=2, behavior=behavior)
+        h = BEHAVIORS[behavior](CFG1, 4, num_spec_tokens=2)
         outs = [[100, 60], [50], [100, 60]]
         budgets = [1, 1, 1]
         h.sync_batch(BatchUpdate(3, [], [(i, SamplingParams(thinking_token_budget=b), [], o)
@@ -287,7 +289,7 @@ def forced_cells(logits):
 
 @pytest.mark.parametrize("behavior", BEHAVIORS)
 def test_batch_rows_moves_and_layout(behavior):
-    h = ThinkingBudgetStateHolder(CFG1, 4, behavior=behavior)
+    h = BEHAVIORS[behavior](CFG1, 4)
     outs = [[100, 60], [50], [100, 60, 60], []]
     added = [(0, SamplingParams(thinking_token_budget=1), [], outs[0]),
              (1, SamplingParams(), [], outs[1]),
@@ -351,7 +353,7 @@ def test_forced_logit_keeps_softmax_finite():
 
 def test_preemption_rebuilds_from_tokens():
     for behavior in BEHAVIORS:
-        h = ThinkingBudgetStateHolder(CFG3, 2, behavior=behavior)
+        h = BEHAVIORS[behavior](CFG3, 2)
         out = []
         h.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=2), [1, 100], out)], []))
         for tok in (60, 60):
@@ -431,7 +433,7 @@ def test_cli_through_the_console_command():
 @pytest.mark.parametrize("behavior", BEHAVIORS)
 def test_rejected_forced_e0_goes_back_to_thinking(behavior):
     "e0 forced at the bonus row, but the verifier rejected draft 0: no E was written, thinking goes on."
-    h = ThinkingBudgetStateHolder(CFG3, 2, 3, behavior=behavior)
+    h = BEHAVIORS[behavior](CFG3, 2, 3)
     out = [100]
     h.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=3), [], out)], []))
     drafts = [[60, 60, 60]]

@@ -8,6 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvref.logits_processors import BatchUpdate, MoveDirectionality
 from kvref.sampling_params import SamplingParams
 from kvref.thinking_budget import FORCED_LOGIT, ReasoningConfig, ThinkingBudgetStateHolder, contract_forcings
+from kvref.thinking_budget_vllm import BEHAVIORS
 
 CONFIGS = [
     ReasoningConfig([100], [200]),
@@ -108,7 +109,7 @@ class HolderAgainstSpec(RuleBasedStateMachine):
     @initialize(cfg=st.sampled_from(CONFIGS), seed=st.integers(0, 2**16))
     def setup(self, cfg, seed):
         self.cfg, self.rng = cfg, random.Random(seed)
-        self.holder = ThinkingBudgetStateHolder(cfg, self.slots, self.num_spec, behavior=self.behavior)
+        self.holder = BEHAVIORS[self.behavior](cfg, self.slots, self.num_spec)
         self.live, self.parked = {}, []  # slot -> request dict; preempted requests
 
     def free_slot(self):

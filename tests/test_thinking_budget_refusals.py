@@ -9,10 +9,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from kvref.logits_processors import BatchUpdate, MoveDirectionality
-from kvref.cli import check_runs
 from kvref.sampling_params import SamplingParams
-from kvref.thinking_budget import (BEHAVIORS, ReasoningConfig, ThinkingBudgetStateHolder,
+from kvref.thinking_budget import (ReasoningConfig, ThinkingBudgetStateHolder,
                                    contract_forcings, force_index, greedy_run, think_state)
+from kvref.cli import check_runs
+from kvref.thinking_budget_vllm import BEHAVIORS
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "thinking_budget"
 REPORTED = GOLDEN / "reported-vllm-0.33-thinking-budget.json"
@@ -34,7 +35,7 @@ def snapshot(holder):
 def test_reported_prompt_block_closed_by_the_model_gives_the_next_block_its_budget(behavior):
     "vLLM 0.33 forces at position 4; kvref's vllm_0_33_v1 used to keep counting the closed block and never force."
     case = json.loads(REPORTED.read_text())["cases"][0]
-    run = greedy_run(ThinkingBudgetStateHolder(ReasoningConfig(case["start"], case["end"]), 1, behavior=behavior),
+    run = greedy_run(BEHAVIORS[behavior](ReasoningConfig(case["start"], case["end"]), 1),
                      case["prompt"], case["wish"], case["budget"])
     assert run == (case["emitted"], case["forced"]) == ([200, 100, 60, 60, 200, 60], [False] * 4 + [True, False])
     assert check_runs(str(REPORTED), behavior) == (1, None)
@@ -50,14 +51,14 @@ def test_recorded_runs_still_match_vllm():
 def test_after_the_model_closes_the_prompts_block_vllm_counts_the_next_block_like_the_contract(prompt, gap, content):
     "Single-token S and E, no drafts: no documented departure applies, so the two behaviours must agree."
     wants = [60] * gap + [200] + [50] * content + [100] + [60] * 6
-    runs = [greedy_run(ThinkingBudgetStateHolder(CFG1, 1, behavior=b), prompt, wants, 2) for b in BEHAVIORS]
+    runs = [greedy_run(BEHAVIORS[b](CFG1, 1), prompt, wants, 2) for b in BEHAVIORS]
     assert runs[0] == runs[1] and runs[0][1].count(True) >= 1
 
 
 # ---------------------------------------------------------------- refused calls change nothing
 @pytest.mark.parametrize("behavior", BEHAVIORS)
 def test_update_state_refusing_row_k_leaves_rows_before_it_alone(behavior):
-    h = ThinkingBudgetStateHolder(CFG1, 4, 2, behavior=behavior)
+    h = BEHAVIORS[behavior](CFG1, 4, 2)
     h.sync_batch(add((0, []), (1, [])))
     h.update_state([[100], [100]], [[60], [60]])
     before = snapshot(h)
@@ -68,7 +69,7 @@ def test_update_state_refusing_row_k_leaves_rows_before_it_alone(behavior):
 
 @pytest.mark.parametrize("behavior", BEHAVIORS)
 def test_sync_batch_refusing_an_added_request_applies_none_of_the_update(behavior):
-    h = ThinkingBudgetStateHolder(CFG1, 4, behavior=behavior)
+    h = BEHAVIORS[behavior](CFG1, 4)
     h.sync_batch(add((0, [100])))
     before = snapshot(h)
     bad = BatchUpdate(2, [0], [(1, SamplingParams(thinking_token_budget=3), [], []),
@@ -80,7 +81,7 @@ def test_sync_batch_refusing_an_added_request_applies_none_of_the_update(behavio
 
 @pytest.mark.parametrize("behavior", BEHAVIORS)
 def test_apply_to_logits_refuses_before_touching_state_or_logits(behavior):
-    h = ThinkingBudgetStateHolder(CFG3, 4, 2, behavior=behavior)
+    h = BEHAVIORS[behavior](CFG3, 4, 2)
     out = [100, 60]
     h.sync_batch(add((0, out), budget=1))
     h.update_state([out], [[60, 60]])
@@ -134,14 +135,14 @@ def test_greedy_run_refuses_a_token_id_beyond_its_scripted_vocabulary_instead_of
 def test_check_runs_refuses_to_compare_nothing(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text('{"cases": []}')
-    with pytest.raises(ValueError, match="no cases"):
+    with pytest.raises(ValueError, match="no runs, nothing to check"):
         check_runs(str(empty))
 
 
 @pytest.mark.parametrize("text, msg", [
-    ('{"cases": [{"start": [100], "end": [200]}]}', "case 0: a run lacks field 'budget'"),
+    ('{"cases": [{"start": [100], "end": [200]}]}', "case 0: a run lacks field(s) budget"),
     ('{"cases": [{"start": [100], "end": [10000000000], "budget": 1, "prompt": [], "wish": [100, 60], '
-     '"emitted": [100, 60], "forced": [false, false]}]}', "capped at 1048576"),
+     '"emitted": [100, 60], "forced": [false, false]}]}', "from 0 to 1048575"),
     ('{"cases": [{"start": [100], "end": [200], "budget": 1, "prompt": [], "wish": 5, "emitted": [], '
      '"forced": []}]}', "case 0: wish must be a list of token ids"),
     ('[' * 100000 + ']' * 100000, "nested too deeply"),
@@ -170,10 +171,10 @@ BAD_CALLS = [
 
 
 @settings(max_examples=60, deadline=None)
-@given(behavior=st.sampled_from(BEHAVIORS), num_spec=st.integers(0, 2), budget=st.integers(0, 4),
+@given(behavior=st.sampled_from(list(BEHAVIORS)), num_spec=st.integers(0, 2), budget=st.integers(0, 4),
        steps=st.lists(st.sampled_from([50, 60, 100, 200]), max_size=8), bad=st.sampled_from(range(len(BAD_CALLS))))
 def test_every_refused_call_leaves_the_holder_unchanged(behavior, num_spec, budget, steps, bad):
-    h = ThinkingBudgetStateHolder(CFG3, 3, num_spec, behavior=behavior)
+    h = BEHAVIORS[behavior](CFG3, 3, num_spec)
     outs = [[], []]
     h.sync_batch(add((0, outs[0]), (1, outs[1]), budget=budget, prompt=[1]))
     for token in steps:

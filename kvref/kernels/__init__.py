@@ -11,14 +11,11 @@ import importlib
 
 import torch
 
-from .reference import (PAD_SLOT_ID, KV_CACHE_LAYOUTS, SUPPORTED_DTYPES, AttentionShape, attention_mask,
-                                     check_attention_inputs, check_cache_write_inputs, compute_slot_mapping, gather_kv,
-                                     kv_cache_shape, page_kv, paged_attention_ref, random_paged_batch,
-                                     reshape_and_cache_ref, split_kv_cache)
-
-_all_ = ["PAD_SLOT_ID", "KV_CACHE_LAYOUTS", "SUPPORTED_DTYPES", "AttentionShape", "attention_mask", "check_attention_inputs",
-         "check_cache_write_inputs", "compute_slot_mapping", "gather_kv", "kv_cache_shape", "page_kv",
-         "paged_attention_ref", "random_paged_batch", "reshape_and_cache_ref", "split_kv_cache"]
+from .reference import (PAD_SLOT_ID, KV_CACHE_LAYOUTS, SUPPORTED_DTYPES, AttentionShape,
+                                     attention_mask, check_attention_inputs, check_cache_write_inputs,
+                                     compute_slot_mapping, gather_kv, kv_cache_shape, page_kv,
+                                     paged_attention_ref, random_paged_batch, reshape_and_cache_ref,
+                                     split_kv_cache)
 
 # %% auto #0
 __all__ = ['ATTENTION_TOLERANCES', 'TRITON_KERNELS', 'assert_attention_close', 'triton_available', 'PAD_SLOT_ID',
@@ -26,22 +23,33 @@ __all__ = ['ATTENTION_TOLERANCES', 'TRITON_KERNELS', 'assert_attention_close', '
            'check_cache_write_inputs', 'compute_slot_mapping', 'gather_kv', 'kv_cache_shape', 'page_kv',
            'paged_attention_ref', 'random_paged_batch', 'reshape_and_cache_ref', 'split_kv_cache']
 
-# %% ../../nbs/11b_kernel_oracle.ipynb #a099753c
-ATTENTION_TOLERANCES = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # dtype -> atol = rtol
+# %% ../../nbs/11b_kernel_oracle.ipynb #6b7c8d01
+_all_ = ["PAD_SLOT_ID", "KV_CACHE_LAYOUTS", "SUPPORTED_DTYPES", "AttentionShape", "attention_mask",
+         "check_attention_inputs", "check_cache_write_inputs", "compute_slot_mapping", "gather_kv",
+         "kv_cache_shape", "page_kv", "paged_attention_ref", "random_paged_batch", "reshape_and_cache_ref",
+         "split_kv_cache"]
 
+# %% ../../nbs/11b_kernel_oracle.ipynb #a099753c
+# dtype -> atol = rtol
+ATTENTION_TOLERANCES = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+# %% ../../nbs/11b_kernel_oracle.ipynb #6b7c8d04
 def assert_attention_close(actual: torch.Tensor, # a kernel's output, in its input dtype
                            expected: torch.Tensor, # the float64 oracle, e.g. `paged_attention_ref(...)`
                            dtype: torch.dtype | None = None, # tolerance row to use; None: actual.dtype
                           ) -> None:
-    "Raise `AssertionError` (with the worst element) unless `actual` matches `expected` within `ATTENTION_TOLERANCES`."
+    "Raise `AssertionError`, naming the worst element, unless `actual` is within tolerance of `expected`."
     dtype = dtype or actual.dtype
-    if dtype not in ATTENTION_TOLERANCES: raise TypeError(f"no attention tolerance for {dtype}; known: {list(ATTENTION_TOLERANCES)}")
+    if dtype not in ATTENTION_TOLERANCES:
+        raise TypeError(f"no attention tolerance for {dtype}; known: {list(ATTENTION_TOLERANCES)}")
     tol = ATTENTION_TOLERANCES[dtype]
-    torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), atol=tol, rtol=tol, equal_nan=False,
-                               msg=lambda m: f"attention output differs from the float64 oracle beyond {dtype} tolerance {tol}: {m}")
+    why = f"attention output differs from the float64 oracle beyond {dtype} tolerance {tol}"
+    torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), atol=tol, rtol=tol,
+                               equal_nan=False, msg=lambda m: f"{why}: {m}")
 
 # %% ../../nbs/11b_kernel_oracle.ipynb #4d0a93ce
-TRITON_KERNELS = ("reshape_and_cache", "paged_decode_attention", "unified_attention")  # loaded lazily from triton_attention
+# loaded lazily from kvref.kernels.triton_attention
+TRITON_KERNELS = ("reshape_and_cache", "paged_decode_attention", "unified_attention")
 
 def triton_available() -> bool:
     "Whether Triton imports here (the kernels need it; the oracle does not). Imports it when it can."
@@ -49,7 +57,9 @@ def triton_available() -> bool:
     except ImportError: return False
     return True
 
+# %% ../../nbs/11b_kernel_oracle.ipynb #6b7c8d06
 def __getattr__(name: str):
     if name not in TRITON_KERNELS: raise AttributeError(f"module 'kvref.kernels' has no attribute {name!r}")
-    if not triton_available(): raise ImportError(f"kvref.kernels.{name} needs Triton: pip install 'kvref[triton]'")
+    if not triton_available():
+        raise ImportError(f"kvref.kernels.{name} needs Triton: pip install 'kvref[triton]'")
     return getattr(importlib.import_module("kvref.kernels.triton_attention"), name)

@@ -23,6 +23,11 @@ PAD_SLOT_ID = -1  # vLLM's marker for a token that must not be written (CUDA-gra
 
 KV_CACHE_LAYOUTS = {"flash": 0, "triton": 1}  # layout name -> the axis that separates keys from values
 
+def _check_layout(layout: str) -> None:
+    if layout not in KV_CACHE_LAYOUTS:
+        raise ValueError(f"layout must be one of {sorted(KV_CACHE_LAYOUTS)}, got {layout!r}")
+
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b02
 def kv_cache_shape(num_blocks: int, # blocks in the layer's pool
                    block_size: int, # token positions per block
                    num_kv_heads: int, # key/value heads
@@ -30,27 +35,29 @@ def kv_cache_shape(num_blocks: int, # blocks in the layer's pool
                    layout: str = "flash", # "flash": (2, num_blocks, ...); "triton": (num_blocks, 2, ...)
                   ) -> tuple[int, ...]:
     "The shape of one layer's KV cache tensor in `layout`."
-    if layout not in KV_CACHE_LAYOUTS: raise ValueError(f"layout must be one of {sorted(KV_CACHE_LAYOUTS)}, got {layout!r}")
+    _check_layout(layout)
     inner = (block_size, num_kv_heads, head_size)
     return (2, num_blocks, *inner) if layout == "flash" else (num_blocks, 2, *inner)
 
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c02
 def split_kv_cache(kv_cache: torch.Tensor, # one layer's cache in `layout`
                    layout: str = "flash", # see `kv_cache_shape`
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Views `(key_cache, value_cache)`, each `(num_blocks, block_size, num_kv_heads, head_size)`, sharing `kv_cache`'s memory."
-    if layout not in KV_CACHE_LAYOUTS: raise ValueError(f"layout must be one of {sorted(KV_CACHE_LAYOUTS)}, got {layout!r}")
+    "Views `(key_cache, value_cache)`, each `(num_blocks, block_size, num_kv_heads, head_size)`, no copy."
+    _check_layout(layout)
     if kv_cache.dim() != 5 or kv_cache.shape[KV_CACHE_LAYOUTS[layout]] != 2:
-        raise ValueError(f"a {layout!r} KV cache has shape {kv_cache_shape('num_blocks', 'block_size', 'num_kv_heads', 'head_size', layout)}, got {tuple(kv_cache.shape)}")
+        expected = kv_cache_shape("num_blocks", "block_size", "num_kv_heads", "head_size", layout)
+        raise ValueError(f"a {layout!r} KV cache has shape {expected}, got {tuple(kv_cache.shape)}")
     return kv_cache.unbind(KV_CACHE_LAYOUTS[layout])
 
 # %% ../../nbs/11_paged_attention.ipynb #4429b79e
 def compute_slot_mapping(block_table: torch.Tensor, # [num_seqs, max_num_blocks_per_seq] physical block ids
-                         query_start_loc: torch.Tensor, # [num_seqs + 1] row offsets of each sequence's new tokens
-                         seq_lens: torch.Tensor, # [num_seqs] positions per sequence including the new tokens
+                         query_start_loc: torch.Tensor, # [num_seqs + 1] row offsets of the new tokens
+                         seq_lens: torch.Tensor, # [num_seqs] positions per sequence, new tokens included
                          block_size: int, # token positions per block
                          num_padded_tokens: int | None = None, # pad with PAD_SLOT_ID up to this many tokens
                         ) -> torch.Tensor:
-    "The int64 cache slot of every new token, `block_table[s, pos // block_size] * block_size + pos % block_size`."
+    "Each new token's int64 slot: `block_table[s, pos // block_size] * block_size + pos % block_size`."
     query_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
     seq_of_token = torch.repeat_interleave(torch.arange(len(seq_lens), device=seq_lens.device), query_lens)
     first_row = query_start_loc[:-1].long()[seq_of_token]
@@ -59,7 +66,9 @@ def compute_slot_mapping(block_table: torch.Tensor, # [num_seqs, max_num_blocks_
     blocks = block_table.long()[seq_of_token, positions // block_size]
     slots = blocks * block_size + positions % block_size
     if num_padded_tokens is not None:
-        if num_padded_tokens < len(slots): raise ValueError(f"num_padded_tokens={num_padded_tokens} is less than the {len(slots)} real tokens")
+        if num_padded_tokens < len(slots):
+            raise ValueError(f"num_padded_tokens={num_padded_tokens} is less than the {len(slots)} "
+                             "real tokens")
         slots = torch.cat([slots, slots.new_full((num_padded_tokens - len(slots),), PAD_SLOT_ID)])
     return slots
 
@@ -67,72 +76,150 @@ def compute_slot_mapping(block_table: torch.Tensor, # [num_seqs, max_num_blocks_
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # cache / query dtypes the kernels accept
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b03
 class AttentionShape(NamedTuple):
     "The sizes an attention call was validated against."
     num_tokens: int; num_seqs: int; num_query_heads: int; num_kv_heads: int; head_size: int
     block_size: int; num_blocks: int; max_query_len: int; max_seq_len: int
 
-def _check_index(name: str, t: torch.Tensor, dim: int):
-    if not isinstance(t, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c03
+def _check_index(name: str, t: torch.Tensor, dim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _INDEX_DTYPES: raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
     if t.dim() != dim: raise ValueError(f"{name} must have {dim} dimension(s), got shape {tuple(t.shape)}")
     if not t.is_contiguous(): raise ValueError(f"{name} must be contiguous")
 
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b05
 def _check_devices(*tensors: torch.Tensor) -> None:
     devices = {t.device for t in tensors}
-    if len(devices) != 1: raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
-    if devices == {torch.device("meta")}: raise ValueError("tensors on the meta device have no data to check or attend over")
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+    if devices == {torch.device("meta")}:
+        raise ValueError("tensors on the meta device have no data to check or attend over")
 
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c05
+def _check_cache(name: str, cache: torch.Tensor, dtypes) -> None:
+    if not isinstance(cache, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cache).__name__}")
+    if cache.dim() != 4: raise ValueError(
+        f"{name} must be (num_blocks, block_size, num_kv_heads, head_size), got shape {tuple(cache.shape)}")
+    if cache.dtype not in dtypes:
+        raise TypeError(f"{name} dtype {cache.dtype} is not supported; use one of {list(dtypes)}")
+    if cache.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in head_size (stride 1), got stride {cache.stride(-1)}")
+
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b08
 def _check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor, dtypes) -> None:
-    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if not isinstance(c, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(c).__name__}")
-        if c.dim() != 4: raise ValueError(f"{name} must be (num_blocks, block_size, num_kv_heads, head_size), got shape {tuple(c.shape)}")
-        if c.dtype not in dtypes: raise TypeError(f"{name} dtype {c.dtype} is not supported; use one of {list(dtypes)}")
-        if c.stride(-1) != 1: raise ValueError(f"{name} must be contiguous in head_size (stride 1), got stride {c.stride(-1)}")
-    if key_cache.shape != value_cache.shape: raise ValueError(f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape")
-    if key_cache.dtype != value_cache.dtype: raise TypeError(f"key_cache is {key_cache.dtype} but value_cache is {value_cache.dtype}")
+    _check_cache("key_cache", key_cache, dtypes)
+    _check_cache("value_cache", value_cache, dtypes)
+    if key_cache.shape != value_cache.shape: raise ValueError(
+        f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape")
+    if key_cache.dtype != value_cache.dtype:
+        raise TypeError(f"key_cache is {key_cache.dtype} but value_cache is {value_cache.dtype}")
+
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b09
+def _check_head_counts(num_query_heads: int, head_size: int, block_size: int, num_kv_heads: int,
+                       cache_head_size: int) -> None:
+    if cache_head_size != head_size:
+        raise ValueError(f"query head_size {head_size} != cache head_size {cache_head_size}")
+    sizes = (("num_query_heads", num_query_heads), ("head_size", head_size), ("block_size", block_size))
+    for name, size in sizes:
+        if size == 0: raise ValueError(f"{name} must be >= 1, got 0")
+    if num_kv_heads == 0 or num_query_heads % num_kv_heads: raise ValueError(
+        f"num_query_heads {num_query_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c07
+def _check_query(query: torch.Tensor, key_cache: torch.Tensor) -> None:
+    if not isinstance(query, torch.Tensor):
+        raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
+    if query.dim() != 3: raise ValueError(
+        f"query must be (num_tokens, num_query_heads, head_size), got shape {tuple(query.shape)}")
+    if query.dtype != key_cache.dtype:
+        raise TypeError(f"query is {query.dtype} but the cache is {key_cache.dtype}")
+    if query.stride(-1) != 1:
+        raise ValueError(f"query must be contiguous in head_size (stride 1), got stride {query.stride(-1)}")
+    _check_head_counts(*query.shape[1:], *key_cache.shape[1:])
+
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c09
+def _check_sequences(starts: list[int], lens: list[int], num_tokens: int, blocks_per_seq: int,
+                     block_size: int) -> None:
+    if starts[0] != 0 or starts[-1] != num_tokens:
+        raise ValueError(f"query_start_loc must run from 0 to num_tokens={num_tokens}, "
+                         f"got {starts[0]}..{starts[-1]}")
+    for s, seq_len in enumerate(lens):
+        q_len = starts[s + 1] - starts[s]
+        if q_len < 0:
+            raise ValueError(f"query_start_loc must not decrease, but sequence {s} has query length {q_len}")
+        if seq_len < q_len:
+            raise ValueError(f"sequence {s}: seq_len {seq_len} is shorter than its query length {q_len}")
+        if seq_len > blocks_per_seq * block_size: raise ValueError(
+            f"sequence {s}: seq_len {seq_len} exceeds block_table capacity {blocks_per_seq} blocks "
+            f"x {block_size}")
+
+# %% ../../nbs/11_paged_attention.ipynb #3e4f5a01
+def _check_new_keys(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor) -> None:
+    num_kv_heads, head_size = key_cache.shape[2:]
+    for name, t in (("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_size):
+            raise ValueError(f"{name} must be (num_tokens, {num_kv_heads}, {head_size}) to match the cache, "
+                             f"got {tuple(t.shape)}")
+        if t.dtype != key_cache.dtype:
+            raise TypeError(f"{name} is {t.dtype} but the cache is {key_cache.dtype}")
+        if t.stride(-1) != 1: raise ValueError(f"{name} must be contiguous in head_size (stride 1)")
+
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b0d
+def _check_slots(slot_mapping: torch.Tensor, num_tokens: int, num_blocks: int, block_size: int) -> None:
+    if len(slot_mapping) > num_tokens:
+        raise ValueError(f"slot_mapping names {len(slot_mapping)} tokens but key has only {num_tokens}")
+    real = slot_mapping[slot_mapping != PAD_SLOT_ID]
+    bad = real[(real < 0) | (real >= num_blocks * block_size)]
+    if len(bad):
+        raise ValueError(f"slot {bad[0].item()} is outside the cache's {num_blocks} blocks x "
+                         f"{block_size} slots")
+    if len(real.unique()) != len(real):
+        raise ValueError("slot_mapping names a slot twice; the write order would decide the result")
+
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c0b
+def _check_block_ids(block_table: torch.Tensor, lens: list[int], block_size: int, num_blocks: int) -> None:
+    used = [block_table[s, :math.ceil(n / block_size)] for s, n in enumerate(lens)]
+    used = torch.cat(used) if used else block_table.new_zeros(0)
+    bad = ((used < 0) | (used >= num_blocks)).nonzero()
+    if len(bad):
+        entry = used[bad[0, 0]].item()
+        raise ValueError(f"block_table entry {entry} is outside the cache's {num_blocks} blocks")
 
 # %% ../../nbs/11_paged_attention.ipynb #e1f59d62
 def check_attention_inputs(query: torch.Tensor, # [num_tokens, num_query_heads, head_size]
                            key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size]
                            value_cache: torch.Tensor, # same shape and dtype as key_cache
-                           query_start_loc: torch.Tensor, # [num_seqs + 1] int32/int64, 0 first, num_tokens last
+                           query_start_loc: torch.Tensor, # [num_seqs + 1] int32/int64, 0 .. num_tokens
                            seq_lens: torch.Tensor, # [num_seqs] int32/int64, each >= its query length
                            block_table: torch.Tensor, # [num_seqs, max_num_blocks_per_seq] int32/int64
                            dtypes: tuple = SUPPORTED_DTYPES, # query/cache dtypes the caller accepts
                           ) -> AttentionShape:
-    "Raise `ValueError`/`TypeError` naming the field and the limit unless the inputs describe a valid paged batch."
+    "Raise `ValueError`/`TypeError` naming the field and the limit unless the inputs are a valid paged batch."
     _check_caches(key_cache, value_cache, dtypes)
-    if not isinstance(query, torch.Tensor): raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
-    if query.dim() != 3: raise ValueError(f"query must be (num_tokens, num_query_heads, head_size), got shape {tuple(query.shape)}")
-    if query.dtype != key_cache.dtype: raise TypeError(f"query is {query.dtype} but the cache is {key_cache.dtype}")
-    if query.stride(-1) != 1: raise ValueError(f"query must be contiguous in head_size (stride 1), got stride {query.stride(-1)}")
-    num_tokens, num_query_heads, head_size = query.shape
-    num_blocks, block_size, num_kv_heads, cache_head_size = key_cache.shape
-    if cache_head_size != head_size: raise ValueError(f"query head_size {head_size} != cache head_size {cache_head_size}")
-    for name, size in (("num_query_heads", num_query_heads), ("head_size", head_size), ("block_size", block_size)):
-        if size == 0: raise ValueError(f"{name} must be >= 1, got 0")
-    if num_kv_heads == 0 or num_query_heads % num_kv_heads: raise ValueError(f"num_query_heads {num_query_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    for name, t, d in (("query_start_loc", query_start_loc, 1), ("seq_lens", seq_lens, 1), ("block_table", block_table, 2)): _check_index(name, t, d)
+    _check_query(query, key_cache)
+    for name, t, dim in (("query_start_loc", query_start_loc, 1), ("seq_lens", seq_lens, 1),
+                         ("block_table", block_table, 2)):
+        _check_index(name, t, dim)
     _check_devices(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
+    num_tokens, num_query_heads, head_size = query.shape
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = len(seq_lens)
-    if len(query_start_loc) != num_seqs + 1: raise ValueError(f"query_start_loc has {len(query_start_loc)} entries but seq_lens has {num_seqs}; need num_seqs + 1")
-    if block_table.shape[0] != num_seqs: raise ValueError(f"block_table has {block_table.shape[0]} rows but there are {num_seqs} sequences")
+    if len(query_start_loc) != num_seqs + 1: raise ValueError(
+        f"query_start_loc has {len(query_start_loc)} entries but seq_lens has {num_seqs}; need num_seqs + 1")
+    if block_table.shape[0] != num_seqs:
+        raise ValueError(f"block_table has {block_table.shape[0]} rows but there are {num_seqs} sequences")
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
-    if starts[0] != 0 or starts[-1] != num_tokens: raise ValueError(f"query_start_loc must run from 0 to num_tokens={num_tokens}, got {starts[0]}..{starts[-1]}")
-    max_len = block_table.shape[1] * block_size
-    for s, seq_len in enumerate(lens):
-        q_len = starts[s + 1] - starts[s]
-        if q_len < 0: raise ValueError(f"query_start_loc must not decrease, but sequence {s} has query length {q_len}")
-        if seq_len < q_len: raise ValueError(f"sequence {s}: seq_len {seq_len} is shorter than its query length {q_len}")
-        if seq_len > max_len: raise ValueError(f"sequence {s}: seq_len {seq_len} exceeds block_table capacity {block_table.shape[1]} blocks x {block_size}")
-    used = [block_table[s, :math.ceil(n / block_size)] for s, n in enumerate(lens)]
-    used = torch.cat(used) if used else block_table.new_zeros(0)
-    bad = ((used < 0) | (used >= num_blocks)).nonzero()
-    if len(bad): raise ValueError(f"block_table entry {used[bad[0, 0]].item()} is outside the cache's {num_blocks} blocks")
+    _check_sequences(starts, lens, num_tokens, block_table.shape[1], block_size)
+    _check_block_ids(block_table, lens, block_size, num_blocks)
     q_lens = [b - a for a, b in zip(starts, starts[1:])]
-    return AttentionShape(num_tokens, num_seqs, num_query_heads, num_kv_heads, head_size, block_size, num_blocks,
-                          max(q_lens, default=0), max(lens, default=0))
+    return AttentionShape(num_tokens, num_seqs, num_query_heads, num_kv_heads, head_size, block_size,
+                          num_blocks, max(q_lens, default=0), max(lens, default=0))
 
 # %% ../../nbs/11_paged_attention.ipynb #3b62ac95
 def check_cache_write_inputs(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
@@ -144,30 +231,23 @@ def check_cache_write_inputs(key: torch.Tensor, # [num_tokens, num_kv_heads, hea
                             ) -> None:
     "Raise unless `slot_mapping` names only slots inside the cache, at most once each, for tokens `key` has."
     _check_caches(key_cache, value_cache, dtypes)
-    num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
-    for name, t in (("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_size):
-            raise ValueError(f"{name} must be (num_tokens, {num_kv_heads}, {head_size}) to match the cache, got {tuple(t.shape)}")
-        if t.dtype != key_cache.dtype: raise TypeError(f"{name} is {t.dtype} but the cache is {key_cache.dtype}")
-        if t.stride(-1) != 1: raise ValueError(f"{name} must be contiguous in head_size (stride 1)")
-    if key.shape[0] != value.shape[0]: raise ValueError(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
+    _check_new_keys(key, value, key_cache)
+    if key.shape[0] != value.shape[0]:
+        raise ValueError(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
     _check_index("slot_mapping", slot_mapping, 1)
     _check_devices(key, value, key_cache, value_cache, slot_mapping)
-    if len(slot_mapping) > key.shape[0]: raise ValueError(f"slot_mapping names {len(slot_mapping)} tokens but key has only {key.shape[0]}")
-    real = slot_mapping[slot_mapping != PAD_SLOT_ID]
-    bad = real[(real < 0) | (real >= num_blocks * block_size)]
-    if len(bad): raise ValueError(f"slot {bad[0].item()} is outside the cache's {num_blocks} blocks x {block_size} slots")
-    if len(real.unique()) != len(real): raise ValueError("slot_mapping names a slot twice; the write order would decide the result")
+    _check_slots(slot_mapping, key.shape[0], *key_cache.shape[:2])
 
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c0e
 def reshape_and_cache_ref(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
                           value: torch.Tensor, # same shape as key
-                          key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size], written in place
-                          value_cache: torch.Tensor, # same shape as key_cache, written in place
+                          key_cache: torch.Tensor, # out: [num_blocks, block_size, num_kv_heads, head_size]
+                          value_cache: torch.Tensor, # out: same shape as key_cache
                           slot_mapping: torch.Tensor, # [num_actual_tokens]; PAD_SLOT_ID tokens are skipped
                          ) -> None:
-    "Write token `i`'s key and value into slot `slot_mapping[i]` of the caches (the oracle for `reshape_and_cache`)."
-    check_cache_write_inputs(key, value, key_cache, value_cache, slot_mapping, SUPPORTED_DTYPES + (torch.float64,))
+    "Write token `i`'s key and value into slot `slot_mapping[i]` (the oracle of `reshape_and_cache`)."
+    check_cache_write_inputs(key, value, key_cache, value_cache, slot_mapping,
+                             SUPPORTED_DTYPES + (torch.float64,))
     tokens = (slot_mapping != PAD_SLOT_ID).nonzero().squeeze(1)
     slots = slot_mapping[tokens].long()
     block_size = key_cache.shape[1]
@@ -179,7 +259,7 @@ def gather_kv(cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head
               block_table_row: torch.Tensor, # [max_num_blocks_per_seq] the sequence's physical blocks
               seq_len: int, # positions to gather
              ) -> torch.Tensor:
-    "The dense `[seq_len, num_kv_heads, head_size]` history of one sequence, read through its block table row."
+    "The dense `[seq_len, num_kv_heads, head_size]` history of one sequence, read through its block table."
     positions = torch.arange(seq_len, device=cache.device)
     block_size = cache.shape[1]
     return cache[block_table_row.long()[positions // block_size], positions % block_size]
@@ -187,7 +267,7 @@ def gather_kv(cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head
 # %% ../../nbs/11_paged_attention.ipynb #a10cd2f6
 def attention_mask(query_positions: torch.Tensor, # [q] absolute positions of the query tokens
                    seq_len: int, # key positions 0 .. seq_len - 1
-                   sliding_window: int | None = None, # keys visible per query, itself included; None: no window
+                   sliding_window: int | None = None, # keys visible per query, itself included; None: all
                   ) -> torch.Tensor:
     "Boolean `[q, seq_len]`: which key positions each query token attends to."
     keys = torch.arange(seq_len, device=query_positions.device)
@@ -199,17 +279,28 @@ def attention_mask(query_positions: torch.Tensor, # [q] absolute positions of th
 def _is_finite_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) <= sys.float_info.max
 
-def _check_options(scale, sliding_window, softcap):
+# %% ../../nbs/11_paged_attention.ipynb #4f5a6b0c
+def _check_options(scale, sliding_window, softcap) -> None:
     if scale is not None and not (_is_finite_number(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    if sliding_window is not None and not (isinstance(sliding_window, int) and not isinstance(sliding_window, bool)
-                                           and sliding_window >= 1):
+    window_is_int = isinstance(sliding_window, int) and not isinstance(sliding_window, bool)
+    if sliding_window is not None and not (window_is_int and sliding_window >= 1):
         raise ValueError(f"sliding_window must be None or an int >= 1, got {sliding_window!r}")
     if sliding_window is not None and sliding_window >= 2**31:
         raise ValueError(f"sliding_window must be < 2**31 (positions are int32), got {sliding_window}")
     if softcap is not None and not (_is_finite_number(softcap) and softcap >= 0):
         raise ValueError(f"softcap must be None or a finite number >= 0, got {softcap!r}")
 
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c10
+def _softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                       scale: float, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+    "`[heads, q, d]` attention of `q` at `positions` over `k`, `v` `[heads, seq_len, d]`."
+    scores = scale * q @ k.transpose(1, 2)                                      # [heads, q, seq_len]
+    if softcap: scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~attention_mask(positions, k.shape[1], sliding_window), float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c12
 def paged_attention_ref(query: torch.Tensor, # [num_tokens, num_query_heads, head_size]
                         key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size]
                         value_cache: torch.Tensor, # same shape as key_cache
@@ -218,42 +309,55 @@ def paged_attention_ref(query: torch.Tensor, # [num_tokens, num_query_heads, hea
                         block_table: torch.Tensor, # [num_seqs, max_num_blocks_per_seq]
                         scale: float | None = None, # score scale; None: 1 / sqrt(head_size)
                         sliding_window: int | None = None, # keys visible per query, itself included
-                        softcap: float | None = None, # c > 0 caps scores to c * tanh(score / c); None or 0: off
+                        softcap: float | None = None, # c > 0: scores c * tanh(score / c); None or 0: off
                        ) -> torch.Tensor:
-    "Float64 `[num_tokens, num_query_heads, head_size]` attention of every query row over its sequence's paged history."
+    "Float64 `[num_tokens, num_query_heads, head_size]` attention of each query row over its paged history."
     shape = check_attention_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table,
                                    SUPPORTED_DTYPES + (torch.float64,))
     _check_options(scale, sliding_window, softcap)
     scale = 1 / math.sqrt(shape.head_size) if scale is None else float(scale)
+    softcap = float(softcap) if softcap else None
     group = shape.num_query_heads // shape.num_kv_heads
     out = torch.zeros(query.shape, dtype=torch.float64, device=query.device)
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     for s, seq_len in enumerate(lens):
         rows = slice(starts[s], starts[s + 1])
         q = query[rows].double().transpose(0, 1)                                    # [heads, q, d]
-        k = gather_kv(key_cache, block_table[s], seq_len).double().repeat_interleave(group, 1).transpose(0, 1)
-        v = gather_kv(value_cache, block_table[s], seq_len).double().repeat_interleave(group, 1).transpose(0, 1)
-        scores = scale * q @ k.transpose(1, 2)                                      # [heads, q, seq_len]
-        if softcap: scores = float(softcap) * torch.tanh(scores / float(softcap))
+        k, v = (gather_kv(c, block_table[s], seq_len).double().repeat_interleave(group, 1).transpose(0, 1)
+                for c in (key_cache, value_cache))
         positions = torch.arange(seq_len - q.shape[1], seq_len, device=query.device)
-        scores = scores.masked_fill(~attention_mask(positions, seq_len, sliding_window), float("-inf"))
-        out[rows] = (torch.softmax(scores, -1) @ v).transpose(0, 1)
+        out[rows] = _softmax_attention(q, k, v, positions, scale, sliding_window, softcap).transpose(0, 1)
     return out
 
 # %% ../../nbs/11_paged_attention.ipynb #9a0239fb
 def page_kv(keys: torch.Tensor, # [seq_len, num_kv_heads, head_size] a dense history
             block_size: int, # token positions per block
-            block_ids: list[int], # physical blocks to use, in logical order; at least cdiv(seq_len, block_size)
+            block_ids: list[int], # physical blocks in logical order; at least cdiv(seq_len, block_size)
             num_blocks: int, # blocks in the cache to build
             fill: float = 0.0, # value of every slot the history does not use (NaN to catch stray reads)
            ) -> torch.Tensor:
     "A fresh `[num_blocks, block_size, num_kv_heads, head_size]` cache holding `keys` in `block_ids`."
     seq_len, num_kv_heads, head_size = keys.shape
-    if len(block_ids) * block_size < seq_len: raise ValueError(f"{len(block_ids)} blocks of {block_size} cannot hold {seq_len} positions")
+    if len(block_ids) * block_size < seq_len:
+        raise ValueError(f"{len(block_ids)} blocks of {block_size} cannot hold {seq_len} positions")
     cache = keys.new_full((num_blocks, block_size, num_kv_heads, head_size), fill)
     positions = torch.arange(seq_len)
     cache[torch.tensor(block_ids)[positions // block_size], positions % block_size] = keys
     return cache
+
+# %% ../../nbs/11_paged_attention.ipynb #0a1b2c13
+def _fill_histories(key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+                    physical: torch.Tensor, seq_lens: list[int], blocks_per_seq: list[int],
+                    g: torch.Generator) -> None:
+    "Give each sequence the next run of `physical` blocks (in `block_table`) and random keys and values."
+    block_size, dtype, first = key_cache.shape[1], key_cache.dtype, 0
+    for s, (seq_len, num_seq_blocks) in enumerate(zip(seq_lens, blocks_per_seq)):
+        ids = physical[first:first + num_seq_blocks]; first += num_seq_blocks
+        block_table[s, :num_seq_blocks] = ids
+        positions = torch.arange(seq_len)
+        slots = (ids[positions // block_size], positions % block_size)
+        key_cache[slots] = torch.randn(seq_len, *key_cache.shape[2:], generator=g).to(dtype)
+        value_cache[slots] = torch.randn(seq_len, *key_cache.shape[2:], generator=g).to(dtype)
 
 # %% ../../nbs/11_paged_attention.ipynb #6bf543e3
 def random_paged_batch(seq_lens: list[int], # positions per sequence, new tokens included
@@ -267,8 +371,9 @@ def random_paged_batch(seq_lens: list[int], # positions per sequence, new tokens
                        fill: float = float("nan"), # value of every cache slot no sequence uses
                        spare_blocks: int = 2, # extra blocks nobody uses
                       ) -> dict[str, torch.Tensor]:
-    "Kernel inputs `query, key_cache, value_cache, query_start_loc, seq_lens, block_table` on CPU, blocks shuffled."
-    if len(seq_lens) != len(query_lens): raise ValueError(f"{len(seq_lens)} seq_lens but {len(query_lens)} query_lens")
+    "Inputs `query, key_cache, value_cache, query_start_loc, seq_lens, block_table` on CPU, blocks shuffled."
+    if len(seq_lens) != len(query_lens):
+        raise ValueError(f"{len(seq_lens)} seq_lens but {len(query_lens)} query_lens")
     g = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + spare_blocks
@@ -276,14 +381,7 @@ def random_paged_batch(seq_lens: list[int], # positions per sequence, new tokens
     block_table = torch.zeros(len(seq_lens), max(blocks_per_seq + [1]), dtype=torch.int32)
     key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_size), fill, dtype=dtype)
     value_cache = key_cache.clone()
-    first = 0
-    for s, (seq_len, num_seq_blocks) in enumerate(zip(seq_lens, blocks_per_seq)):
-        ids = physical[first:first + num_seq_blocks]; first += num_seq_blocks
-        block_table[s, :num_seq_blocks] = ids
-        positions = torch.arange(seq_len)
-        slots = (ids[positions // block_size], positions % block_size)
-        key_cache[slots] = torch.randn(seq_len, num_kv_heads, head_size, generator=g).to(dtype)
-        value_cache[slots] = torch.randn(seq_len, num_kv_heads, head_size, generator=g).to(dtype)
+    _fill_histories(key_cache, value_cache, block_table, physical, seq_lens, blocks_per_seq, g)
     query = torch.randn(sum(query_lens), num_query_heads, head_size, generator=g).to(dtype)
     query_start_loc = torch.tensor([0] + query_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     return dict(query=query, key_cache=key_cache, value_cache=value_cache, query_start_loc=query_start_loc,

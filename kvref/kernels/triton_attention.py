@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import (AttentionShape, check_attention_inputs, check_cache_write_inputs, _check_options)
+from .reference import (AttentionShape, check_attention_inputs, check_cache_write_inputs,
+                                     _check_options)
 
 # %% auto #0
 __all__ = ['reshape_and_cache', 'paged_decode_attention', 'unified_attention']
@@ -36,8 +37,10 @@ def _reshape_and_cache_kernel(key_ptr, value_ptr, key_cache_ptr, value_cache_ptr
     mask = (head < num_kv_heads) & (dim < head_size)
     k = tl.load(key_ptr + token * key_stride_token + head * key_stride_head + dim, mask=mask)
     v = tl.load(value_ptr + token * value_stride_token + head * value_stride_head + dim, mask=mask)
-    tl.store(key_cache_ptr + block * kc_stride_block + offset * kc_stride_slot + head * kc_stride_head + dim, k, mask=mask)
-    tl.store(value_cache_ptr + block * vc_stride_block + offset * vc_stride_slot + head * vc_stride_head + dim, v, mask=mask)
+    tl.store(key_cache_ptr + block * kc_stride_block + offset * kc_stride_slot + head * kc_stride_head + dim,
+             k, mask=mask)
+    tl.store(value_cache_ptr + block * vc_stride_block + offset * vc_stride_slot + head * vc_stride_head
+             + dim, v, mask=mask)
 
 # %% ../../nbs/11a_triton_kernels.ipynb #f96b1357
 def _check_validate(validate: bool) -> None:
@@ -46,12 +49,12 @@ def _check_validate(validate: bool) -> None:
 # %% ../../nbs/11a_triton_kernels.ipynb #15cbf953
 def reshape_and_cache(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
                       value: torch.Tensor, # same shape as key
-                      key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size], written in place
+                      key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size], written to
                       value_cache: torch.Tensor, # same shape and dtype as key_cache, written in place
-                      slot_mapping: torch.Tensor, # [num_actual_tokens] int32/int64; -1 (PAD_SLOT_ID) skips the token
+                      slot_mapping: torch.Tensor, # [num_actual_tokens] int32/int64; -1 (PAD_SLOT_ID): skip
                       validate: bool = True, # check shapes and slots first (one host sync)
                      ) -> None:
-    "Scatter each token's key and value into its cache slot; float16, bfloat16 or float32, cache dtype = key dtype."
+    "Scatter each token's key and value into its cache slot (float16, bfloat16 or float32, as the cache)."
     _check_validate(validate)
     if validate: check_cache_write_inputs(key, value, key_cache, value_cache, slot_mapping)
     num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
@@ -74,14 +77,40 @@ def _tanh(x):
     t = tl.where(a < 0.25, near_zero, (1 - e) / (1 + e))
     return tl.where(x < 0, -t, t)
 
+# %% ../../nbs/11a_triton_kernels.ipynb #1c2d3e02
+@triton.jit
+def _load_kv_tile(cache_ptr, block, offset, kv_head, stride_block, stride_slot, stride_head, dim, mask):
+    return tl.load(cache_ptr + block[:, None] * stride_block + offset[:, None] * stride_slot
+                   + kv_head * stride_head + dim[None, :], mask=mask, other=0.0).to(tl.float32)
+
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f02
+@triton.jit
+def _visible(pos, in_range, q_pos, row_mask, sliding_window, USE_WINDOW: tl.constexpr):
+    visible = row_mask[:, None] & in_range[None, :] & (pos[None, :] <= q_pos[:, None])
+    if USE_WINDOW:
+        visible = visible & (q_pos[:, None] - pos[None, :] < sliding_window)
+    return visible
+
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f03
+@triton.jit
+def _softmax_step(acc, m_i, l_i, s, v):
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    return acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee"), m_new, l_i * alpha + tl.sum(p, 1)
+
 # %% ../../nbs/11a_triton_kernels.ipynb #63fba622
 @triton.jit
-def _attend_kv_range(acc, m_i, l_i, q, q_pos, row_mask, lo, hi, block_table_row_ptr,
-                     key_cache_ptr, value_cache_ptr, kv_head,
-                     kc_stride_block, kc_stride_slot, kc_stride_head, vc_stride_block, vc_stride_slot, vc_stride_head,
+def _attend_kv_range(q, q_pos, row_mask, lo, hi, block_table_row_ptr, key_cache_ptr, value_cache_ptr, kv_head,
+                     kc_stride_block, kc_stride_slot, kc_stride_head,
+                     vc_stride_block, vc_stride_slot, vc_stride_head,
                      scale, softcap, sliding_window, block_size, head_size,
-                     TILE: tl.constexpr, HEAD_SIZE_PADDED: tl.constexpr,
+                     BLOCK_M: tl.constexpr, TILE: tl.constexpr, HEAD_SIZE_PADDED: tl.constexpr,
                      USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr):
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE_PADDED], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     dim = tl.arange(0, HEAD_SIZE_PADDED)
     for start in range(lo, hi, TILE):
         pos = start + tl.arange(0, TILE)
@@ -89,32 +118,55 @@ def _attend_kv_range(acc, m_i, l_i, q, q_pos, row_mask, lo, hi, block_table_row_
         block = tl.load(block_table_row_ptr + pos // block_size, mask=in_range, other=0).to(tl.int64)
         offset = pos % block_size
         kv_mask = in_range[:, None] & (dim[None, :] < head_size)
-        k = tl.load(key_cache_ptr + block[:, None] * kc_stride_block + offset[:, None] * kc_stride_slot
-                    + kv_head * kc_stride_head + dim[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(value_cache_ptr + block[:, None] * vc_stride_block + offset[:, None] * vc_stride_slot
-                    + kv_head * vc_stride_head + dim[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        k = _load_kv_tile(key_cache_ptr, block, offset, kv_head,
+                          kc_stride_block, kc_stride_slot, kc_stride_head, dim, kv_mask)
+        v = _load_kv_tile(value_cache_ptr, block, offset, kv_head,
+                          vc_stride_block, vc_stride_slot, vc_stride_head, dim, kv_mask)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale           # [BLOCK_M, TILE]
         if USE_SOFTCAP:
             s = softcap * _tanh(s / softcap)
-        visible = row_mask[:, None] & in_range[None, :] & (pos[None, :] <= q_pos[:, None])
-        if USE_WINDOW:
-            visible = visible & (q_pos[:, None] - pos[None, :] < sliding_window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        m_i = m_new
+        s = tl.where(_visible(pos, in_range, q_pos, row_mask, sliding_window, USE_WINDOW), s, float("-inf"))
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, s, v)
     return acc, m_i, l_i
+
+# %% ../../nbs/11a_triton_kernels.ipynb #1c2d3e03
+@triton.jit
+def _load_rows(ptr, rows, dim, mask):
+    return tl.load(ptr + rows[:, None] + dim[None, :], mask=mask, other=0.0).to(tl.float32)
+
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f04
+@triton.jit
+def _store_rows(out_ptr, acc, l_i, rows, dim, mask):
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                 # a row that saw no key stores 0
+    tl.store(out_ptr + rows[:, None] + dim[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+# %% ../../nbs/11a_triton_kernels.ipynb #1c2d3e04
+@triton.jit
+def _store_split(split_acc_ptr, split_ml_ptr, acc, m_i, l_i, part, dim, row_mask,
+                 HEAD_SIZE_PADDED: tl.constexpr):
+    # partials: acc [num_seqs, num_query_heads, NUM_SPLITS, HEAD_SIZE_PADDED], (m, l) [..., NUM_SPLITS, 2]
+    tl.store(split_acc_ptr + part[:, None] * HEAD_SIZE_PADDED + dim[None, :], acc, mask=row_mask[:, None])
+    tl.store(split_ml_ptr + part * 2, m_i, mask=row_mask)
+    tl.store(split_ml_ptr + part * 2 + 1, l_i, mask=row_mask)
+
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f05
+@triton.jit
+def _split_range(seq_len, split, sliding_window, NUM_SPLITS: tl.constexpr, TILE: tl.constexpr,
+                 USE_WINDOW: tl.constexpr):
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE) * TILE     # whole tiles per split
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, seq_len)
+    if USE_WINDOW:
+        lo = tl.maximum(lo, seq_len - sliding_window)
+    return lo, hi
 
 # %% ../../nbs/11a_triton_kernels.ipynb #075e6440
 @triton.jit
 def _paged_decode_kernel(out_ptr, split_acc_ptr, split_ml_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
                          block_table_ptr, seq_lens_ptr,
                          q_stride_token, q_stride_head, out_stride_token, out_stride_head, block_table_stride,
-                         kc_stride_block, kc_stride_slot, kc_stride_head, vc_stride_block, vc_stride_slot, vc_stride_head,
+                         kc_stride_block, kc_stride_slot, kc_stride_head,
+                         vc_stride_block, vc_stride_slot, vc_stride_head,
                          scale, softcap, sliding_window, block_size, head_size,
                          QUERIES_PER_KV: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
                          HEAD_SIZE_PADDED: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -126,34 +178,25 @@ def _paged_decode_kernel(out_ptr, split_acc_ptr, split_ml_ptr, query_ptr, key_ca
     head = kv_head * QUERIES_PER_KV + row
     dim = tl.arange(0, HEAD_SIZE_PADDED)
     q_mask = row_mask[:, None] & (dim[None, :] < head_size)
-    q = tl.load(query_ptr + seq * q_stride_token + head[:, None] * q_stride_head + dim[None, :], mask=q_mask, other=0.0).to(tl.float32)
-    q_pos = tl.zeros([BLOCK_M], dtype=tl.int32) + seq_len - 1
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE) * TILE
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, seq_len)
-    if USE_WINDOW:
-        lo = tl.maximum(lo, seq_len - sliding_window)
-    acc = tl.zeros([BLOCK_M, HEAD_SIZE_PADDED], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_kv_range(acc, m_i, l_i, q, q_pos, row_mask, lo, hi, block_table_ptr + seq * block_table_stride,
-                                     key_cache_ptr, value_cache_ptr, kv_head,
-                                     kc_stride_block, kc_stride_slot, kc_stride_head, vc_stride_block, vc_stride_slot, vc_stride_head,
+    q = _load_rows(query_ptr, seq * q_stride_token + head * q_stride_head, dim, q_mask)
+    lo, hi = _split_range(seq_len, split, sliding_window, NUM_SPLITS, TILE, USE_WINDOW)
+    acc, m_i, l_i = _attend_kv_range(q, tl.zeros([BLOCK_M], dtype=tl.int32) + seq_len - 1, row_mask, lo, hi,
+                                     block_table_ptr + seq * block_table_stride, key_cache_ptr,
+                                     value_cache_ptr, kv_head, kc_stride_block, kc_stride_slot,
+                                     kc_stride_head, vc_stride_block, vc_stride_slot, vc_stride_head,
                                      scale, softcap, sliding_window, block_size, head_size,
-                                     TILE, HEAD_SIZE_PADDED, USE_SOFTCAP, USE_WINDOW)
+                                     BLOCK_M, TILE, HEAD_SIZE_PADDED, USE_SOFTCAP, USE_WINDOW)
     if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + seq * out_stride_token + head[:, None] * out_stride_head + dim[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=q_mask)
-    else:  # split partials: [num_seqs, num_query_heads, NUM_SPLITS, HEAD_SIZE_PADDED] and [..., NUM_SPLITS, 2]
-        part = (seq * (QUERIES_PER_KV * tl.num_programs(1)) + head) * NUM_SPLITS + split
-        tl.store(split_acc_ptr + part[:, None] * HEAD_SIZE_PADDED + dim[None, :], acc, mask=row_mask[:, None])
-        tl.store(split_ml_ptr + part * 2, m_i, mask=row_mask)
-        tl.store(split_ml_ptr + part * 2 + 1, l_i, mask=row_mask)
+        _store_rows(out_ptr, acc, l_i, seq * out_stride_token + head * out_stride_head, dim, q_mask)
+    else:
+        part = (seq * tl.num_programs(1) * QUERIES_PER_KV + head) * NUM_SPLITS + split
+        _store_split(split_acc_ptr, split_ml_ptr, acc, m_i, l_i, part, dim, row_mask, HEAD_SIZE_PADDED)
 
+# %% ../../nbs/11a_triton_kernels.ipynb #1c2d3e05
 @triton.jit
-def _reduce_splits_kernel(out_ptr, split_acc_ptr, split_ml_ptr, out_stride_token, out_stride_head, num_query_heads,
-                          head_size, NUM_SPLITS: tl.constexpr, HEAD_SIZE_PADDED: tl.constexpr):
+def _reduce_splits_kernel(out_ptr, split_acc_ptr, split_ml_ptr, out_stride_token, out_stride_head,
+                          num_query_heads, head_size,
+                          NUM_SPLITS: tl.constexpr, HEAD_SIZE_PADDED: tl.constexpr):
     seq, head = tl.program_id(0), tl.program_id(1)
     part = (seq * num_query_heads + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
     dim = tl.arange(0, HEAD_SIZE_PADDED)
@@ -162,8 +205,8 @@ def _reduce_splits_kernel(out_ptr, split_acc_ptr, split_ml_ptr, out_stride_token
     acc = tl.load(split_acc_ptr + part[:, None] * HEAD_SIZE_PADDED + dim[None, :])
     weight = tl.exp(m - tl.max(m, 0))                    # an empty split has m = -inf: weight 0
     out = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
-    tl.store(out_ptr + seq * out_stride_token + head * out_stride_head + dim, out.to(out_ptr.dtype.element_ty),
-             mask=dim < head_size)
+    tl.store(out_ptr + seq * out_stride_token + head * out_stride_head + dim,
+             out.to(out_ptr.dtype.element_ty), mask=dim < head_size)
 
 # %% ../../nbs/11a_triton_kernels.ipynb #ac5907fb
 _MAX_TILE = 1024  # upper bound for tile_size, block_m and num_kv_splits: past it a launch only wastes memory
@@ -175,8 +218,9 @@ def _check_power_of_two(name: str, value, lo: int, hi: int, optional: bool = Fal
         raise ValueError(f"{name} must be a power of two >= {lo} and <= {hi}{why}, got {value}")
     return value
 
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f07
 def _tile_sizes(queries_per_kv: int, head_size: int, tile_size: int, block_m: int | None) -> tuple[int, int]:
-    "`(BLOCK_M, HEAD_SIZE_PADDED)`; `BLOCK_M` as vLLM sizes it unless given: 16, or the GQA ratio's next power of two."
+    "`(BLOCK_M, HEAD_SIZE_PADDED)`, `BLOCK_M` (unless given) as vLLM sizes it from the GQA ratio."
     _check_power_of_two("tile_size", tile_size, 16, _MAX_TILE)
     smallest = max(16, triton.next_power_of_2(queries_per_kv))
     if block_m is not None:
@@ -184,107 +228,144 @@ def _tile_sizes(queries_per_kv: int, head_size: int, tile_size: int, block_m: in
                             f" for {queries_per_kv} query heads per KV head")
     return block_m or smallest, max(16, triton.next_power_of_2(head_size))
 
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f09
 def _default_kv_splits(num_programs: int, max_seq_len: int, tile_size: int, device: torch.device) -> int:
     if device.type != "cuda": return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     splits = 1
-    while splits < 64 and num_programs * splits < 2 * sms and max_seq_len >= 8 * tile_size * splits: splits *= 2
+    while splits < 64 and num_programs * splits < 2 * sms and max_seq_len >= 8 * tile_size * splits:
+        splits *= 2
     return splits
-
 
 # %% ../../nbs/11a_triton_kernels.ipynb #5d2f9a61
 _FLOAT32 = torch.finfo(torch.float32)
 
 def _float32(name: str, value: float) -> float:
     if value and not _FLOAT32.tiny <= abs(value) <= _FLOAT32.max:
-        raise ValueError(f"{name} {value!r} is outside float32's normal range (the kernels compute in float32)")
+        raise ValueError(f"{name} {value!r} is outside float32's normal range "
+                         "(the kernels compute in float32)")
     return float(value)
 
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f0c
 def _scalars(shape, scale, sliding_window, softcap) -> dict:
     _check_options(scale, sliding_window, softcap)
     return dict(scale=_float32("scale", 1 / math.sqrt(shape.head_size) if scale is None else scale),
                 softcap=_float32("softcap", softcap or 0.0), sliding_window=int(sliding_window or 0),
                 USE_SOFTCAP=bool(softcap), USE_WINDOW=sliding_window is not None)
 
-
 # %% ../../nbs/11a_triton_kernels.ipynb #9c4e0b37
 def _output(out: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
     if out is None: return torch.empty_like(query)
-    if not isinstance(out, torch.Tensor): raise TypeError(f"out must be None or a torch.Tensor, got {type(out).__name__}")
-    if out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1 or out.device != query.device:
-        raise ValueError(f"out must be {tuple(query.shape)} {query.dtype} on {query.device} with unit stride in head_size")
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be None or a torch.Tensor, got {type(out).__name__}")
+    same = out.shape == query.shape and out.dtype == query.dtype and out.device == query.device
+    if not same or out.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(query.shape)} {query.dtype} on {query.device} "
+                         "with unit stride in head_size")
     return out
 
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f0f
 def _unchecked_shape(query, key_cache, block_table, max_query_len: int) -> AttentionShape:
     num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
-    return AttentionShape(query.shape[0], block_table.shape[0], query.shape[1], num_kv_heads, head_size, block_size,
-                          num_blocks, max_query_len, block_table.shape[1] * block_size)
+    return AttentionShape(query.shape[0], block_table.shape[0], query.shape[1], num_kv_heads, head_size,
+                          block_size, num_blocks, max_query_len, block_table.shape[1] * block_size)
 
 def _cache_strides(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, ...]:
     return (*key_cache.stride()[:3], *value_cache.stride()[:3])
 
+# %% ../../nbs/11a_triton_kernels.ipynb #1c2d3e06
+def _decode_shape(query, key_cache, value_cache, seq_lens, block_table, validate: bool) -> AttentionShape:
+    if not validate: return _unchecked_shape(query, key_cache, block_table, 1)
+    if not isinstance(query, torch.Tensor) or query.dim() != 3:
+        got = getattr(query, "shape", type(query).__name__)
+        raise ValueError(f"query must be (num_seqs, num_query_heads, head_size), got {got}")
+    if isinstance(seq_lens, torch.Tensor) and query.shape[0] != len(seq_lens):
+        raise ValueError(f"decode takes one query token per sequence: query has {query.shape[0]} rows "
+                         f"but seq_lens has {len(seq_lens)}")
+    query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
+    return check_attention_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
+
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f12
+def _kv_splits(num_kv_splits: int | None, shape: AttentionShape, tile_size: int, device: torch.device) -> int:
+    if num_kv_splits is not None:
+        return _check_power_of_two("num_kv_splits", num_kv_splits, 1, _MAX_TILE, True)
+    return _default_kv_splits(shape.num_seqs * shape.num_kv_heads, shape.max_seq_len, tile_size, device)
+
+# %% ../../nbs/11a_triton_kernels.ipynb #e8a3d5f0
+def _launch_decode(out, query, key_cache, value_cache, seq_lens, block_table, shape: AttentionShape,
+                   options: dict, tile_size: int, splits: int, **constants):
+    partial = dict(device=query.device, dtype=torch.float32)
+    heads, padded = (shape.num_seqs, shape.num_query_heads, splits), constants["HEAD_SIZE_PADDED"]
+    split_acc = torch.empty(*heads, padded, **partial) if splits > 1 else out
+    split_ml = torch.empty(*heads, 2, **partial) if splits > 1 else out
+    _paged_decode_kernel[(shape.num_seqs, shape.num_kv_heads, splits)](
+        out, split_acc, split_ml, query, key_cache, value_cache, block_table, seq_lens,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
+        *_cache_strides(key_cache, value_cache), options["scale"], options["softcap"],
+        options["sliding_window"], shape.block_size, shape.head_size, TILE=tile_size, NUM_SPLITS=splits,
+        USE_SOFTCAP=options["USE_SOFTCAP"], USE_WINDOW=options["USE_WINDOW"], **constants)
+    if splits > 1:
+        _reduce_splits_kernel[(shape.num_seqs, shape.num_query_heads)](
+            out, split_acc, split_ml, out.stride(0), out.stride(1), shape.num_query_heads, shape.head_size,
+            NUM_SPLITS=splits, HEAD_SIZE_PADDED=padded)
 
 # %% ../../nbs/11a_triton_kernels.ipynb #a0127205
-def paged_decode_attention(query: torch.Tensor, # [num_seqs, num_query_heads, head_size], one token per sequence
+def paged_decode_attention(query: torch.Tensor, # [num_seqs, num_query_heads, head_size], one token a sequence
                            key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size]
                            value_cache: torch.Tensor, # same shape and dtype as key_cache
-                           seq_lens: torch.Tensor, # [num_seqs] int32/int64 cached positions, the query's own included
+                           seq_lens: torch.Tensor, # [num_seqs] int32/int64 positions, the query's included
                            block_table: torch.Tensor, # [num_seqs, max_num_blocks_per_seq] int32/int64
                            scale: float | None = None, # None: 1 / sqrt(head_size)
                            sliding_window: int | None = None, # keys visible to the query, itself included
                            softcap: float | None = None, # c > 0: scores c * tanh(score / c)
-                           num_kv_splits: int | None = None, # power of two <= 1024; None: chosen from the device
+                           num_kv_splits: int | None = None, # power of two <= 1024; None: from the device
                            tile_size: int = 32, # key positions per inner step, a power of two 16..1024
-                           out: torch.Tensor | None = None, # optional [num_seqs, num_query_heads, head_size] output
+                           out: torch.Tensor | None = None, # optional output, same shape and dtype as query
                            validate: bool = True, # check all inputs first (one host sync)
                           ) -> torch.Tensor:
-    "Decode attention of one query token per sequence over its paged history (split-KV when `num_kv_splits > 1`)."
+    "Attention of one query token per sequence over its paged history (split-KV if `num_kv_splits > 1`)."
     _check_validate(validate)
-    if validate:
-        if not isinstance(query, torch.Tensor) or query.dim() != 3: raise ValueError(f"query must be (num_seqs, num_query_heads, head_size), got {getattr(query, 'shape', type(query).__name__)}")
-        if isinstance(seq_lens, torch.Tensor) and query.shape[0] != len(seq_lens): raise ValueError(f"decode takes one query token per sequence: query has {query.shape[0]} rows but seq_lens has {len(seq_lens)}")
-        query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
-        shape = check_attention_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
-    else:
-        shape = _unchecked_shape(query, key_cache, block_table, 1)
-    num_seqs = shape.num_seqs
+    shape = _decode_shape(query, key_cache, value_cache, seq_lens, block_table, validate)
     options = _scalars(shape, scale, sliding_window, softcap)
     queries_per_kv = shape.num_query_heads // shape.num_kv_heads
     block_m, head_size_padded = _tile_sizes(queries_per_kv, shape.head_size, tile_size, None)
-    if num_kv_splits is None:
-        splits = _default_kv_splits(num_seqs * shape.num_kv_heads, shape.max_seq_len, tile_size, query.device)
-    else: splits = _check_power_of_two("num_kv_splits", num_kv_splits, 1, _MAX_TILE, optional=True)
+    splits = _kv_splits(num_kv_splits, shape, tile_size, query.device)
     out = _output(out, query)
-    if num_seqs == 0: return out
-    split_acc = query.new_empty((num_seqs, shape.num_query_heads, splits, head_size_padded), dtype=torch.float32) if splits > 1 else out
-    split_ml = query.new_empty((num_seqs, shape.num_query_heads, splits, 2), dtype=torch.float32) if splits > 1 else out
-    _paged_decode_kernel[(num_seqs, shape.num_kv_heads, splits)](
-        out, split_acc, split_ml, query, key_cache, value_cache, block_table, seq_lens,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
-        *_cache_strides(key_cache, value_cache), options["scale"], options["softcap"], options["sliding_window"],
-        shape.block_size, shape.head_size, QUERIES_PER_KV=queries_per_kv, BLOCK_M=block_m, TILE=tile_size,
-        HEAD_SIZE_PADDED=head_size_padded, NUM_SPLITS=splits, USE_SOFTCAP=options["USE_SOFTCAP"], USE_WINDOW=options["USE_WINDOW"])
-    if splits > 1:
-        _reduce_splits_kernel[(num_seqs, shape.num_query_heads)](
-            out, split_acc, split_ml, out.stride(0), out.stride(1), shape.num_query_heads, shape.head_size,
-            NUM_SPLITS=splits, HEAD_SIZE_PADDED=head_size_padded)
+    if shape.num_seqs == 0: return out
+    _launch_decode(out, query, key_cache, value_cache, seq_lens, block_table, shape, options, tile_size,
+                   splits, QUERIES_PER_KV=queries_per_kv, BLOCK_M=block_m, HEAD_SIZE_PADDED=head_size_padded)
     return out
 
-# %% ../../nbs/11a_triton_kernels.ipynb #e8a3d5f0
-def _check_max_query_len(max_query_len: int) -> None:
-    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
-        raise TypeError(f"max_query_len must be an int or None, got {max_query_len!r}")
-    if max_query_len < 0: raise ValueError(f"max_query_len must be >= 0, got {max_query_len}")
+# %% ../../nbs/11a_triton_kernels.ipynb #1c2d3e08
+@triton.jit
+def _unified_rows(q_block, kv_head, q_len,
+                  QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
+    row = tl.arange(0, BLOCK_M)
+    q_index = q_block * BLOCK_Q + row // QUERIES_PER_KV              # query token within the sequence
+    head = kv_head * QUERIES_PER_KV + row % QUERIES_PER_KV            # row r: token r // QPK, head r % QPK
+    return q_index, head, (row < BLOCK_Q * QUERIES_PER_KV) & (q_index < q_len)
+
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f14
+@triton.jit
+def _query_block_range(context_len, q_block, seq_len, sliding_window, BLOCK_Q: tl.constexpr,
+                       USE_WINDOW: tl.constexpr):
+    first_pos = context_len + q_block * BLOCK_Q                       # the block's first query token
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(first_pos - sliding_window + 1, 0)
+    return lo, tl.minimum(seq_len, first_pos + BLOCK_Q)
 
 # %% ../../nbs/11a_triton_kernels.ipynb #4704c4be
 @triton.jit
-def _unified_attention_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr,
-                              query_start_loc_ptr,
-                              q_stride_token, q_stride_head, out_stride_token, out_stride_head, block_table_stride,
-                              kc_stride_block, kc_stride_slot, kc_stride_head, vc_stride_block, vc_stride_slot, vc_stride_head,
+def _unified_attention_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr,
+                              seq_lens_ptr, query_start_loc_ptr,
+                              q_stride_token, q_stride_head, out_stride_token, out_stride_head,
+                              block_table_stride, kc_stride_block, kc_stride_slot, kc_stride_head,
+                              vc_stride_block, vc_stride_slot, vc_stride_head,
                               scale, softcap, sliding_window, block_size, head_size,
-                              QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
-                              HEAD_SIZE_PADDED: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr):
+                              QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+                              TILE: tl.constexpr, HEAD_SIZE_PADDED: tl.constexpr,
+                              USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr):
     seq, q_block, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
@@ -292,69 +373,76 @@ def _unified_attention_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len
-    row = tl.arange(0, BLOCK_M)
-    q_index = q_block * BLOCK_Q + row // QUERIES_PER_KV              # query token within the sequence
-    head = kv_head * QUERIES_PER_KV + row % QUERIES_PER_KV
-    row_mask = (row < BLOCK_Q * QUERIES_PER_KV) & (q_index < q_len)
+    q_index, head, row_mask = _unified_rows(q_block, kv_head, q_len, QUERIES_PER_KV, BLOCK_Q, BLOCK_M)
     dim = tl.arange(0, HEAD_SIZE_PADDED)
     q_mask = row_mask[:, None] & (dim[None, :] < head_size)
     q_rows = (q_start + q_index).to(tl.int64)
-    q = tl.load(query_ptr + q_rows[:, None] * q_stride_token + head[:, None] * q_stride_head + dim[None, :],
-                mask=q_mask, other=0.0).to(tl.float32)
-    q_pos = context_len + q_index
-    first_pos = context_len + q_block * BLOCK_Q
-    hi = tl.minimum(seq_len, first_pos + BLOCK_Q)
-    lo = 0
-    if USE_WINDOW:
-        lo = tl.maximum(first_pos - sliding_window + 1, 0)
-    acc = tl.zeros([BLOCK_M, HEAD_SIZE_PADDED], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_kv_range(acc, m_i, l_i, q, q_pos, row_mask, lo, hi, block_table_ptr + seq * block_table_stride,
-                                     key_cache_ptr, value_cache_ptr, kv_head,
-                                     kc_stride_block, kc_stride_slot, kc_stride_head, vc_stride_block, vc_stride_slot, vc_stride_head,
+    q = _load_rows(query_ptr, q_rows * q_stride_token + head * q_stride_head, dim, q_mask)
+    lo, hi = _query_block_range(context_len, q_block, seq_len, sliding_window, BLOCK_Q, USE_WINDOW)
+    acc, m_i, l_i = _attend_kv_range(q, context_len + q_index, row_mask, lo, hi,
+                                     block_table_ptr + seq * block_table_stride, key_cache_ptr,
+                                     value_cache_ptr, kv_head, kc_stride_block, kc_stride_slot,
+                                     kc_stride_head, vc_stride_block, vc_stride_slot, vc_stride_head,
                                      scale, softcap, sliding_window, block_size, head_size,
-                                     TILE, HEAD_SIZE_PADDED, USE_SOFTCAP, USE_WINDOW)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + q_rows[:, None] * out_stride_token + head[:, None] * out_stride_head + dim[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=q_mask)
+                                     BLOCK_M, TILE, HEAD_SIZE_PADDED, USE_SOFTCAP, USE_WINDOW)
+    _store_rows(out_ptr, acc, l_i, q_rows * out_stride_token + head * out_stride_head, dim, q_mask)
+
+# %% ../../nbs/11a_triton_kernels.ipynb #1c2d3e09
+def _check_max_query_len(max_query_len: int) -> None:
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
+        raise TypeError(f"max_query_len must be an int or None, got {max_query_len!r}")
+    if max_query_len < 0: raise ValueError(f"max_query_len must be >= 0, got {max_query_len}")
+
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f16
+def _unified_shape(query, key_cache, value_cache, query_start_loc, seq_lens, block_table,
+                   max_query_len: int | None, validate: bool) -> AttentionShape:
+    if max_query_len is not None: _check_max_query_len(max_query_len)
+    if not validate:
+        if max_query_len is None: max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        return _unchecked_shape(query, key_cache, block_table, max_query_len)
+    shape = check_attention_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
+    if max_query_len not in (None, shape.max_query_len):
+        raise ValueError(f"max_query_len={max_query_len} but the longest query has "
+                         f"{shape.max_query_len} tokens")
+    return shape
+
+# %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f17
+def _launch_unified(out, query, key_cache, value_cache, query_start_loc, seq_lens, block_table,
+                    shape: AttentionShape, options: dict, block_q: int, **constants):
+    grid = (shape.num_seqs, triton.cdiv(shape.max_query_len, block_q), shape.num_kv_heads)
+    _unified_attention_kernel[grid](
+        out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
+        *_cache_strides(key_cache, value_cache), options["scale"], options["softcap"],
+        options["sliding_window"], shape.block_size, shape.head_size, BLOCK_Q=block_q,
+        USE_SOFTCAP=options["USE_SOFTCAP"], USE_WINDOW=options["USE_WINDOW"], **constants)
 
 # %% ../../nbs/11a_triton_kernels.ipynb #21230cf7
 def unified_attention(query: torch.Tensor, # [num_tokens, num_query_heads, head_size], sequences back to back
-                      key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size], new tokens already written
+                      key_cache: torch.Tensor, # [num_blocks, block_size, num_kv_heads, head_size] incl. new
                       value_cache: torch.Tensor, # same shape and dtype as key_cache
                       query_start_loc: torch.Tensor, # [num_seqs + 1] int32/int64 row offsets into query
-                      seq_lens: torch.Tensor, # [num_seqs] int32/int64 positions per sequence, new tokens included
+                      seq_lens: torch.Tensor, # [num_seqs] int32/int64 positions, new tokens included
                       block_table: torch.Tensor, # [num_seqs, max_num_blocks_per_seq] int32/int64
                       scale: float | None = None, # None: 1 / sqrt(head_size)
                       sliding_window: int | None = None, # keys visible per query, itself included
                       softcap: float | None = None, # c > 0: scores c * tanh(score / c)
                       tile_size: int = 32, # key positions per inner step, a power of two 16..1024
-                      block_m: int | None = None, # query rows per program (tokens x heads of a KV head); None: vLLM's
+                      block_m: int | None = None, # query rows per program; None: vLLM's choice
                       out: torch.Tensor | None = None, # optional output, same shape and dtype as query
                       max_query_len: int | None = None, # longest query (vLLM's max_seqlen_q); None: computed
                       validate: bool = True, # check all inputs first (one host sync)
                      ) -> torch.Tensor:
     "Causal attention for a varlen batch mixing prefill chunks, cached prefixes and decodes, in one launch."
     _check_validate(validate)
-    if max_query_len is not None: _check_max_query_len(max_query_len)
-    if validate:
-        shape = check_attention_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
-        if max_query_len not in (None, shape.max_query_len):
-            raise ValueError(f"max_query_len={max_query_len} but the longest query has {shape.max_query_len} tokens")
-    else:
-        if max_query_len is None: max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-        shape = _unchecked_shape(query, key_cache, block_table, max_query_len)
+    shape = _unified_shape(query, key_cache, value_cache, query_start_loc, seq_lens, block_table,
+                           max_query_len, validate)
     options = _scalars(shape, scale, sliding_window, softcap)
     queries_per_kv = shape.num_query_heads // shape.num_kv_heads
     block_m, head_size_padded = _tile_sizes(queries_per_kv, shape.head_size, tile_size, block_m)
-    block_q = block_m // queries_per_kv
     out = _output(out, query)
     if shape.num_seqs == 0 or shape.max_query_len == 0: return out
-    _unified_attention_kernel[(shape.num_seqs, triton.cdiv(shape.max_query_len, block_q), shape.num_kv_heads)](
-        out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
-        *_cache_strides(key_cache, value_cache), options["scale"], options["softcap"], options["sliding_window"],
-        shape.block_size, shape.head_size, QUERIES_PER_KV=queries_per_kv, BLOCK_Q=block_q, BLOCK_M=block_m,
-        TILE=tile_size, HEAD_SIZE_PADDED=head_size_padded, USE_SOFTCAP=options["USE_SOFTCAP"], USE_WINDOW=options["USE_WINDOW"])
+    _launch_unified(out, query, key_cache, value_cache, query_start_loc, seq_lens, block_table, shape,
+                    options, block_m // queries_per_kv, QUERIES_PER_KV=queries_per_kv, BLOCK_M=block_m,
+                    TILE=tile_size, HEAD_SIZE_PADDED=head_size_padded)
     return out
