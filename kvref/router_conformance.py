@@ -15,12 +15,14 @@ from fastcore.basics import patch
 from .hashing import LoRARequest, MultiModalItem, hash_request_tokens
 from .kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventBatch, KVIndex, _check_hash_form,
                              decode_batch, encode_batch, encode_batch_fast, event_to_json, lora_id, wire_events)
-from .replay import TraceReplayer, load_trace
+from .kv_cache_manager import KVCacheManager
+from .replay import TraceDriver, kvref_factory, load_trace
 
 # %% auto #0
-__all__ = ['END_SEQ', 'OpBatch', 'op_batches', 'event_records', 'offset_endpoint_port', 'EventPublisher', 'RouterAdapter',
-           'reference_router', 'ExampleRouter', 'FirstBytesRouter', 'DropAllCopiesRouter', 'SaltBlindRouter', 'Prompt',
-           'trace_prompts', 'RouterDivergence', 'check_router', 'shrink_router', 'publish_trace']
+__all__ = ['END_SEQ', 'OpBatch', 'EventfulKVCacheManager', 'op_batches', 'event_records', 'offset_endpoint_port',
+           'EventPublisher', 'RouterAdapter', 'reference_router', 'ExampleRouter', 'FirstBytesRouter',
+           'DropAllCopiesRouter', 'SaltBlindRouter', 'Prompt', 'trace_prompts', 'RouterDivergence', 'check_router',
+           'shrink_router', 'publish_trace']
 
 # %% ../nbs/07d_router_conformance.ipynb #14ae6bc8
 @dataclass(slots=True)
@@ -32,7 +34,12 @@ class OpBatch:
     seq: int | None             # the batch's sequence number; None when the op produced none
     payload: bytes | None       # the msgpack batch (ts 0.0); None when the op produced none
 
-# %% ../nbs/07d_router_conformance.ipynb #65bdb864
+# %% ../nbs/07d_router_conformance.ipynb #2db2f90c
+class EventfulKVCacheManager(KVCacheManager):
+    "kvref's allocator with KV events on, as vLLM runs with `--kv-events-config`."
+    def __init__(self, *args, **kwargs): super().__init__(*args, enable_kv_cache_events=True, **kwargs)
+
+# %% ../nbs/07d_router_conformance.ipynb #ba9e6918
 def _trace_ops(trace: Iterable[dict] | str | Path) -> list[dict]:
     return load_trace(trace) if isinstance(trace, (str, Path)) else list(trace)
 
@@ -42,18 +49,17 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
               ) -> Iterator[OpBatch]:
     "Each op of the trace with the events kvref's allocator (vLLM 0.33 behaviour) emits for it."
     _check_hash_form(hash_form)
-    replayer, lora_ids, seq = TraceReplayer("vllm_0_33"), {}, 0
+    driver, lora_ids, seq = TraceDriver(kvref_factory("vllm_0_33", EventfulKVCacheManager)), {}, 0
     for i, op in enumerate(_trace_ops(trace)):
-        try: replayer.apply(op)
+        try: driver.apply(op)
         except ValueError as e: raise ValueError(f"op {i}: {e}") from None
-        if op["op"] == "config": replayer.manager.block_pool.kv_event_queue = []  # events on, as --kv-events-config does
         if op["op"] == "add" and op.get("lora"): lora_id(lora_ids, op["lora"]["name"], op["lora"]["path"])
-        events = wire_events(replayer.manager.take_events(), hash_form, lora_ids)
+        events = wire_events(driver.adapter.manager.take_events(), hash_form, lora_ids)
         payload = encode_batch_fast(KVEventBatch(0.0, events, data_parallel_rank)) if events else None
         yield OpBatch(i, op, events, seq if events else None, payload)
         seq += bool(events)
 
-# %% ../nbs/07d_router_conformance.ipynb #a78af0f2
+# %% ../nbs/07d_router_conformance.ipynb #621e1d40
 def event_records(trace: Iterable[dict] | str | Path, hash_form: str = "int",
                   data_parallel_rank: int | None = None) -> Iterator[dict]:
     "Per op, the recordings' JSON line: `i`, `op`, `id`, `events`, `seq`, `payload_b64`."
@@ -62,17 +68,17 @@ def event_records(trace: Iterable[dict] | str | Path, hash_form: str = "int",
                "events": [event_to_json(e) for e in b.events], "seq": b.seq,
                "payload_b64": b.payload and base64.b64encode(b.payload).decode()}
 
-# %% ../nbs/07d_router_conformance.ipynb #17e79966
+# %% ../nbs/07d_router_conformance.ipynb #d4ac1b35
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay's end marker
 
-# %% ../nbs/07d_router_conformance.ipynb #9e1980d2
+# %% ../nbs/07d_router_conformance.ipynb #8fe64c70
 def _zmq():
     "pyzmq, imported on first use: it is an optional extra."
     try: import zmq
     except ImportError: raise ImportError("publishing KV events over ZMQ needs pyzmq: pip install pyzmq") from None
     return zmq
 
-# %% ../nbs/07d_router_conformance.ipynb #3f036e01
+# %% ../nbs/07d_router_conformance.ipynb #ae350637
 def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
     "The endpoint of DP rank `data_parallel_rank`: tcp port + rank (0 and `*` left alone), inproc name + `_dp{rank}`."
     if data_parallel_rank == 0 or not endpoint: return endpoint
@@ -82,7 +88,7 @@ def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
         raise ValueError(f"endpoint {endpoint!r} for DP rank {data_parallel_rank}: expected tcp://host:port or inproc://name")
     return endpoint if port in ("0", "*") else f"{base}:{int(port) + data_parallel_rank}"
 
-# %% ../nbs/07d_router_conformance.ipynb #4e011f4b
+# %% ../nbs/07d_router_conformance.ipynb #ee598f4a
 class EventPublisher:
     "vLLM's ZMQ event publisher, framing for framing, in the caller's thread (binds both sockets)."
     def __init__(self, endpoint: str = "tcp://*:5557",      # PUB address (port `*`: any free port)
@@ -100,7 +106,7 @@ class EventPublisher:
             self.replay = ctx.socket(zmq.ROUTER)
             self.replay.bind(offset_endpoint_port(replay_endpoint, data_parallel_rank))
 
-# %% ../nbs/07d_router_conformance.ipynb #9c53d71d
+# %% ../nbs/07d_router_conformance.ipynb #8fc2e6fc
 @patch
 def endpoints(self: EventPublisher) -> tuple[str, str | None]:
     "The bound (PUB, replay) addresses, with the ports the system chose."
@@ -118,7 +124,7 @@ def __enter__(self: EventPublisher): return self
 @patch
 def __exit__(self: EventPublisher, *exc): self.close()
 
-# %% ../nbs/07d_router_conformance.ipynb #7709db6a
+# %% ../nbs/07d_router_conformance.ipynb #25d7596c
 @patch
 def publish(self: EventPublisher, batch: KVEventBatch) -> int:
     "Send one batch as [topic, seq, payload] (the rank filled in when None); its sequence number."
@@ -129,7 +135,7 @@ def publish(self: EventPublisher, batch: KVEventBatch) -> int:
     self.next_seq += 1
     return seq
 
-# %% ../nbs/07d_router_conformance.ipynb #dba445c4
+# %% ../nbs/07d_router_conformance.ipynb #013e0440
 @patch
 def serve_replay(self: EventPublisher, timeout_ms: int = 0) -> int:
     "Answer the replay requests waiting (or arriving within `timeout_ms`); how many were answered."
@@ -144,19 +150,19 @@ def serve_replay(self: EventPublisher, timeout_ms: int = 0) -> int:
         answered += 1
     return answered
 
-# %% ../nbs/07d_router_conformance.ipynb #810d3483
+# %% ../nbs/07d_router_conformance.ipynb #8736cbec
 class RouterAdapter(Protocol):
     "What `check_router` drives: a router's index behind two calls."
     def apply(self, stream: str, seq: int, payload: bytes) -> None: ...  # one batch as published
     def longest_prefix(self, prompt: list[int], *, cache_salt: str | None = None, lora: LoRARequest | None = None,
                        mm_items: tuple[MultiModalItem, ...] = ()) -> dict[tuple[str, int | None], int]: ...
 
-# %% ../nbs/07d_router_conformance.ipynb #dedb2817
+# %% ../nbs/07d_router_conformance.ipynb #3d297e37
 def reference_router(config: dict) -> KVIndex:
     "The reference: a `KVIndex` for the engines' `config` (block_size, hash_algo, hash_form, seed)."
     return KVIndex(**config)
 
-# %% ../nbs/07d_router_conformance.ipynb #229a7fd7
+# %% ../nbs/07d_router_conformance.ipynb #469f4e10
 class ExampleRouter:
     "A small correct router: copies of each hash per engine, prompts hashed as the engines hash them."
     def __init__(self, config: dict):
@@ -172,48 +178,48 @@ class ExampleRouter:
             for h in event.block_hashes if not isinstance(event, (BlockRemoved, AllBlocksCleared)) else ():
                 counts[h] = counts.get(h, 0) + 1
 
-# %% ../nbs/07d_router_conformance.ipynb #de246498
+# %% ../nbs/07d_router_conformance.ipynb #c6280868
 @patch
 def _remove(self: ExampleRouter, counts: dict, block_hash) -> None:
     "One copy of `block_hash` is gone."
     counts[block_hash] -= 1
     if not counts[block_hash]: del counts[block_hash]
 
-# %% ../nbs/07d_router_conformance.ipynb #9710d1d0
+# %% ../nbs/07d_router_conformance.ipynb #7424fb7f
 @patch
 def _key(self: ExampleRouter, digest: bytes):
     "The digest as events carry it: the last 8 bytes as an unsigned int, or the digest."
     return int.from_bytes(digest[-8:], "big") if self.config["hash_form"] == "int" else digest
 
-# %% ../nbs/07d_router_conformance.ipynb #219ff55b
+# %% ../nbs/07d_router_conformance.ipynb #846735ee
 @patch
 def _digests(self: ExampleRouter, prompt, cache_salt, lora, mm_items) -> list[bytes]:
     c = self.config
     return hash_request_tokens(prompt, c["block_size"], c["hash_algo"], cache_salt=cache_salt, lora=lora,
                                mm_items=mm_items, seed=c["seed"])
 
-# %% ../nbs/07d_router_conformance.ipynb #80280ec9
+# %% ../nbs/07d_router_conformance.ipynb #fc72d80d
 @patch
 def longest_prefix(self: ExampleRouter, prompt, *, cache_salt=None, lora=None, mm_items=()):
     keys = [self._key(d) for d in self._digests(prompt, cache_salt, lora, mm_items)]
     return {engine: next((n for n, k in enumerate(keys) if k not in counts), len(keys)) for engine, counts in self.engines.items()}
 
-# %% ../nbs/07d_router_conformance.ipynb #f323b072
+# %% ../nbs/07d_router_conformance.ipynb #af4a8f12
 class FirstBytesRouter(ExampleRouter):
     "Bug: projects a digest to its *first* 8 bytes."
     def _key(self, digest): return int.from_bytes(digest[:8], "big") if self.config["hash_form"] == "int" else digest
 
-# %% ../nbs/07d_router_conformance.ipynb #2d73a2d0
+# %% ../nbs/07d_router_conformance.ipynb #833c382c
 class DropAllCopiesRouter(ExampleRouter):
     "Bug: one `BlockRemoved` forgets every copy of the hash."
     def _remove(self, counts, block_hash): counts.pop(block_hash, None)
 
-# %% ../nbs/07d_router_conformance.ipynb #5329e971
+# %% ../nbs/07d_router_conformance.ipynb #77429f1f
 class SaltBlindRouter(ExampleRouter):
     "Bug: hashes prompts without their cache salt."
     def _digests(self, prompt, cache_salt, lora, mm_items): return super()._digests(prompt, None, lora, mm_items)
 
-# %% ../nbs/07d_router_conformance.ipynb #1a5515e2
+# %% ../nbs/07d_router_conformance.ipynb #068ecb9f
 @dataclass(frozen=True)
 class Prompt:
     "A prompt a router is asked about: a request's tokens and hash inputs."
@@ -227,7 +233,7 @@ class Prompt:
         "The router's answer for this prompt."
         return router.longest_prefix(list(self.prompt), cache_salt=self.cache_salt, lora=self.lora, mm_items=self.mm_items)
 
-# %% ../nbs/07d_router_conformance.ipynb #fcf0f84b
+# %% ../nbs/07d_router_conformance.ipynb #cc252f8e
 def trace_prompts(stream: str, ops: list[dict]) -> list[Prompt]:
     "The prompts a trace's requests add, and the longer token lists they grow to by `append`."
     prompts, grown = {}, {}
@@ -241,7 +247,7 @@ def trace_prompts(stream: str, ops: list[dict]) -> list[Prompt]:
             grown[op["id"]] = replace(base, name=base.name.split("+")[0] + "+", prompt=base.prompt + tuple(op["tokens"]))
     return list(prompts.values()) + list(grown.values())
 
-# %% ../nbs/07d_router_conformance.ipynb #f7061d50
+# %% ../nbs/07d_router_conformance.ipynb #58118d85
 @dataclass
 class RouterDivergence:
     "The first prompt a router answers differently from `KVIndex`, and after which batch."
@@ -258,7 +264,7 @@ class RouterDivergence:
                 f"prompt {self.prompt.name} ({len(self.prompt.prompt)} tokens, salt {self.prompt.cache_salt!r}):\n"
                 f"  expected {self.expected}\n  got      {self.got}")
 
-# %% ../nbs/07d_router_conformance.ipynb #310e2fe3
+# %% ../nbs/07d_router_conformance.ipynb #1e2be14f
 def _answer(router, prompt: Prompt) -> dict | str:
     "The router's answer without engines at 0, or the error it raised, as text."
     try: answer = prompt.ask(router)
@@ -267,7 +273,7 @@ def _answer(router, prompt: Prompt) -> dict | str:
         return f"not a dict of engine -> int: {answer!r:.80}"
     return {engine: n for engine, n in sorted(answer.items(), key=str) if n}
 
-# %% ../nbs/07d_router_conformance.ipynb #75e6d546
+# %% ../nbs/07d_router_conformance.ipynb #31f11e89
 def _named_traces(traces) -> dict[str, list[dict]]:
     "stream name -> ops, from a dict, or a list of trace files (named by file) or op lists (engine0, ...)."
     if isinstance(traces, dict): return {str(k): _trace_ops(v) for k, v in traces.items()}
@@ -276,7 +282,7 @@ def _named_traces(traces) -> dict[str, list[dict]]:
     if len(named) != len(traces): raise ValueError("two traces have the same file name: pass a dict of stream names")
     return named
 
-# %% ../nbs/07d_router_conformance.ipynb #01f2600f
+# %% ../nbs/07d_router_conformance.ipynb #e6ebeb75
 def _router_config(traces: dict[str, list[dict]], hash_form: str) -> dict:
     "The configuration all engines share; ValueError if the traces' block sizes or hash algorithms differ."
     if not traces: raise ValueError("no traces given: checking nothing is not a pass")
@@ -286,7 +292,7 @@ def _router_config(traces: dict[str, list[dict]], hash_form: str) -> dict:
     (block_size, hash_algo), = seen
     return {"block_size": block_size, "hash_algo": hash_algo, "hash_form": hash_form, "seed": None}
 
-# %% ../nbs/07d_router_conformance.ipynb #a544ca5a
+# %% ../nbs/07d_router_conformance.ipynb #19a53c7c
 def _interleaved(traces: dict[str, list[dict]], hash_form: str) -> Iterator[tuple[str, OpBatch]]:
     "Every engine's batches, op by op across the engines (engine order within an op index)."
     streams = {}
@@ -297,7 +303,7 @@ def _interleaved(traces: dict[str, list[dict]], hash_form: str) -> Iterator[tupl
         for stream, batches in streams.items():
             yield from ((stream, b) for b in batches if b.i == n)
 
-# %% ../nbs/07d_router_conformance.ipynb #9468454a
+# %% ../nbs/07d_router_conformance.ipynb #af401523
 def check_router(factory: Callable[[dict], RouterAdapter],  # config dict -> the router under test
                  traces,                                    # trace files, op lists, or {stream: trace}
                  hash_form: str = "int",                    # see `HASH_FORMS`
@@ -317,7 +323,7 @@ def check_router(factory: Callable[[dict], RouterAdapter],  # config dict -> the
             if got != expected: return RouterDivergence(named, stream, batch.seq, prompt, expected, got)
     return None
 
-# %% ../nbs/07d_router_conformance.ipynb #6732c7d1
+# %% ../nbs/07d_router_conformance.ipynb #f622e4e9
 def _still_diverges(factory, traces: dict, hash_form: str, prompt: Prompt) -> RouterDivergence | None:
     try: return check_router(factory, traces, hash_form, [prompt])
     except ValueError: return None  # not a trace kvref can replay
@@ -331,7 +337,7 @@ def _shrink_pool(ops: list[dict], attempt: Callable[[list[dict]], bool]) -> list
         else: step //= 2
     return ops
 
-# %% ../nbs/07d_router_conformance.ipynb #3b37b9cf
+# %% ../nbs/07d_router_conformance.ipynb #ebde61ee
 def _shrink_ops(ops: list[dict], attempt: Callable[[list[dict]], bool]) -> list[dict]:
     "A shorter `ops` (config kept) found by shrinking the pool, dropping requests, then halving runs of ops."
     ops = _shrink_pool(ops, attempt)
@@ -346,7 +352,7 @@ def _shrink_ops(ops: list[dict], attempt: Callable[[list[dict]], bool]) -> list[
         size //= 2
     return ops
 
-# %% ../nbs/07d_router_conformance.ipynb #86aac35e
+# %% ../nbs/07d_router_conformance.ipynb #53ee8b62
 def shrink_router(factory: Callable[[dict], RouterAdapter], divergence: RouterDivergence,
                   hash_form: str = "int") -> RouterDivergence:
     "A divergence on the same prompt with as few engines and ops as this search finds."
@@ -359,7 +365,7 @@ def shrink_router(factory: Callable[[dict], RouterAdapter], divergence: RouterDi
         traces[stream] = _shrink_ops(traces[stream], attempt)
     return _still_diverges(factory, traces, hash_form, prompt)
 
-# %% ../nbs/07d_router_conformance.ipynb #15fd8dcf
+# %% ../nbs/07d_router_conformance.ipynb #e4374ee4
 def publish_trace(trace, endpoint: str, replay_endpoint: str | None = None, hash_form: str = "int",
                   data_parallel_rank: int = 0, wait_s: float = 1.0, serve_s: float = 0.0) -> int:
     "Publish a trace's batches on `endpoint` after `wait_s` (for subscribers to join), serving replays for `serve_s` more; the count."
