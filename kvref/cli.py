@@ -14,20 +14,23 @@ import kvref
 from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens)
 from .kv_cache_manager import BEHAVIORS
-from .replay import (TRACE_FORMAT_VERSION, Divergence, Lockstep, TraceReplayer, list_vectors, load_decisions,
+from .replay import (MAX_LINE_CHARS, TRACE_FORMAT_VERSION, Divergence, _read_jsonl, Lockstep, TraceReplayer, list_vectors, load_decisions,
                           load_trace, recorded, vector_path)
 from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, load_release_trace,
                             profile_for_version, release_block_hashes, release_event_block_hashes)
 from .conformance import FIELDS, check, load_adapter, shrink
+from .hybrid import HybridTraceReplayer
+from .kv_events import HASH_FORMS
 from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
 # %% auto #0
 __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
            'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
-           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
-           'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'sweep_main', 'vectors_main', 'main']
+           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_hybrid_trace',
+           'load_trace_for_cli', 'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs',
+           'thinking_budget_main', 'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'vectors_main',
+           'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -228,15 +231,32 @@ def hash_main(argv: list[str] | None = None) -> int:
 # %% ../nbs/12_cli.ipynb #e6a376bd
 MAX_NUM_BLOCKS = 1 << 20  # the largest pool `replay` and `check` build: kvref allocates every block up front
 
+def load_hybrid_trace(path: str) -> list[dict]:
+    "The ops of a hybrid trace file (its config's `groups` checked by the hybrid replayer when applied)."
+    ops = [op for _, op in _read_jsonl(path)]
+    if not ops or not isinstance(ops[0], dict) or ops[0].get("op") != "config":
+        raise ValueError(f"{path}: the first line must be a 'config' op")
+    if not all(isinstance(op, dict) for op in ops): raise ValueError(f"{path}: every line must be a JSON object")
+    return ops
+
 def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace) -> list[dict]:
     "`load(path)` (a trace loader), refusing a pool larger than `MAX_NUM_BLOCKS`."
     ops = load(path)
+    if not isinstance(ops[0].get("num_blocks"), int) or isinstance(ops[0]["num_blocks"], bool):
+        raise ValueError(f"{path}: config: num_blocks must be an int")
     if ops[0]["num_blocks"] > MAX_NUM_BLOCKS:
         raise ValueError(f"{path}: config: num_blocks {ops[0]['num_blocks']} is above the command line's limit of "
                          f"{MAX_NUM_BLOCKS} (kvref builds every block up front)")
     return ops
 
 # %% ../nbs/12_cli.ipynb #81387204
+def _is_hybrid(path: str) -> bool:
+    "Whether a trace file's config op describes KV cache groups (the hybrid format) rather than one block size."
+    with open(path, encoding="utf-8") as f: first = f.readline(MAX_LINE_CHARS + 1)
+    try: config = json.loads(first)
+    except ValueError: return False  # the trace loader names the problem
+    return isinstance(config, dict) and "groups" in config
+
 def _replay_parser() -> CommandParser:
     parser = CommandParser(prog="kvref replay", description="Replay an allocator trace (format version "
                            f"{TRACE_FORMAT_VERSION}) and print kvref's decision for each op as JSONL.")
@@ -251,8 +271,12 @@ def _replay_parser() -> CommandParser:
     parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (needs matplotlib)")
     return parser
 
-def _decider(args) -> Callable[[dict], dict]:
-    "What decides each op: kvref's allocator in `--behavior`, or vLLM release `--vllm-version`'s."
+def _decider(args, hybrid: bool) -> Callable[[dict], dict]:
+    "What decides each op: kvref's allocator in `--behavior`, a hybrid trace's groups, or release `--vllm-version`'s."
+    if hybrid:
+        if args.behavior != "vllm_0_33" or args.vllm_version or args.format or args.free_queue_every or args.stats or args.svg:
+            raise ValueError("a hybrid trace (config with 'groups') replays as vLLM 0.33 does, in format 1, without --stats or --svg")
+        return HybridTraceReplayer().apply
     if args.vllm_version is None:
         return TraceReplayer(args.behavior, args.strict, version=args.format, free_queue_every=args.free_queue_every).apply
     if args.behavior != "vllm_0_33" or args.format or args.free_queue_every:
@@ -264,9 +288,11 @@ def _decider(args) -> Callable[[dict], dict]:
 def replay_main(argv: list[str] | None = None) -> int:
     "`kvref replay TRACE.jsonl [--behavior B | --vllm-version V] [--expect D.jsonl] [--stats] [--svg DIR]`; the exit status."
     args = _replay_parser().parse_args(argv)
-    decide, keep = _decider(args), args.stats or args.svg
+    hybrid = _is_hybrid(args.trace)
+    decide, keep = _decider(args, hybrid), args.stats or args.svg
     if keep and args.format == 2: raise ValueError("--stats and --svg read format 1 decisions: drop --format 2")
-    ops = load_trace_for_cli(args.trace, load_release_trace if args.vllm_version else load_trace)
+    load = load_hybrid_trace if hybrid else load_release_trace if args.vllm_version else load_trace
+    ops = load_trace_for_cli(args.trace, load)
     expected = load_decisions(args.expect) if args.expect else None
     if expected == []: raise ValueError(f"{args.expect}: no decisions, nothing to compare")
     lock = Lockstep(recorded(expected), decide, catch=()) if expected is not None else None
@@ -528,6 +554,56 @@ def sweep_main(argv: list[str] | None = None) -> int:
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0
 
+# %% ../nbs/12_cli.ipynb #05345e5b
+def _events_parser() -> CommandParser:
+    p = CommandParser(prog="kvref events", description="The KV events vLLM 0.33 emits for a trace, per op (JSONL).")
+    p.add_argument("trace", metavar="TRACE.jsonl", help="an allocator trace")
+    p.add_argument("--hash-form", choices=HASH_FORMS, default="int", help="64-bit ints (vLLM's default) or digests")
+    p.add_argument("--dp-rank", type=int_arg(0, 1 << 16), help="the engine's data-parallel rank, carried by each batch")
+    p.add_argument("--publish", metavar="ENDPOINT", help="publish the batches on this ZMQ endpoint instead (needs pyzmq)")
+    p.add_argument("--replay", metavar="ENDPOINT", help="with --publish: also serve vLLM's replay socket here")
+    p.add_argument("--wait-s", type=float, default=1.0, help="with --publish: seconds for subscribers to join (1)")
+    p.add_argument("--serve-s", type=float, default=0.0, help="with --publish: seconds to serve replays after (0)")
+    return p
+
+# %% ../nbs/12_cli.ipynb #f877497e
+@subcommand("kvref events")
+def events_main(argv: list[str] | None = None) -> int:
+    "`kvref events TRACE [--hash-form int|bytes] [--dp-rank N] [--publish ENDPOINT]`; the exit status."
+    from kvref.router_conformance import event_records, publish_trace
+    args = _events_parser().parse_args(argv)
+    ops = load_trace_for_cli(args.trace)
+    if args.publish is None:
+        for record in event_records(ops, args.hash_form, args.dp_rank): print(json.dumps(record))
+        return 0
+    if not (0 <= args.wait_s <= 60 and 0 <= args.serve_s <= 3600): raise ValueError("--wait-s and --serve-s must be 0-60 and 0-3600")
+    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s)
+    print(f"kvref events: published {sent} batches on {args.publish}")
+    return 0
+
+# %% ../nbs/12_cli.ipynb #55abd94c
+def _check_router_parser() -> CommandParser:
+    p = CommandParser(prog="kvref check-router", description="Check a router's index against kvref's KVIndex, batch by batch.")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="one allocator trace per engine")
+    p.add_argument("--adapter", required=True, help="module:factory or path/to/file.py:factory; factory(config) -> router")
+    p.add_argument("--hash-form", choices=HASH_FORMS, default="int", help="the engines' hash form (int)")
+    p.add_argument("--out", default=".", help="existing folder for the shrunk traces (default: .)")
+    return p
+
+@subcommand("kvref check-router")
+def check_router_main(argv: list[str] | None = None) -> int:
+    "`kvref check-router`: 0 if the router agrees with `KVIndex` on every prompt, 1 on a divergence, 2 on bad input."
+    from kvref.router_conformance import check_router, shrink_router
+    args = _check_router_parser().parse_args(argv)
+    out, traces = _out_folder(args.out), {Path(t).name: load_trace_for_cli(t) for t in args.traces}
+    factory = load_adapter(args.adapter)
+    found = check_router(factory, traces, args.hash_form)
+    if found is None: print(f"kvref check-router: the router agrees on every prompt of {len(traces)} traces"); return 0
+    found = shrink_router(factory, found, args.hash_form)
+    for stream, ops in found.traces.items():
+        (out / (stream.removesuffix(".jsonl") + ".min.jsonl")).write_text("".join(json.dumps(o) + "\n" for o in ops))
+    print(found.report()); return 1
+
 # %% ../nbs/12_cli.ipynb #8c1c3465
 @subcommand("kvref vectors")
 def vectors_main(argv: list[str] | None = None) -> int:
@@ -550,6 +626,8 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "thinking-budget": (thinking_budget_main, "thinking-budget forcings for one step; --check recorded greedy runs"),
     "convert":   (convert_main, "convert a production request log (Mooncake format) to a kvref trace"),
     "sweep":     (sweep_main, "replay a production trace at several cache sizes: hit rate, preemptions, a plot"),
+    "events":    (events_main, "the KV events vLLM emits for a trace, as JSON and wire bytes; --publish over ZMQ"),
+    "check-router": (check_router_main, "check a router's prefix index against kvref's, batch by batch"),
     "vectors":   (vectors_main, "list the recorded vectors shipped with kvref, or print one's path"),
 }
 
