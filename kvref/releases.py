@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/vllm_releases.html.md"""
 
 # %% ../nbs/05a_vllm_releases.ipynb #2280d79f
 from __future__ import annotations
-import json, re
+import json, re, sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -14,7 +14,7 @@ from weakref import WeakKeyDictionary
 from fastcore.basics import patch
 from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem, sha256, sha256_cbor,
     get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, hash_request_tokens, block_hash_to_int64,
-    _checked_request, _checked_tokens, _hash_blocks, _lora_from_json, _mm_from_json)
+    _checked_request, _checked_tokens, _chunks, _hash_blocks, _lora_from_json, _mm_from_json)
 from .block_pool import BlockPool
 from .kv_cache_manager import KVCacheManager, Request
 from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, _read_jsonl
@@ -170,11 +170,15 @@ def _tuple_hash(item_hashes: Sequence[int]) -> int:
     acc = (acc + (len(item_hashes) ^ (_XXPRIME_5 ^ 3527539))) & _M64
     return 1546275796 if acc == _M64 else _signed(acc)
 
+# %% ../nbs/05a_vllm_releases.ipynb #b7e1a002
+_NATIVE_TUPLE_HASH = sys.implementation.name == "cpython" and sys.version_info >= (3, 8) and sys.hash_info.width == 64
+
 # %% ../nbs/05a_vllm_releases.ipynb #a56f5fcd
 def python_hash(obj: Any, pythonhashseed: int) -> int:
     "`hash(obj)` as CPython 3.11 computes it in a process started with PYTHONHASHSEED=`pythonhashseed`."
     if type(obj) is str: return _str_hash(obj, pythonhashseed)
     if type(obj) is int: return _int_hash(obj)
+    if type(obj) is tuple and _NATIVE_TUPLE_HASH and all(type(item) is int for item in obj): return hash(obj)  # seed-free
     if type(obj) is tuple: return _tuple_hash([python_hash(item, pythonhashseed) for item in obj])
     if obj is None:
         raise ValueError("hash(None) on CPython 3.11 is derived from None's memory address, different in every "
@@ -254,19 +258,23 @@ def _check_release_request(profile: VllmProfile, lora, lora_int_id, cache_salt) 
         raise ValueError(f"{profile.name} hashes a LoRA adapter by its lora_int_id (an int >= 1), got {lora_int_id!r}")
 
 # %% ../nbs/05a_vllm_releases.ipynb #e982b76c
-def _block_keys(profile: VllmProfile, block_size: int, first: int, last: int, prompt_end: int, **request) -> list:
-    "The extra keys of blocks `first` to `last` (exclusive); `request`: as for `release_extra_keys`."
+def _block_keys(profile: VllmProfile, block_size: int, first: int, last: int, prompt_end: int, *,
+                lora: LoRARequest | None = None, lora_int_id: int | None = None, mm_items: Sequence[MultiModalItem] = (),
+                cache_salt: str | None = None) -> list:
+    "The extra keys of blocks `first` to `last` (exclusive); blocks without the salt or an item share one tuple."
+    plain = release_extra_keys(profile, block_size, 2 * block_size, lora=lora, lora_int_id=lora_int_id)
+    own = {0} | {b for item in mm_items for b in range(item.offset // block_size, item.end // block_size + 1)}
+    request = dict(lora=lora, lora_int_id=lora_int_id, mm_items=mm_items, cache_salt=cache_salt)
     return [release_extra_keys(profile, s, s + block_size, decode=s + block_size > prompt_end, **request)
-            for s in range(first * block_size, last * block_size, block_size)]
+            if s // block_size in own else plain for s in range(first * block_size, last * block_size, block_size)]
 
 # %% ../nbs/05a_vllm_releases.ipynb #66bfce9c
 def _hash_value_chain(hash_fn: Callable, none_hash: int, parent: int | None, tokens: Sequence[int], block_size: int,
                       keys: list) -> list[int]:
     "Chain `hash_block_tokens` over the blocks of `tokens` after `parent` (None: the first block)."
     hashes = []
-    for i, block_keys in enumerate(keys):
-        block = tokens[i * block_size:(i + 1) * block_size]
-        parent = hash_block_tokens(hash_fn, parent, block, block_keys, none_hash=none_hash)
+    for start, block_keys in zip(range(0, len(tokens), block_size), keys):  # `hash_block_tokens`, inlined
+        parent = hash_fn((parent or none_hash, tokens[start:start + block_size], block_keys))
         hashes.append(parent)
     return hashes
 
@@ -286,13 +294,14 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
     if profile.lora_key == "tagged":  # 0.31+: kvref's own hashing, fast path and all
         return hash_request_tokens(token_ids, block_size, algo, cache_salt=cache_salt, lora=lora, mm_items=items,
                                    seed=_resolved_seed(profile, algo, pythonhashseed), known_hashes=known_hashes)
-    first, last, hashes = len(known_hashes), len(token_ids) // block_size, list(known_hashes)
-    prompt_end = len(token_ids) if num_prompt_tokens is None else num_prompt_tokens
-    keys = _block_keys(profile, block_size, first, last, prompt_end, lora=lora, lora_int_id=lora_int_id, mm_items=items,
-                       cache_salt=cache_salt)
-    tokens, parent = _checked_tokens(token_ids, first * block_size, last * block_size), hashes[-1] if hashes else None
-    if not profile.int_hash_value: return hashes + _hash_blocks(algo, none_hash if parent is None else parent, tokens, block_size, keys)
-    return hashes + _hash_value_chain(hash_fn, none_hash, parent, tokens, block_size, keys)
+    prompt_end, hashes = len(token_ids) if num_prompt_tokens is None else num_prompt_tokens, list(known_hashes)
+    request = dict(lora=lora, lora_int_id=lora_int_id, mm_items=items, cache_salt=cache_salt)
+    for lo, hi in _chunks(len(known_hashes) * block_size, len(token_ids) // block_size * block_size, block_size):
+        keys = _block_keys(profile, block_size, lo // block_size, hi // block_size, prompt_end, **request)
+        tokens, parent = _checked_tokens(token_ids, lo, hi), hashes[-1] if hashes else None
+        if profile.int_hash_value: hashes += _hash_value_chain(hash_fn, none_hash, parent, tokens, block_size, keys)
+        else: hashes += _hash_blocks(algo, none_hash if parent is None else parent, tokens, block_size, keys)
+    return hashes
 
 # %% ../nbs/05a_vllm_releases.ipynb #c251197f
 LORA_EVENT_ERROR = "AttributeError: 'LoRARequest' object has no attribute 'id'"
