@@ -11,11 +11,18 @@ hashes for every prompt, then times them in interleaved repetitions, the order f
 (`time.process_time`, garbage collector off). Each repetition hashes about 128k tokens per side (128 prompts of 1k,
 or 2 of 64k), every prompt from scratch. Reported: kvref's and vLLM's ns per token (medians) and the ratio
 kvref / vLLM per repetition, median and range (below 1: kvref is faster).
+
+Then the release profiles (`kvref.releases`): the same prompts hashed with `release_block_hashes` under every profile
+that offers the algorithm (`builtin` too, for the profiles up to 0.10.1, against 0.33's `sha256`), the profiles timed
+interleaved in a rotating order within each repetition, `PYTHONHASHSEED=0` given to every profile. Reported: the
+0.33 path's ns per token and, per profile, profile / 0.33 per repetition, median (above 1: slower than the 0.33 path).
+`--profiles-only` prints the profile table alone.
 """
 from __future__ import annotations
 import argparse, datetime, gc, os, platform, random, statistics, time
 
 from kvref.hashing import LoRARequest, MultiModalItem, hash_request_tokens
+from kvref.releases import PROFILES, release_block_hashes
 
 ALGOS = ("sha256", "sha256_cbor")
 BLOCK_SIZES = (16, 64)
@@ -81,13 +88,49 @@ def cpu_seconds(fn) -> float:
         gc.enable()
 
 
+def profile_side(profile, prompts, block_size, algo, extra):
+    "A function hashing every prompt with `release_block_hashes` under `profile` (salt only where it has one)."
+    kwargs = dict(pythonhashseed="0", lora=LoRARequest(*LORA) if extra else None, lora_int_id=1,
+                  cache_salt=SALT if extra and profile.cache_salt else None)
+    images = [images_of(len(p)) if extra == "lora+salt+mm" else [] for p in prompts]
+    return lambda: [release_block_hashes(profile, p, block_size, algo, mm_items=m, **kwargs) for p, m in zip(prompts, images)]
+
+
+def profile_table(repeats: int, rng: random.Random) -> None:
+    "A column per release profile: its time over the 0.33 path's, per repetition, median."
+    names = list(PROFILES)
+    print("\n| algo | block size | prompt tokens | extra keys | 0.33 ns/token | "
+          + " | ".join(n.removeprefix("vllm_") for n in names) + " |")
+    print("|---|---:|---:|---|---:|" + "---:|" * len(names))
+    for algo in ("sha256", "sha256_cbor", "builtin"):
+        for block_size in BLOCK_SIZES:
+            for num_tokens in PROMPT_TOKENS:
+                prompts = [[rng.randrange(200_000) for _ in range(num_tokens)]
+                           for _ in range(TOKENS_PER_REPETITION // num_tokens)]
+                for extra in ("", "lora+salt", "lora+salt+mm"):
+                    if algo == "builtin" and not extra: continue  # hash(None): not reproducible, refused
+                    base = profile_side(PROFILES["vllm_0_33"], prompts, block_size, "sha256" if algo == "builtin" else algo, extra)
+                    sides = {n: profile_side(p, prompts, block_size, algo, extra) for n, p in PROFILES.items() if algo in p.hash_algos}
+                    sides["base"] = base
+                    order, times = list(sides), {n: [] for n in sides}
+                    for r in range(repeats):
+                        for n in order[r % len(order):] + order[:r % len(order)]: times[n].append(cpu_seconds(sides[n]))
+                    cells = [f"{statistics.median(t / b for t, b in zip(times[n], times['base'])):.2f}" if n in times else "-"
+                             for n in names]
+                    ns = statistics.median(times["base"]) / (len(prompts) * num_tokens) * 1e9
+                    print(f"| {algo} | {block_size} | {num_tokens} | {extra or 'none'} | {ns:.0f} | " + " | ".join(cells) + " |",
+                          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9, help="interleaved repetitions per case (default 9)")
+    parser.add_argument("--profiles-only", action="store_true", help="only the table of release profiles")
     args = parser.parse_args()
     if os.environ.get("PYTHONHASHSEED") is not None: raise SystemExit("unset PYTHONHASHSEED: it changes NONE_HASH")
-    v, why = load_vllm()
     rng = random.Random(0)
+    if args.profiles_only: return profile_table(args.repeats, rng)
+    v, why = load_vllm()
     print(f"# Request hashing: kvref vs vLLM {v['version'] if v else '(absent)'}\n")
     print(f"{platform.machine()}, Python {platform.python_version()}, load average "
           f"{os.getloadavg()[0]:.1f}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
@@ -117,6 +160,7 @@ def main() -> None:
                         ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
                     print(f"| {algo} | {block_size} | {num_tokens} | {extra or 'none'} | {ns['kvref']} | "
                           f"{ns.get('vLLM', '')} | {ratio} |", flush=True)
+    profile_table(args.repeats, rng)
 
 
 if __name__ == "__main__":

@@ -6,18 +6,18 @@ Docs: https://kvref.github.io/kvref/vllm_releases.html.md"""
 
 # %% ../nbs/05a_vllm_releases.ipynb #2280d79f
 from __future__ import annotations
-import hashlib, json, os, re
+import json, re, sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Callable, Sequence
 from weakref import WeakKeyDictionary
 from fastcore.basics import patch
-from typing import Any, Callable, Sequence
 from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem, sha256, sha256_cbor,
-                           get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, hash_request_tokens, block_hash_to_int64,
-                           _checked_request, _checked_tokens, _hash_blocks, _lora_from_json, _mm_from_json)
+    get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, hash_request_tokens, block_hash_to_int64,
+    _checked_request, _checked_tokens, _chunks, _hash_blocks, _lora_from_json, _mm_from_json)
 from .block_pool import BlockPool
 from .kv_cache_manager import KVCacheManager, Request
-from .replay import KVRefAdapter, TraceDriver, trace_config, load_decisions, validate_op, _read_jsonl
+from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, _read_jsonl
 
 # %% auto #0
 __all__ = ['PROFILES', 'RELEASE_RANGES', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile',
@@ -55,6 +55,8 @@ _P085 = VllmProfile("vllm_0_8_5", "0.8.5", ("builtin", "sha256"), "builtin", int
     mm_boundary_fix=False, decode_mm_scan_all=False, kv_events=None, lora_event_raises=False,
     hashes_in_manager=True, free_order="reversed", free_order_caching_off="request_order",
     zero_step_error="ValueError: num_tokens must be greater than 0")
+
+# %% ../nbs/05a_vllm_releases.ipynb #0ecd059c
 _P09 = replace(_P085, name="vllm_0_9", first="0.9.0", cache_salt=True, kv_events="hash_value",
                lora_event_raises=True, free_order_caching_off="reversed",
                zero_step_error="ValueError: num_new_tokens must be greater than 0")
@@ -62,9 +64,13 @@ _P0101 = replace(_P09, name="vllm_0_10_1", first="0.10.1", hash_algos=("builtin"
                  none_hash_from_algo=True, hashes_in_manager=False)
 _P0102 = replace(_P0101, name="vllm_0_10_2", first="0.10.2", hash_algos=("sha256", "sha256_cbor"),
                  default_hash_algo="sha256", int_hash_value=False, kv_events="int64")
+
+# %% ../nbs/05a_vllm_releases.ipynb #43737437
 _P0111 = replace(_P0102, name="vllm_0_11_1", first="0.11.1", lora_key="lora_name", lora_event_raises=False)
 _P013 = replace(_P0111, name="vllm_0_13", first="0.13.0", hash_algos=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"))
 _P019 = replace(_P013, name="vllm_0_19", first="0.19.0", mm_key="offset", mm_boundary_fix=True)
+
+# %% ../nbs/05a_vllm_releases.ipynb #ba663fd3
 _P024 = replace(_P019, name="vllm_0_24", first="0.24.0", free_order="reversed_unhashed_to_head",
                 free_order_caching_off="reversed_unhashed_to_head")
 _P027 = replace(_P024, name="vllm_0_27", first="0.27.0", free_order_caching_off="reversed")
@@ -81,12 +87,14 @@ RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 10, 
                   ((0, 28, 0), "vllm_0_24"), ((0, 29, 0), "vllm_0_29"), ((0, 31, 0), "vllm_0_31"),
                   ((0, 33, 0), "vllm_0_33"), ((0, 34, 0), None))  # (first release, profile); None: not known yet
 
+# %% ../nbs/05a_vllm_releases.ipynb #a393bc66
 def parse_version(version: str) -> tuple[int, int, int]:
     "(major, minor, patch) of a vLLM release such as '0.19.1', '0.10.1.1', '0.8.5.post1' or 'v0.11.0+cpu'."
     match = _VERSION.fullmatch(version) if isinstance(version, str) else None
     if match is None: raise ValueError(f"{version!r} is not a vLLM release number such as 0.19.1")
     return tuple(int(g or 0) for g in match.groups())
 
+# %% ../nbs/05a_vllm_releases.ipynb #4cd88c4f
 def profile_for_version(version: str) -> VllmProfile:
     "The profile of vLLM release `version` (0.8.5 to 0.33.x, patch releases included)."
     release = parse_version(version)
@@ -96,11 +104,12 @@ def profile_for_version(version: str) -> VllmProfile:
                          f"(0.8.3-0.8.4 inverted the PYTHONHASHSEED test, fixed in 0.8.5 by #17088)")
     return PROFILES[name]
 
-# %% ../nbs/05a_vllm_releases.ipynb #840adea1
+# %% ../nbs/05a_vllm_releases.ipynb #0d4a33c9
 _M64 = (1 << 64) - 1
 
 def _rotl(x: int, bits: int) -> int: return (x << bits | x >> (64 - bits)) & _M64
 
+# %% ../nbs/05a_vllm_releases.ipynb #644dd861
 def _sipround(v0: int, v1: int, v2: int, v3: int) -> tuple[int, int, int, int]:
     v0 = (v0 + v1) & _M64; v1 = _rotl(v1, 13) ^ v0; v0 = _rotl(v0, 32)
     v2 = (v2 + v3) & _M64; v3 = _rotl(v3, 16) ^ v2
@@ -108,6 +117,7 @@ def _sipround(v0: int, v1: int, v2: int, v3: int) -> tuple[int, int, int, int]:
     v2 = (v2 + v1) & _M64; v1 = _rotl(v1, 17) ^ v2; v2 = _rotl(v2, 32)
     return v0, v1, v2, v3
 
+# %% ../nbs/05a_vllm_releases.ipynb #840adea1
 def siphash13(k0: int, k1: int, data: bytes) -> int:
     "SipHash-1-3 of `data` under the key (k0, k1): CPython 3.11's string hash."
     v = (k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573)
@@ -130,30 +140,46 @@ def _hash_secret(pythonhashseed: int) -> tuple[int, int]:
         secret.append(x >> 16 & 0xFF)
     return int.from_bytes(secret[:8], "little"), int.from_bytes(secret[8:], "little")
 
+# %% ../nbs/05a_vllm_releases.ipynb #fb54486c
 def _signed(x: int) -> int:
     x = x - (1 << 64) if x >> 63 else x
     return -2 if x == -1 else x  # -1 is CPython's error value, never a hash
 
-# %% ../nbs/05a_vllm_releases.ipynb #a56f5fcd
+# %% ../nbs/05a_vllm_releases.ipynb #bb127e3f
+def _str_hash(s: str, pythonhashseed: int) -> int:
+    "CPython 3.11's hash of a str: SipHash-1-3 of its PEP 393 storage bytes."
+    if not s: return 0
+    top = ord(max(s))
+    width = 1 if top < 0x100 else 2 if top < 0x10000 else 4  # PEP 393: the string's storage width
+    data = b"".join(ord(c).to_bytes(width, "little") for c in s)
+    return _signed(siphash13(*_hash_secret(pythonhashseed), data))
+
+# %% ../nbs/05a_vllm_releases.ipynb #e18afe5c
+def _int_hash(n: int) -> int:
+    "CPython's hash of an int: its value modulo the Mersenne prime 2**61 - 1, sign kept."
+    h = abs(n) % ((1 << 61) - 1)
+    return _signed((-h if n < 0 else h) & _M64)
+
+# %% ../nbs/05a_vllm_releases.ipynb #d8a26d3b
 _XXPRIME_1, _XXPRIME_2, _XXPRIME_5 = 11400714785074694791, 14029467366897019727, 2870177450012600261
 
+def _tuple_hash(item_hashes: Sequence[int]) -> int:
+    "CPython's hash of a tuple from its items' hashes: an xxHash-style combination."
+    acc = _XXPRIME_5
+    for h in item_hashes: acc = _rotl((acc + (h & _M64) * _XXPRIME_2) & _M64, 31) * _XXPRIME_1 & _M64
+    acc = (acc + (len(item_hashes) ^ (_XXPRIME_5 ^ 3527539))) & _M64
+    return 1546275796 if acc == _M64 else _signed(acc)
+
+# %% ../nbs/05a_vllm_releases.ipynb #b7e1a002
+_NATIVE_TUPLE_HASH = sys.implementation.name == "cpython" and sys.version_info >= (3, 8) and sys.hash_info.width == 64
+
+# %% ../nbs/05a_vllm_releases.ipynb #a56f5fcd
 def python_hash(obj: Any, pythonhashseed: int) -> int:
     "`hash(obj)` as CPython 3.11 computes it in a process started with PYTHONHASHSEED=`pythonhashseed`."
-    if type(obj) is str:
-        if not obj: return 0
-        top = ord(max(obj))
-        width = 1 if top < 0x100 else 2 if top < 0x10000 else 4  # PEP 393: the string's storage width
-        data = b"".join(ord(c).to_bytes(width, "little") for c in obj)
-        return _signed(siphash13(*_hash_secret(pythonhashseed), data))
-    if type(obj) is int:
-        h = abs(obj) % ((1 << 61) - 1)
-        return _signed((-h if obj < 0 else h) & _M64)
-    if type(obj) is tuple:
-        acc = _XXPRIME_5
-        for item in obj:
-            acc = _rotl((acc + (python_hash(item, pythonhashseed) & _M64) * _XXPRIME_2) & _M64, 31) * _XXPRIME_1 & _M64
-        acc = (acc + (len(obj) ^ (_XXPRIME_5 ^ 3527539))) & _M64
-        return 1546275796 if acc == _M64 else _signed(acc)
+    if type(obj) is str: return _str_hash(obj, pythonhashseed)
+    if type(obj) is int: return _int_hash(obj)
+    if type(obj) is tuple and _NATIVE_TUPLE_HASH and all(type(item) is int for item in obj): return hash(obj)  # seed-free
+    if type(obj) is tuple: return _tuple_hash([python_hash(item, pythonhashseed) for item in obj])
     if obj is None:
         raise ValueError("hash(None) on CPython 3.11 is derived from None's memory address, different in every "
                          "process (3.12 made it a constant): a 'builtin' block without extra keys cannot be reproduced")
@@ -166,17 +192,22 @@ def _builtin_seed(pythonhashseed: str) -> int:
         raise ValueError(f"'builtin' needs PYTHONHASHSEED to be an integer in [0, 4294967295], got {pythonhashseed!r}")
     return int(pythonhashseed)
 
-def release_hash_fn(profile: VllmProfile, algo: str, pythonhashseed: str) -> Callable[[Any], int | bytes]:
-    "The block hash function `algo` of `profile`'s releases, in a process with PYTHONHASHSEED=`pythonhashseed`."
-    if algo not in profile.hash_algos:
-        raise ValueError(f"{profile.name} (vLLM {profile.first}+) offers hash algorithms {', '.join(profile.hash_algos)}; "
-                         f"got {algo!r}")
-    if not profile.int_hash_value: return get_hash_fn_by_name(algo)
+# %% ../nbs/05a_vllm_releases.ipynb #2a95fdd3
+def _hash_value_fn(algo: str, pythonhashseed: str) -> Callable[[Any], int]:
+    "The function computing `BlockHash.hash_value`, the int block hash of releases up to 0.10.1."
     if algo == "builtin":
         seed = _builtin_seed(pythonhashseed)
         return lambda obj: python_hash(obj, seed)
     digest = sha256 if algo == "sha256" else sha256_cbor
     return lambda obj: int.from_bytes(digest(obj)[-8:] if algo == "sha256_cbor_64bit" else digest(obj), "big")
+
+# %% ../nbs/05a_vllm_releases.ipynb #1879fc08
+def release_hash_fn(profile: VllmProfile, algo: str, pythonhashseed: str) -> Callable[[Any], int | bytes]:
+    "The block hash function `algo` of `profile`'s releases, in a process with PYTHONHASHSEED=`pythonhashseed`."
+    if algo not in profile.hash_algos:
+        raise ValueError(f"{profile.name} (vLLM {profile.first}+) offers hash algorithms {', '.join(profile.hash_algos)}; "
+                         f"got {algo!r}")
+    return _hash_value_fn(algo, pythonhashseed) if profile.int_hash_value else get_hash_fn_by_name(algo)
 
 # %% ../nbs/05a_vllm_releases.ipynb #9fcf71e4
 def _resolved_seed(profile: VllmProfile, algo: str, pythonhashseed: str | None) -> str:
@@ -189,6 +220,7 @@ def _resolved_seed(profile: VllmProfile, algo: str, pythonhashseed: str | None) 
                          f"process: pass the PYTHONHASHSEED the fleet runs with")
     return seed
 
+# %% ../nbs/05a_vllm_releases.ipynb #e23c7dd7
 def release_none_hash(profile: VllmProfile, algo: str, pythonhashseed: str | None) -> int | bytes:
     "NONE_HASH, the parent of block 0, as `profile`'s releases compute it."
     seed, hash_fn = _resolved_seed(profile, algo, pythonhashseed), release_hash_fn(profile, algo, pythonhashseed or "0")
@@ -202,13 +234,15 @@ def _mm_in_block(profile: VllmProfile, items: Sequence[MultiModalItem], start: i
     touches_start = start - (decode and not profile.mm_boundary_fix)  # before 0.19 an item ending at start counted
     return [item for item in items if item.offset < end and item.end > touches_start]
 
+# %% ../nbs/05a_vllm_releases.ipynb #31fdb3ae
 def release_extra_keys(profile: VllmProfile, start: int, end: int, *, lora: LoRARequest | None = None,
                        lora_int_id: int | None = None,  # the adapter's int id (releases up to 0.11.0 hash it)
                        mm_items: Sequence[MultiModalItem] = (), cache_salt: str | None = None,
                        decode: bool = False,  # the block was completed by generated tokens
                       ) -> tuple | None:
     "The extra keys `profile`'s releases hash with the block `[start, end)`: LoRA, multimodal, salt, in that order."
-    if profile.lora_key == "tagged": return generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt)
+    if profile.lora_key == "tagged":
+        return generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt)
     keys: list = [] if lora is None else [lora_int_id if profile.lora_key == "lora_int_id" else lora.name]
     for item in _mm_in_block(profile, mm_items, start, end, decode):
         keys.append(item.identifier if profile.mm_key == "bare" else (item.identifier, item.offset - start))
@@ -223,6 +257,28 @@ def _check_release_request(profile: VllmProfile, lora, lora_int_id, cache_salt) 
     if lora is not None and profile.lora_key == "lora_int_id" and (type(lora_int_id) is not int or lora_int_id < 1):
         raise ValueError(f"{profile.name} hashes a LoRA adapter by its lora_int_id (an int >= 1), got {lora_int_id!r}")
 
+# %% ../nbs/05a_vllm_releases.ipynb #e982b76c
+def _block_keys(profile: VllmProfile, block_size: int, first: int, last: int, prompt_end: int, *,
+                lora: LoRARequest | None = None, lora_int_id: int | None = None, mm_items: Sequence[MultiModalItem] = (),
+                cache_salt: str | None = None) -> list:
+    "The extra keys of blocks `first` to `last` (exclusive); blocks without the salt or an item share one tuple."
+    plain = release_extra_keys(profile, block_size, 2 * block_size, lora=lora, lora_int_id=lora_int_id)
+    own = {0} | {b for item in mm_items for b in range(item.offset // block_size, item.end // block_size + 1)}
+    request = dict(lora=lora, lora_int_id=lora_int_id, mm_items=mm_items, cache_salt=cache_salt)
+    return [release_extra_keys(profile, s, s + block_size, decode=s + block_size > prompt_end, **request)
+            if s // block_size in own else plain for s in range(first * block_size, last * block_size, block_size)]
+
+# %% ../nbs/05a_vllm_releases.ipynb #66bfce9c
+def _hash_value_chain(hash_fn: Callable, none_hash: int, parent: int | None, tokens: Sequence[int], block_size: int,
+                      keys: list) -> list[int]:
+    "Chain `hash_block_tokens` over the blocks of `tokens` after `parent` (None: the first block)."
+    hashes = []
+    for start, block_keys in zip(range(0, len(tokens), block_size), keys):  # `hash_block_tokens`, inlined
+        parent = hash_fn((parent or none_hash, tokens[start:start + block_size], block_keys))
+        hashes.append(parent)
+    return hashes
+
+# %% ../nbs/05a_vllm_releases.ipynb #9e07abcd
 def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_size: int, algo: str | None = None, *,
                          cache_salt: str | None = None, lora: LoRARequest | None = None, lora_int_id: int | None = None,
                          mm_items: Sequence[MultiModalItem] = (),
@@ -231,23 +287,20 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
                          known_hashes: Sequence = ()) -> list:
     "Hashes of all full blocks of `token_ids` as `profile`'s releases compute them (ints up to 0.10.1, else bytes)."
     algo = algo or profile.default_hash_algo
-    hash_fn, none_hash = release_hash_fn(profile, algo, pythonhashseed or "0"), release_none_hash(profile, algo, pythonhashseed)
+    hash_fn = release_hash_fn(profile, algo, pythonhashseed or "0")
+    none_hash = release_none_hash(profile, algo, pythonhashseed)
     items = _checked_request(token_ids, block_size, "sha256", cache_salt, lora, mm_items, None)
     _check_release_request(profile, lora, lora_int_id, cache_salt)
     if profile.lora_key == "tagged":  # 0.31+: kvref's own hashing, fast path and all
         return hash_request_tokens(token_ids, block_size, algo, cache_salt=cache_salt, lora=lora, mm_items=items,
                                    seed=_resolved_seed(profile, algo, pythonhashseed), known_hashes=known_hashes)
-    first, last = len(known_hashes), len(token_ids) // block_size
-    prompt_end = len(token_ids) if num_prompt_tokens is None else num_prompt_tokens
-    keys = [release_extra_keys(profile, s, s + block_size, lora=lora, lora_int_id=lora_int_id, mm_items=items,
-                               cache_salt=cache_salt, decode=s + block_size > prompt_end)
-            for s in range(first * block_size, last * block_size, block_size)]
-    tokens, hashes = _checked_tokens(token_ids, first * block_size, last * block_size), list(known_hashes)
-    if not profile.int_hash_value:
-        return hashes + _hash_blocks(algo, hashes[-1] if hashes else none_hash, tokens, block_size, keys)
-    for i, block_keys in enumerate(keys):
-        block = tokens[i * block_size:(i + 1) * block_size]
-        hashes.append(hash_block_tokens(hash_fn, hashes[-1] if hashes else None, block, block_keys, none_hash=none_hash))
+    prompt_end, hashes = len(token_ids) if num_prompt_tokens is None else num_prompt_tokens, list(known_hashes)
+    request = dict(lora=lora, lora_int_id=lora_int_id, mm_items=items, cache_salt=cache_salt)
+    for lo, hi in _chunks(len(known_hashes) * block_size, len(token_ids) // block_size * block_size, block_size):
+        keys = _block_keys(profile, block_size, lo // block_size, hi // block_size, prompt_end, **request)
+        tokens, parent = _checked_tokens(token_ids, lo, hi), hashes[-1] if hashes else None
+        if profile.int_hash_value: hashes += _hash_value_chain(hash_fn, none_hash, parent, tokens, block_size, keys)
+        else: hashes += _hash_blocks(algo, none_hash if parent is None else parent, tokens, block_size, keys)
     return hashes
 
 # %% ../nbs/05a_vllm_releases.ipynb #c251197f
@@ -271,10 +324,12 @@ class ReleaseBlockPool(BlockPool):
         order = profile.free_order if enable_caching else profile.free_order_caching_off
         self.last_first, self.unhashed_to_head = FREE_ORDERS[order]
 
-    def free_blocks(self, ordered_blocks, unhashed_first: bool = False) -> None:
-        "Free a request's blocks (the manager passes them last first) in the release's order."
-        blocks = list(ordered_blocks)
-        super().free_blocks(blocks if self.last_first else blocks[::-1], unhashed_first=self.unhashed_to_head)
+# %% ../nbs/05a_vllm_releases.ipynb #13412763
+@patch
+def free_blocks(self: ReleaseBlockPool, ordered_blocks, unhashed_first: bool = False) -> None:
+    "Free a request's blocks (the manager passes them last first) in the release's order."
+    blocks = list(ordered_blocks)
+    BlockPool.free_blocks(self, blocks if self.last_first else blocks[::-1], unhashed_first=self.unhashed_to_head)
 
 # %% ../nbs/05a_vllm_releases.ipynb #d4f1d82b
 class ReleaseKVCacheManager(KVCacheManager):
@@ -289,19 +344,23 @@ class ReleaseKVCacheManager(KVCacheManager):
         self.prompt_blocks: WeakKeyDictionary[Request, int] = WeakKeyDictionary()  # blocks hashed in one pass from block 0
         self.lora_int_ids: dict[str, int] = {}  # adapter name -> lora_int_id, numbered as the server loads them
 
+# %% ../nbs/05a_vllm_releases.ipynb #4a70e4b2
+@patch
+def _lora_int_id(self: ReleaseKVCacheManager, lora: LoRARequest | None) -> int | None:
+    "The adapter's lora_int_id: 1, 2, ... in the order the manager first meets each adapter name."
+    return lora and self.lora_int_ids.setdefault(lora.name, len(self.lora_int_ids) + 1)
+
 # %% ../nbs/05a_vllm_releases.ipynb #9e072018
 @patch
 def _block_hashes(self: ReleaseKVCacheManager, request: Request) -> list[bytes]:
     "The request's block hashes as the release keys its cache (sha256 digests: only their equalities matter here)."
-    bs, profile = self.block_size, self.profile
+    bs, profile, lora = self.block_size, self.profile, request.lora_request
     num_full = self.kept_hashes.get(request, 0) if profile.hashes_in_manager else request.num_tokens // bs
     if len(request.block_hashes) < num_full:
-        lora = request.lora_request
-        lora_int_id = lora and self.lora_int_ids.setdefault(lora.name, len(self.lora_int_ids) + 1)
         num_prompt = self.prompt_blocks.get(request, 0) * bs if profile.hashes_in_manager else len(request.prompt_token_ids)
         hashes = release_block_hashes(profile, request.all_token_ids[:num_full * bs], bs, "sha256",
                                       cache_salt=request.cache_salt if profile.cache_salt else None, lora=lora,
-                                      lora_int_id=lora_int_id, mm_items=request.mm_items, pythonhashseed="0",
+                                      lora_int_id=self._lora_int_id(lora), mm_items=request.mm_items, pythonhashseed="0",
                                       num_prompt_tokens=num_prompt)
         request.block_hashes = [h.to_bytes(32, "big") if type(h) is int else h for h in hashes]
     return request.block_hashes
@@ -314,6 +373,7 @@ def get_computed_blocks(self: ReleaseKVCacheManager, request: Request):
         self.kept_hashes[request] = self.prompt_blocks[request] = request.num_tokens // self.block_size
     return KVCacheManager.get_computed_blocks(self, request)
 
+# %% ../nbs/05a_vllm_releases.ipynb #5c518553
 @patch
 def _cache_blocks(self: ReleaseKVCacheManager, request: Request, num_tokens: int) -> None:
     "Up to 0.10.0 caching a block is what appends its hash to the manager's list."
@@ -330,10 +390,12 @@ def from_config(cls: ReleaseKVCacheManager, config: dict,  # a trace's config op
     return cls(c["num_blocks"], c["block_size"], profile, enable_caching=c["enable_caching"], hash_algo=c["hash_algo"],
                max_model_len=c["max_model_len"])
 
+# %% ../nbs/05a_vllm_releases.ipynb #8879da25
 def release_factory(profile: VllmProfile) -> Callable[[dict], KVRefAdapter]:
     "A factory of `KVRefAdapter`s over `profile`'s KV cache manager."
     return lambda config: KVRefAdapter(config, profile, ReleaseKVCacheManager)
 
+# %% ../nbs/05a_vllm_releases.ipynb #41e52997
 class ReleaseTraceReplayer(TraceDriver):
     "A `TraceDriver` over a vLLM release's allocator, acting as that release's scheduler."
     def __init__(self, profile: VllmProfile, strict: bool = False, **kwargs):
@@ -343,11 +405,13 @@ class ReleaseTraceReplayer(TraceDriver):
     @property
     def manager(self) -> ReleaseKVCacheManager | None: return self.adapter and self.adapter.manager
 
+# %% ../nbs/05a_vllm_releases.ipynb #1bf96a79
 @patch
 def _config(self: ReleaseTraceReplayer, op: dict) -> dict:
     TraceDriver._config(self, op)
     return {"hash_algo_used": self.manager.hash_algo_used}
 
+# %% ../nbs/05a_vllm_releases.ipynb #819c3d30
 @patch
 def _schedule(self: ReleaseTraceReplayer, op: dict) -> dict:
     request = self._request(op)
@@ -364,6 +428,7 @@ def load_release_trace(path: str | Path) -> list[dict]:
         except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None
     return ops
 
+# %% ../nbs/05a_vllm_releases.ipynb #919d18a9
 def replay_release(ops, version: str, strict: bool = False):
     "The decision for each op, as vLLM release `version` makes it."
     replayer = ReleaseTraceReplayer(profile_for_version(version), strict)
@@ -376,18 +441,16 @@ def _vector_inputs(entry: dict) -> dict:
     return dict(cache_salt=entry.get("cache_salt"), lora=_lora_from_json(lora), mm_items=_mm_from_json(entry.get("mm")),
                 lora_int_id=lora.get("int_id") if isinstance(lora, dict) else None, pythonhashseed=entry.get("pythonhashseed"))
 
+# %% ../nbs/05a_vllm_releases.ipynb #23bab5df
 def _encoded(hashes: Sequence) -> list[str]:
     "Block hashes as release files write them: decimal ints up to 0.10.1, hex digests after."
     return [str(h) if type(h) is int else h.hex() for h in hashes]
 
-@dataclass(frozen=True)
-class ReleaseMismatch:
-    "The first place where a release's recorded vector and kvref's profile disagree."
-    path: str
-    vector: int
-    field: str  # none_hash, block_hashes, extra_keys or event_block_hashes
-    expected: Any
-    got: Any
+# %% ../nbs/05a_vllm_releases.ipynb #efa5d9bf
+def _event_answer(profile: VllmProfile, hashes: Sequence, lora: LoRARequest | None) -> list[str] | dict:
+    "A release file's `event_block_hashes`: the ids as decimal strings, or the error the release raised."
+    try: return [str(i) for i in release_event_block_hashes(profile, hashes, lora)]
+    except ValueError: return {"error": LORA_EVENT_ERROR}
 
 # %% ../nbs/05a_vllm_releases.ipynb #900bc70c
 def _vector_answers(profile: VllmProfile, entry: dict) -> dict:
@@ -398,11 +461,20 @@ def _vector_answers(profile: VllmProfile, entry: dict) -> dict:
             for s in range(0, len(hashes) * size, size)]
     answers = dict(none_hash=_encoded([release_none_hash(profile, algo, inputs["pythonhashseed"])])[0],
                    block_hashes=_encoded(hashes), extra_keys=json.loads(json.dumps(keys)))
-    if profile.kv_events:
-        try: answers["event_block_hashes"] = [str(i) for i in release_event_block_hashes(profile, hashes, inputs["lora"])]
-        except ValueError: answers["event_block_hashes"] = {"error": LORA_EVENT_ERROR}
+    if profile.kv_events: answers["event_block_hashes"] = _event_answer(profile, hashes, inputs["lora"])
     return answers
 
+# %% ../nbs/05a_vllm_releases.ipynb #a6117c7a
+@dataclass(frozen=True)
+class ReleaseMismatch:
+    "The first place where a release's recorded vector and kvref's profile disagree."
+    path: str
+    vector: int
+    field: str  # none_hash, block_hashes, extra_keys or event_block_hashes
+    expected: Any
+    got: Any
+
+# %% ../nbs/05a_vllm_releases.ipynb #f0614d2b
 def check_release_vectors(path: str | Path) -> tuple[int, ReleaseMismatch | None]:
     "Recompute every vector of a release's `block-hashes.json` with the profile of its `vllm_version`."
     try: data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -424,11 +496,19 @@ def _mistaken(profile: VllmProfile, mistake: str) -> VllmProfile | None:
         return replace(profile, lora_key="lora_name", mm_key="offset") if profile.lora_key == "tagged" else None
     return profile
 
+# %% ../nbs/05a_vllm_releases.ipynb #c7c403f6
 PROJECTIONS = {"none": lambda h: block_hash_to_int64(h),  # a consumer's 64-bit id from a digest, and how it goes wrong
                "first 8 bytes instead of the last": lambda h: int.from_bytes(h[:8], "big"),
                "signed instead of unsigned": lambda h: int.from_bytes(h[-8:], "big", signed=True),
                "little-endian instead of big-endian": lambda h: int.from_bytes(h[-8:], "little")}
 MISTAKES = (*PROJECTIONS, "LoRA int id where the release hashes the name", "untagged extra keys")
+
+# %% ../nbs/05a_vllm_releases.ipynb #d01e0380
+def _ids_match(profile: VllmProfile, mistake: str, entry: dict, hashes: list) -> bool:
+    "Whether the consumer's `block_ids_int64` (if any) are the 64-bit ids of `hashes` as `mistake` projects them."
+    if "block_ids_int64" not in entry: return True
+    project = PROJECTIONS.get(mistake, PROJECTIONS["none"])
+    return not profile.int_hash_value and entry["block_ids_int64"] == [project(h) for h in hashes]
 
 # %% ../nbs/05a_vllm_releases.ipynb #61266ae6
 def _explains(profile: VllmProfile, mistake: str, entry: dict) -> bool:
@@ -440,11 +520,9 @@ def _explains(profile: VllmProfile, mistake: str, entry: dict) -> bool:
                                        **_vector_inputs(entry))
     except ValueError: return False
     if "block_hashes" in entry and [h.lower() for h in entry["block_hashes"]] != _encoded(hashes): return False
-    if "block_ids_int64" in entry:
-        project = PROJECTIONS.get(mistake, PROJECTIONS["none"])
-        if profile.int_hash_value or entry["block_ids_int64"] != [project(h) for h in hashes]: return False
-    return True
+    return _ids_match(profile, mistake, entry, hashes)
 
+# %% ../nbs/05a_vllm_releases.ipynb #6c956db3
 def diagnose(path: str | Path) -> list[tuple[str, str]]:
     "Every (profile, mistake) that explains all the hashes a consumer computed in the vector file at `path`."
     try: vectors = json.loads(Path(path).read_text(encoding="utf-8"))["vectors"]

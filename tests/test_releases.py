@@ -89,3 +89,19 @@ def test_python_hash_is_cpython(seed):
     real = subprocess.run([sys.executable, "-c", f"print([hash(o) for o in {objs!r}])"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout
     assert [python_hash(o, int(seed)) for o in objs] == json.loads(real)
+
+@given(st.lists(st.integers(-2**70, 2**70), max_size=20), st.integers(0, 2**32 - 1))
+def test_python_hash_native_tuples_are_the_plain_definition(items, seed):
+    from kvref.releases import _int_hash, _tuple_hash
+    assert python_hash(tuple(items), seed) == _tuple_hash([_int_hash(i) for i in items])
+
+@given(st.sampled_from(list(PROFILES)), st.integers(1, 6), st.integers(0, 40), st.integers(0, 40), st.booleans(), loras,
+       st.lists(st.tuples(st.integers(0, 30), st.integers(1, 8)), max_size=3))
+def test_block_keys_share_only_where_the_definition_agrees(name, size, num_tokens, prompt_end, salted, lora, spans):
+    "The shared-tuple fast path of `_block_keys` equals `release_extra_keys` block by block."
+    from kvref.releases import _block_keys, release_extra_keys
+    items = sorted((MultiModalItem(f"i{k}", o, n) for k, (o, n) in enumerate(spans)), key=lambda m: m.offset)
+    request = dict(lora=lora, lora_int_id=1, mm_items=items, cache_salt="s" if salted else None)
+    want = [release_extra_keys(PROFILES[name], s, s + size, decode=s + size > prompt_end, **request)
+            for s in range(0, num_tokens // size * size, size)]
+    assert _block_keys(PROFILES[name], size, 0, num_tokens // size, prompt_end, **request) == want
