@@ -51,6 +51,15 @@ def pop(self: BlockHashToBlockMap, block_hash: bytes, block_id: int) -> None:
     if type(blocks) is KVCacheBlock or len(blocks) == 1: del self._cache[block_hash]
     else: del blocks[block_id]
 
+# %% ../nbs/03_block_pool.ipynb #b7c1a008
+@patch
+def insert_all(self: BlockHashToBlockMap, block_hashes: list[bytes], blocks: list[KVCacheBlock]) -> None:
+    "`insert` each block under its hash, in order: one `dict.update` when every hash is new and none repeats."
+    if self._cache.keys().isdisjoint(block_hashes) and len(set(block_hashes)) == len(block_hashes):
+        self._cache.update(zip(block_hashes, blocks))
+    else:
+        for block_hash, block in zip(block_hashes, blocks): self.insert(block_hash, block)
+
 # %% ../nbs/03_block_pool.ipynb #f19e8973
 @dataclass(slots=True, frozen=True)
 class BlockStored:
@@ -168,9 +177,8 @@ def cache_full_blocks(self: BlockPool,
     new_blocks, new_hashes = self._checked_cache_args(blocks, block_hashes, num_cached_blocks, num_full_blocks,
                                                       block_size, lora_name)
     if not new_blocks: return
-    for block, block_hash in zip(new_blocks, new_hashes):
-        block.block_hash = block_hash
-        self.cached_block_hash_to_block.insert(block_hash, block)
+    for block, block_hash in zip(new_blocks, new_hashes): block.block_hash = block_hash
+    self.cached_block_hash_to_block.insert_all(new_hashes, new_blocks)
     if self.kv_event_queue is not None:
         parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
         tokens = list(token_ids[num_cached_blocks * block_size:num_full_blocks * block_size])
@@ -227,7 +235,7 @@ def free_blocks(self: BlockPool,
                ) -> None:
     "Release one reference to each block; those no longer held return to the free queue."
     blocks = [b for b in self._checked_own(ordered_blocks, "free_blocks") if not b.is_null]
-    if len(set(blocks)) < len(blocks) or (blocks and min(b.ref_cnt for b in blocks) < 1):
+    if len(set(blocks)) < len(blocks) or (blocks and min([b.ref_cnt for b in blocks]) < 1):
         for block, n in Counter(blocks).items():  # check every count before changing one
             if n > block.ref_cnt:
                 raise ValueError(f"block {block.block_id} is freed but not held" if block.ref_cnt <= 0 else
@@ -237,8 +245,8 @@ def free_blocks(self: BlockPool,
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
             (to_head if unhashed_first and block.block_hash is None else to_tail).append(block)
-    self.free_block_queue.prepend_n(to_head)
-    self.free_block_queue.append_n(to_tail)
+    if to_head: self.free_block_queue.prepend_n(to_head)
+    if to_tail: self.free_block_queue.append_n(to_tail)
 
 # %% ../nbs/03_block_pool.ipynb #e74b93b7
 @patch
