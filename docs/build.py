@@ -26,7 +26,7 @@ PROC = ROOT / "_proc"  # nbdev's processed notebooks
 EXECUTED = ROOT / "_build" / "executed"  # the notebooks as `nbdev-test --save` left them, with content keys
 BATCH = ROOT / "_exec"  # where they run: beside nbs/, so relative paths such as ../golden hold
 DOC_URL = "https://kvref.github.io/kvref/"
-HAND_WRITTEN = ["contributing.md"]  # docs/ pages that join the navigation after the chapters
+HAND_WRITTEN = ["trace-format.md", "engine-authors.md", "contributing.md"]  # docs/ pages that join the navigation after the chapters
 
 
 def _content_key(nb: Path) -> str:

@@ -69,6 +69,7 @@ class BlockStored:
     token_ids: list[int]             # the tokens that fill these blocks
     block_size: int                  # tokens per block
     lora_name: str | None            # the LoRA adapter the request used, if any
+    extra_keys: list[tuple | None] | None = None  # each block's hash extra keys (tagged), when the caller gives them
 
 # %% ../nbs/03_block_pool.ipynb #53a2003c
 @dataclass(slots=True, frozen=True)
@@ -171,18 +172,22 @@ def cache_full_blocks(self: BlockPool,
                       num_full_blocks: int,        # blocks[:num_full_blocks] are full after this step
                       block_size: int,             # tokens per block (for the event)
                       token_ids: list[int] = (),   # the request's tokens (for the event)
-                      lora_name: str | None = None # the request's LoRA adapter (for the event)
+                      lora_name: str | None = None, # the request's LoRA adapter (for the event)
+                      extra_keys: Sequence[tuple | None] | None = None  # the new blocks' hash extra keys (for the event)
                      ) -> None:
     "Give the newly full blocks their hashes and enter them in the cache map, duplicates allowed."
     new_blocks, new_hashes = self._checked_cache_args(blocks, block_hashes, num_cached_blocks, num_full_blocks,
                                                       block_size, lora_name)
     if not new_blocks: return
+    if extra_keys is not None and len(extra_keys) != len(new_blocks):
+        raise ValueError(f"extra_keys has {len(extra_keys)} entries for {len(new_blocks)} newly full blocks")
     for block, block_hash in zip(new_blocks, new_hashes): block.block_hash = block_hash
     self.cached_block_hash_to_block.insert_all(new_hashes, new_blocks)
     if self.kv_event_queue is not None:
         parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
         tokens = list(token_ids[num_cached_blocks * block_size:num_full_blocks * block_size])
-        self.kv_event_queue.append(BlockStored(new_hashes, parent, tokens, block_size, lora_name))
+        keys = None if extra_keys is None else list(extra_keys)
+        self.kv_event_queue.append(BlockStored(new_hashes, parent, tokens, block_size, lora_name, keys))
 
 # %% ../nbs/03_block_pool.ipynb #9841b473
 @patch

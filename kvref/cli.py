@@ -14,17 +14,23 @@ import kvref
 from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens)
 from .kv_cache_manager import BEHAVIORS
-from .replay import TRACE_FORMAT_VERSION, TraceReplayer, load_decisions, load_trace
-from .conformance import FIELDS, AllocatorAdapter, check, shrink
+from .replay import (MAX_LINE_CHARS, TRACE_FORMAT_VERSION, Divergence, _read_jsonl, Lockstep, TraceReplayer, list_vectors, load_decisions,
+                          load_trace, recorded, vector_path)
+from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, load_release_trace,
+                            profile_for_version, release_block_hashes, release_event_block_hashes)
+from .conformance import FIELDS, check, load_adapter, shrink
+from .hybrid import HybridTraceReplayer
+from .kv_events import HASH_FORMS
 from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
 # %% auto #0
 __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
            'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
-           'token_id', 'read_token_ids', 'check_vector_files', 'hash_main', 'load_trace_for_cli', 'replay_main',
-           'load_adapter', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'sweep_main', 'main']
+           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_hybrid_trace',
+           'load_trace_for_cli', 'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs',
+           'thinking_budget_main', 'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'vectors_main',
+           'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -149,96 +155,157 @@ def _hash_parser() -> CommandParser:
     parser.add_argument("--seed", help="NONE_HASH seed (default: PYTHONHASHSEED, else vLLM's default for the algorithm)")
     parser.add_argument("--format", choices=("hex", "int64", "json"), default="hex", help="output format (default hex)")
     parser.add_argument("--check", nargs="+", metavar="FILE", help="verify vector files instead of hashing")
+    parser.add_argument("--vllm-version", metavar="V", help="hash as vLLM release V did (0.8.5 to 0.33.x)")
+    parser.add_argument("--pythonhashseed", metavar="S", help="with --vllm-version: the engine's PYTHONHASHSEED")
+    parser.add_argument("--lora-int-id", type=int_arg(1), help="with --vllm-version: the LoRA's int id (old releases)")
+    parser.add_argument("--diagnose", metavar="FILE", help="name the release and mistake that explain a consumer's hashes")
     return parser
 
 # %% ../nbs/12_cli.ipynb #7f20e458
+def _check_one_vector_file(path: str) -> tuple[int, str | None]:
+    "The vectors in one file and the first mismatch described: a release's file by its profile, else vLLM 0.33's."
+    data = read_json(path)
+    if isinstance(data, dict) and "vllm_version" in data:
+        n, m = check_release_vectors(path)
+        return n, m and f"{m.path}: vector {m.vector}, {m.field}: expected {m.expected}, got {m.got}"
+    n, m = check_vectors([path])
+    return n, m and f"{m.path}: vector {m.vector}, block {m.block}: expected {m.expected}, got {m.got}"
+
 def check_vector_files(paths: Sequence[str]) -> int:
     "`kvref hash --check`: 0 if every vector of every file matches, 1 on the first mismatch; each file must hold one."
     count = 0
     for path in paths:
-        try: n, mismatch = check_vectors([path])
-        except RecursionError: raise ValueError(f"{path}: JSON nested too deeply") from None
-        if mismatch:
-            print(f"{mismatch.path}: vector {mismatch.vector}, block {mismatch.block}: "
-                  f"expected {mismatch.expected}, got {mismatch.got}")
-            return 1
+        n, mismatch = _check_one_vector_file(path)
+        if mismatch: print(mismatch); return 1
         if n == 0: raise ValueError(f"{path}: no vectors, nothing to check")
         count += n
     print(f"{count} vectors, {count} match")
     return 0
 
+# %% ../nbs/12_cli.ipynb #bba6e89b
+def diagnose_file(path: str) -> int:
+    "`kvref hash --diagnose`: 0 and each (release profile, mistake) that explains the hashes, or 1 if none does."
+    found = diagnose(path)
+    for profile, mistake in found: print(f"{profile}: {mistake}")
+    if not found: print(f"{path}: no release profile and consumer mistake explains these hashes")
+    return 0 if found else 1
+
 # %% ../nbs/12_cli.ipynb #c1f8addb
+def _release_hashes(args, tokens: list[int]) -> list[int | bytes]:
+    "`--vllm-version`: the block hashes release `args.vllm_version` computed for `tokens`."
+    profile = profile_for_version(args.vllm_version)
+    return release_block_hashes(profile, tokens, args.block_size, args.algo, cache_salt=args.salt,
+                                lora=_parse_lora(args.lora) if args.lora else None, lora_int_id=args.lora_int_id,
+                                mm_items=[_parse_mm(s) for s in args.mm], pythonhashseed=args.pythonhashseed)
+
+def _print_hashes(hashes: list[int | bytes], event_ids: list[int], fmt: str) -> None:
+    shown = [h if isinstance(h, int) else h.hex() for h in hashes]
+    if fmt == "json": print(json.dumps({"block_hashes": shown, "block_ids_int64": event_ids}))
+    else: print("\n".join(str(x) for x in (shown if fmt == "hex" else event_ids)))
+
+# %% ../nbs/12_cli.ipynb #b5db52d5
 @subcommand("kvref hash")
 def hash_main(argv: list[str] | None = None) -> int:
     "`kvref hash`: print the block hashes of token ids, or check vector files; returns the exit code."
     args = _hash_parser().parse_args(argv)
-    if args.check:
-        if args.tokens or args.file: raise ValueError("--check takes no token ids")
-        return check_vector_files(args.check)
+    if args.check or args.diagnose:
+        if args.tokens or args.file: raise ValueError("--check and --diagnose take no token ids")
+        return check_vector_files(args.check) if args.check else diagnose_file(args.diagnose)
     if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
-    if not args.file and not args.tokens: raise ValueError("give token ids, --file or --check")
-    tokens = (read_token_ids(args.file) if args.file else
-              [token_id(t, i) for i, t in enumerate(args.tokens)])
-    hashes = hash_request_tokens(tokens, args.block_size, args.algo, cache_salt=args.salt, seed=args.seed,
-                                 lora=_parse_lora(args.lora) if args.lora else None,
-                                 mm_items=[_parse_mm(s) for s in args.mm])
-    if args.format == "json":
-        print(json.dumps({"algo": args.algo, "block_size": args.block_size, "block_hashes": [h.hex() for h in hashes],
-                          "block_ids_int64": [block_hash_to_int64(h) for h in hashes]}))
+    if not args.file and not args.tokens: raise ValueError("give token ids, --file, --check or --diagnose")
+    if (args.pythonhashseed or args.lora_int_id) and not args.vllm_version:
+        raise ValueError("--pythonhashseed and --lora-int-id go with --vllm-version")
+    tokens = read_token_ids(args.file) if args.file else [token_id(t, i) for i, t in enumerate(args.tokens)]
+    if args.vllm_version:
+        hashes = _release_hashes(args, tokens)
+        lora = _parse_lora(args.lora) if args.lora else None
+        events = release_event_block_hashes(profile_for_version(args.vllm_version), hashes, lora)
     else:
-        for h in hashes: print(h.hex() if args.format == "hex" else block_hash_to_int64(h))
+        hashes = hash_request_tokens(tokens, args.block_size, args.algo, cache_salt=args.salt, seed=args.seed,
+                                     lora=_parse_lora(args.lora) if args.lora else None,
+                                     mm_items=[_parse_mm(s) for s in args.mm])
+        events = [block_hash_to_int64(h) for h in hashes]
+    _print_hashes(hashes, events, args.format)
     return 0
 
 # %% ../nbs/12_cli.ipynb #e6a376bd
 MAX_NUM_BLOCKS = 1 << 20  # the largest pool `replay` and `check` build: kvref allocates every block up front
 
-def load_trace_for_cli(path: str) -> list[dict]:
-    "`load_trace(path)`, refusing a pool larger than `MAX_NUM_BLOCKS`."
-    ops = load_trace(path)
+def load_hybrid_trace(path: str) -> list[dict]:
+    "The ops of a hybrid trace file (its config's `groups` checked by the hybrid replayer when applied)."
+    ops = [op for _, op in _read_jsonl(path)]
+    if not ops or not isinstance(ops[0], dict) or ops[0].get("op") != "config":
+        raise ValueError(f"{path}: the first line must be a 'config' op")
+    if not all(isinstance(op, dict) for op in ops): raise ValueError(f"{path}: every line must be a JSON object")
+    return ops
+
+def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace) -> list[dict]:
+    "`load(path)` (a trace loader), refusing a pool larger than `MAX_NUM_BLOCKS`."
+    ops = load(path)
+    if not isinstance(ops[0].get("num_blocks"), int) or isinstance(ops[0]["num_blocks"], bool):
+        raise ValueError(f"{path}: config: num_blocks must be an int")
     if ops[0]["num_blocks"] > MAX_NUM_BLOCKS:
         raise ValueError(f"{path}: config: num_blocks {ops[0]['num_blocks']} is above the command line's limit of "
                          f"{MAX_NUM_BLOCKS} (kvref builds every block up front)")
     return ops
 
 # %% ../nbs/12_cli.ipynb #81387204
-def _divergence(n: int, op: dict, expected: dict | None, got: dict | None) -> str:
-    return (f"op {n} diverges: {json.dumps(op)}\n  expected: {json.dumps(expected)}\n"
-            f"  got:      {json.dumps(got)}")
+def _is_hybrid(path: str) -> bool:
+    "Whether a trace file's config op describes KV cache groups (the hybrid format) rather than one block size."
+    with open(path, encoding="utf-8") as f: first = f.readline(MAX_LINE_CHARS + 1)
+    try: config = json.loads(first)
+    except ValueError: return False  # the trace loader names the problem
+    return isinstance(config, dict) and "groups" in config
 
 def _replay_parser() -> CommandParser:
     parser = CommandParser(prog="kvref replay", description="Replay an allocator trace (format version "
                            f"{TRACE_FORMAT_VERSION}) and print kvref's decision for each op as JSONL.")
     parser.add_argument("trace", metavar="TRACE.jsonl", help="the allocator trace to replay")
     parser.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33", help="allocator behaviour (default: vllm_0_33)")
+    parser.add_argument("--vllm-version", metavar="V", help="decide as vLLM release V's allocator (0.8.5 to 0.33.x)")
     parser.add_argument("--expect", metavar="DECISIONS.jsonl", help="compare with these decisions; stop at the first divergence")
     parser.add_argument("--strict", action="store_true", help="freeing an unknown or already freed request is an error")
+    parser.add_argument("--format", type=int, choices=(1, 2), help="decisions' format (default: the trace's)")
+    parser.add_argument("--free-queue-every", type=int_arg(1), metavar="K", help="format 2: the whole free queue every K ops")
     parser.add_argument("--stats", action="store_true", help="print hit rates, evictions, refusals, preemptions, peak usage")
     parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (needs matplotlib)")
     return parser
 
+def _decider(args, hybrid: bool) -> Callable[[dict], dict]:
+    "What decides each op: kvref's allocator in `--behavior`, a hybrid trace's groups, or release `--vllm-version`'s."
+    if hybrid:
+        if args.behavior != "vllm_0_33" or args.vllm_version or args.format or args.free_queue_every or args.stats or args.svg:
+            raise ValueError("a hybrid trace (config with 'groups') replays as vLLM 0.33 does, in format 1, without --stats or --svg")
+        return HybridTraceReplayer().apply
+    if args.vllm_version is None:
+        return TraceReplayer(args.behavior, args.strict, version=args.format, free_queue_every=args.free_queue_every).apply
+    if args.behavior != "vllm_0_33" or args.format or args.free_queue_every:
+        raise ValueError("--vllm-version names the allocator and its decisions: drop --behavior, --format, --free-queue-every")
+    return ReleaseTraceReplayer(profile_for_version(args.vllm_version), args.strict).apply
+
 # %% ../nbs/12_cli.ipynb #4d4762c1
 @subcommand("kvref replay")
 def replay_main(argv: list[str] | None = None) -> int:
-    "`kvref replay TRACE.jsonl [--behavior B] [--expect D.jsonl] [--strict] [--stats] [--svg DIR]`; the exit status."
+    "`kvref replay TRACE.jsonl [--behavior B | --vllm-version V] [--expect D.jsonl] [--stats] [--svg DIR]`; the exit status."
     args = _replay_parser().parse_args(argv)
-    ops = load_trace_for_cli(args.trace)
+    hybrid = _is_hybrid(args.trace)
+    decide, keep = _decider(args, hybrid), args.stats or args.svg
+    if keep and args.format == 2: raise ValueError("--stats and --svg read format 1 decisions: drop --format 2")
+    load = load_hybrid_trace if hybrid else load_release_trace if args.vllm_version else load_trace
+    ops = load_trace_for_cli(args.trace, load)
     expected = load_decisions(args.expect) if args.expect else None
     if expected == []: raise ValueError(f"{args.expect}: no decisions, nothing to compare")
-    replayer, keep = TraceReplayer(args.behavior, args.strict), args.stats or args.svg
-    quiet, decisions = keep or expected is not None, []  # quiet: decisions are not printed, so show progress
+    lock = Lockstep(recorded(expected), decide, catch=()) if expected is not None else None
+    quiet, decisions = keep or lock is not None, []  # quiet: decisions are not printed, so show progress
     for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ops):
-        try: got = replayer.apply(op)
+        try: divergence, got = (lock.apply(op), lock.last) if lock else (None, decide(op))
         except (ValueError, TypeError) as e: raise ValueError(f"op {n}: {e}") from None
+        if divergence is not None: print(divergence.report()); return 1
         if keep: decisions.append(got)
         if not quiet: print(json.dumps(got))
-        elif expected is not None:
-            want = expected[n] if n < len(expected) else None
-            if got != want: print(_divergence(n, op, want, got)); return 1
-    if expected is not None:
-        if len(expected) > len(ops):
-            print(f"op {len(ops)} diverges: the trace ended but {len(expected) - len(ops)} more decisions were expected")
-            return 1
-        print(f"kvref replay: all {len(ops)} decisions match ({args.behavior})")
+    if lock is not None:
+        if len(expected) > len(ops): print(Divergence(len(ops), None, expected[len(ops)], None, [], ops).report()); return 1
+        print(f"kvref replay: all {len(ops)} decisions match ({args.vllm_version or args.behavior})")
     if args.stats: print(replay_stats(ops, decisions).report())
     if args.svg:
         try: written = write_svgs(ops, decisions, args.svg)
@@ -246,31 +313,15 @@ def replay_main(argv: list[str] | None = None) -> int:
         print(f"kvref replay: wrote {len(written)} pictures to {args.svg}")
     return 0
 
-# %% ../nbs/12_cli.ipynb #99ab20f8
-def load_adapter(spec: str,                    # module:attribute, e.g. kvref.nano:NanoAdapter
-                 show_traceback: bool = False  # print the traceback of a module that fails to import
-                ) -> Callable[[dict], AllocatorAdapter]:
-    "The factory named by `module:attribute`; ValueError naming the module and its exception if it cannot be had."
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name: raise ValueError(f"--adapter must look like module:factory, got {spec!r}")
-    try: imported = importlib.import_module(module)
-    except Exception as e:
-        if show_traceback: traceback.print_exc()
-        hint = " (is its folder on PYTHONPATH?)" if isinstance(e, ModuleNotFoundError) else ""
-        raise ValueError(f"cannot import module {module!r}: {type(e).__name__}: {e}{hint}") from None
-    factory = getattr(imported, name, None)
-    if factory is None: raise ValueError(f"module {module!r} has no attribute {name!r}")
-    if not callable(factory): raise ValueError(f"{spec} is not callable")
-    return factory
-
 # %% ../nbs/12_cli.ipynb #465bfe11
 def _check_parser() -> CommandParser:
     p = CommandParser(prog="kvref check", description="Check an engine's allocator against kvref, op by op.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="allocator traces (JSONL)")
-    p.add_argument("--adapter", required=True, help="module:factory; factory(config dict) -> AllocatorAdapter")
+    p.add_argument("--adapter", required=True, help="module:factory or path/to/file.py:factory; factory(config dict) -> AllocatorAdapter")
     p.add_argument("--behavior", default="vllm_0_33", choices=["vllm_0_33", "design_doc"])
     p.add_argument("--fields", default=",".join(FIELDS), help="comma-separated decision fields to compare")
     p.add_argument("--out", default=".", help="existing folder for minimal diverging traces (default: .)")
+    p.add_argument("--free-queue-every", type=int_arg(1), metavar="K", help="compare whole free queues every K ops")
     p.add_argument("--traceback", action="store_true", help="show the traceback of an adapter module that fails to import")
     return p
 
@@ -288,9 +339,12 @@ def check_main(argv: list[str] | None = None) -> int:
     if not fields: raise ValueError(f"--fields {ns.fields!r} names no field: nothing would be compared")
     if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
     out, traces = _out_folder(ns.out), {t: load_trace_for_cli(t) for t in ns.traces}
-    factory, status = load_adapter(ns.adapter, ns.traceback), 0
+    try: factory, status = load_adapter(ns.adapter), 0
+    except ValueError as e:
+        if ns.traceback and e.__cause__ is not None: traceback.print_exception(e.__cause__)
+        raise
     for path, ops in traces.items():
-        try: d = check(factory, ops, ns.behavior, fields)
+        try: d = check(factory, ops, ns.behavior, fields, ns.free_queue_every)
         except ValueError as e: raise ValueError(f"{path}: {e}") from None
         if d is None: print(f"{path}: conforms ({len(ops)} ops)"); continue
         minimal, target = shrink(factory, ops, ns.behavior, fields), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
@@ -500,6 +554,69 @@ def sweep_main(argv: list[str] | None = None) -> int:
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0
 
+# %% ../nbs/12_cli.ipynb #05345e5b
+def _events_parser() -> CommandParser:
+    p = CommandParser(prog="kvref events", description="The KV events vLLM 0.33 emits for a trace, per op (JSONL).")
+    p.add_argument("trace", metavar="TRACE.jsonl", help="an allocator trace")
+    p.add_argument("--hash-form", choices=HASH_FORMS, default="int", help="64-bit ints (vLLM's default) or digests")
+    p.add_argument("--dp-rank", type=int_arg(0, 1 << 16), help="the engine's data-parallel rank, carried by each batch")
+    p.add_argument("--publish", metavar="ENDPOINT", help="publish the batches on this ZMQ endpoint instead (needs pyzmq)")
+    p.add_argument("--replay", metavar="ENDPOINT", help="with --publish: also serve vLLM's replay socket here")
+    p.add_argument("--wait-s", type=float, default=1.0, help="with --publish: seconds for subscribers to join (1)")
+    p.add_argument("--serve-s", type=float, default=0.0, help="with --publish: seconds to serve replays after (0)")
+    return p
+
+# %% ../nbs/12_cli.ipynb #f877497e
+@subcommand("kvref events")
+def events_main(argv: list[str] | None = None) -> int:
+    "`kvref events TRACE [--hash-form int|bytes] [--dp-rank N] [--publish ENDPOINT]`; the exit status."
+    from kvref.router_conformance import event_records, publish_trace
+    args = _events_parser().parse_args(argv)
+    ops = load_trace_for_cli(args.trace)
+    if args.publish is None:
+        for record in event_records(ops, args.hash_form, args.dp_rank): print(json.dumps(record))
+        return 0
+    if not (0 <= args.wait_s <= 60 and 0 <= args.serve_s <= 3600): raise ValueError("--wait-s and --serve-s must be 0-60 and 0-3600")
+    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s)
+    print(f"kvref events: published {sent} batches on {args.publish}")
+    return 0
+
+# %% ../nbs/12_cli.ipynb #55abd94c
+def _check_router_parser() -> CommandParser:
+    p = CommandParser(prog="kvref check-router", description="Check a router's index against kvref's KVIndex, batch by batch.")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="one allocator trace per engine")
+    p.add_argument("--adapter", required=True, help="module:factory or path/to/file.py:factory; factory(config) -> router")
+    p.add_argument("--hash-form", choices=HASH_FORMS, default="int", help="the engines' hash form (int)")
+    p.add_argument("--out", default=".", help="existing folder for the shrunk traces (default: .)")
+    return p
+
+@subcommand("kvref check-router")
+def check_router_main(argv: list[str] | None = None) -> int:
+    "`kvref check-router`: 0 if the router agrees with `KVIndex` on every prompt, 1 on a divergence, 2 on bad input."
+    from kvref.router_conformance import check_router, shrink_router
+    args = _check_router_parser().parse_args(argv)
+    out, traces = _out_folder(args.out), {Path(t).name: load_trace_for_cli(t) for t in args.traces}
+    factory = load_adapter(args.adapter)
+    found = check_router(factory, traces, args.hash_form)
+    if found is None: print(f"kvref check-router: the router agrees on every prompt of {len(traces)} traces"); return 0
+    found = shrink_router(factory, found, args.hash_form)
+    for stream, ops in found.traces.items():
+        (out / (stream.removesuffix(".jsonl") + ".min.jsonl")).write_text("".join(json.dumps(o) + "\n" for o in ops))
+    print(found.report()); return 1
+
+# %% ../nbs/12_cli.ipynb #8c1c3465
+@subcommand("kvref vectors")
+def vectors_main(argv: list[str] | None = None) -> int:
+    "`kvref vectors [NAME]`: list the shipped vector files, or print the path of one."
+    parser = CommandParser(prog="kvref vectors", description="List the recorded vectors shipped with kvref.")
+    parser.add_argument("name", nargs="?", help="print this vector file's path (names as listed)")
+    args = parser.parse_args(argv)
+    if args.name is not None: print(vector_path(args.name)); return 0
+    found = list_vectors()
+    width = max(len(v.name) for v in found)
+    for v in found: print(f"{v.name:<{width}}  {v.count:>5}  {v.source}")
+    return 0
+
 # %% ../nbs/12_cli.ipynb #9f06ef68
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "hash":      (hash_main, "hash token ids into vLLM block hashes; verify vector files"),
@@ -509,6 +626,9 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "thinking-budget": (thinking_budget_main, "thinking-budget forcings for one step; --check recorded greedy runs"),
     "convert":   (convert_main, "convert a production request log (Mooncake format) to a kvref trace"),
     "sweep":     (sweep_main, "replay a production trace at several cache sizes: hit rate, preemptions, a plot"),
+    "events":    (events_main, "the KV events vLLM emits for a trace, as JSON and wire bytes; --publish over ZMQ"),
+    "check-router": (check_router_main, "check a router's prefix index against kvref's, batch by batch"),
+    "vectors":   (vectors_main, "list the recorded vectors shipped with kvref, or print one's path"),
 }
 
 # %% ../nbs/12_cli.ipynb #ebba3da6

@@ -6,220 +6,66 @@ Docs: https://kvref.github.io/kvref/conformance.html.md"""
 
 # %% ../nbs/07_conformance.ipynb #089a5c78
 from __future__ import annotations
-import json
-from dataclasses import dataclass, field
+import importlib, importlib.util, json, os, sys
 from pathlib import Path
-from typing import Callable, Iterable, Protocol, runtime_checkable
+from typing import Callable, Iterable
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
-from .hashing import LoRARequest
-from .kv_cache_manager import KVCacheManager, Request
-from .replay import TraceReplayer, load_trace
+from fastcore.basics import patch
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+from .kv_cache_manager import KVCacheManager
+from .replay import (FIELDS, AllocatorAdapter, Divergence, KVRefAdapter, Lockstep, Protocol1, TraceDriver,
+                          TraceReplayer, kvref_factory, load_trace)
 
 # %% auto #0
-__all__ = ['FIELDS', 'AllocatorAdapter', 'KVRefAdapter', 'Driver', 'kvref_factory', 'run_adapter', 'Divergence', 'check',
-           'shrink', 'ConformanceMachine', 'conformance_machine']
-
-# %% ../nbs/07_conformance.ipynb #f6d91947
-@runtime_checkable
-class AllocatorAdapter(Protocol):
-    "The calls kvref needs from an engine's block allocator to check it against vLLM's decisions."
-    def add(self, request_id: str, prompt: list[int], cache_salt: str | None, lora: dict | None) -> None: ...
-    def lookup(self, request_id: str) -> int: ...  # prefix-cache hit tokens for a request with nothing computed
-    def allocate(self, request_id: str, num_new_tokens: int, num_hit_tokens: int) -> bool: ...  # False: refused, no change
-    def append(self, request_id: str, tokens: list[int]) -> None: ...  # output tokens joined the request
-    def preempt(self, request_id: str) -> None: ...  # drop its blocks; it will be scheduled again from scratch
-    def free(self, request_id: str) -> None: ...  # finished: drop its blocks and forget it
-    def reset_prefix_cache(self) -> bool: ...  # forget every cached prefix if no block is held
-    def block_ids(self, request_id: str) -> list[int]: ...  # its block table
-    def num_free(self) -> int: ...  # blocks that can be handed out
-    def free_queue(self) -> list[int] | None: ...  # a new list of free block ids, reuse order (head first), or None
-
-# %% ../nbs/07_conformance.ipynb #f882cc6f
-class KVRefAdapter:
-    "kvref's `KVCacheManager` behind the `AllocatorAdapter` calls (the reference side of every check)."
-    def __init__(self, config: dict,  # the trace's config op
-                 behavior: str = "vllm_0_33",  # "vllm_0_33" or "design_doc"
-                 manager_cls: type = KVCacheManager):  # a subclass, to check a modified allocator
-        self.manager = manager_cls(config["num_blocks"], config["block_size"], behavior=behavior,
-                                   enable_caching=config.get("enable_caching", True),
-                                   hash_algo=config.get("hash_algo", "sha256"), max_model_len=config.get("max_model_len"))
-        self.requests: dict[str, Request] = {}
-        self._hits: dict[str, list] = {}
-
-    def add(self, request_id, prompt, cache_salt=None, lora=None):
-        lora_request = LoRARequest(lora["name"], lora["path"]) if lora else None
-        self.requests[request_id] = Request(request_id, list(prompt), cache_salt=cache_salt, lora_request=lora_request)
-
-    def lookup(self, request_id):
-        blocks, num_tokens = self.manager.get_computed_blocks(self.requests[request_id])
-        self._hits[request_id] = blocks
-        return num_tokens
-
-    def allocate(self, request_id, num_new_tokens, num_hit_tokens):
-        req, hits = self.requests[request_id], self._hits.pop(request_id, []) if num_hit_tokens else []
-        if self.manager.allocate_slots(req, num_new_tokens, num_hit_tokens, hits) is None: return False
-        req.num_computed_tokens += num_hit_tokens + num_new_tokens
-        return True
-
-    def append(self, request_id, tokens): self.requests[request_id].append_output_token_ids(tokens)
-    def preempt(self, request_id):
-        self.manager.free(request_id); self.requests[request_id].num_computed_tokens = 0
-    def free(self, request_id): self.manager.free(request_id); del self.requests[request_id]
-    def reset_prefix_cache(self): return self.manager.reset_prefix_cache()
-    def block_ids(self, request_id): return self.manager.get_block_ids(request_id)
-    def num_free(self): return self.manager.num_free_blocks
-    def free_queue(self): return self.manager.get_free_queue_ids()
-
-# %% ../nbs/07_conformance.ipynb #a18da609
-class Driver:
-    "Apply trace ops to an adapter made by `factory`, returning one decision dict per op."
-    def __init__(self, factory: Callable[[dict], AllocatorAdapter]):  # config dict -> adapter
-        self.factory, self.adapter = factory, None
-        self.num_tokens: dict[str, int] = {}
-        self.num_computed: dict[str, int] = {}
-
-    def _state(self, decision: dict) -> dict:
-        queue = self.adapter.free_queue()
-        if queue is not None: decision["free_queue"] = queue if type(queue) is list else list(queue)
-        decision["num_free"] = self.adapter.num_free()
-        return decision
-
-    def _known(self, op: dict) -> str:
-        rid = op.get("id")
-        if rid not in self.num_tokens: raise ValueError(f"{op['op']}: unknown request {rid!r}")
-        return rid
-
-# %% ../nbs/07_conformance.ipynb #d41ac000
-def _schedule_decision(self: Driver, op: dict) -> dict:
-    rid, budget = self._known(op), op.get("budget")
-    if budget is not None and (type(budget) is not int or budget < 1):
-        raise ValueError(f"schedule {rid!r}: budget must be an int >= 1 or null, got {budget!r}")
-    computed = self.num_computed[rid]
-    hit = self.adapter.lookup(rid) if computed == 0 else 0
-    num_new = self.num_tokens[rid] - computed - hit
-    if budget is not None: num_new = min(num_new, budget)
-    try: ok = bool(self.adapter.allocate(rid, num_new, hit))
-    except Exception as e:
-        raise RuntimeError(f"allocate raised {type(e).__name__}: {e} (its lookup found {hit} hit tokens; "
-                           f"num_new_tokens={num_new})") from e
-    if ok: self.num_computed[rid] = computed + hit + num_new
-    return {"op": "schedule", "id": rid, "hit_tokens": hit, "num_new_tokens": num_new, "allocated": ok,
-            "block_ids": list(self.adapter.block_ids(rid))}
-
-# %% ../nbs/07_conformance.ipynb #79af8e19
-def _apply(self: Driver, op: dict) -> dict:
-    "The decision for one op (a `ValueError` names a malformed or out-of-place op)."
-    kind = op.get("op") if isinstance(op, dict) else None
-    if kind == "config":
-        if self.adapter is not None: raise ValueError("config: a trace has exactly one config op, first")
-        self.adapter = self.factory({k: v for k, v in op.items() if k != "op"})
-        return self._state({"op": "config"})
-    if self.adapter is None: raise ValueError(f"{kind}: the trace must start with a config op")
-    if kind == "add":
-        rid = op.get("id")
-        if rid in self.num_tokens: raise ValueError(f"add: request {rid!r} is already live")
-        self.adapter.add(rid, op["prompt"], op.get("cache_salt"), op.get("lora"))
-        self.num_tokens[rid], self.num_computed[rid] = len(op["prompt"]), 0
-        return self._state({"op": "add", "id": rid})
-    if kind == "schedule": return self._state(_schedule_decision(self, op))
-    if kind == "append":
-        rid = self._known(op); self.adapter.append(rid, op["tokens"]); self.num_tokens[rid] += len(op["tokens"])
-    elif kind == "preempt":
-        rid = self._known(op); self.adapter.preempt(rid); self.num_computed[rid] = 0
-    elif kind == "free":  # freeing an unknown request is a no-op, as in vLLM
-        rid = op.get("id")
-        if rid in self.num_tokens: self.adapter.free(rid); del self.num_tokens[rid], self.num_computed[rid]
-    elif kind == "reset_prefix_cache":
-        return self._state({"op": kind, "ok": bool(self.adapter.reset_prefix_cache())})
-    else: raise ValueError(f"unknown op {kind!r} (expected config, add, schedule, append, preempt, free, reset_prefix_cache)")
-    return self._state({"op": kind, "id": rid})
-
-Driver.apply = _apply
-
-# %% ../nbs/07_conformance.ipynb #4e50e1c6
-def kvref_factory(behavior: str = "vllm_0_33",  # kvref behaviour to check against
-                  manager_cls: type = KVCacheManager,  # allocator class (a subclass to check a variant)
-                  ) -> Callable[[dict], KVRefAdapter]:
-    "A factory of `KVRefAdapter`s in `behavior`: the reference side of `check`."
-    return lambda config: KVRefAdapter(config, behavior, manager_cls)
-
-def run_adapter(factory: Callable[[dict], AllocatorAdapter], ops: Iterable[dict]) -> list[dict]:
-    "All decisions of `ops` driven through an adapter made by `factory`."
-    driver = Driver(factory)
-    return [driver.apply(op) for op in ops]
-
-# %% ../nbs/07_conformance.ipynb #8d00bb41
-FIELDS = ("hit_tokens", "num_new_tokens", "allocated", "block_ids", "free_queue", "num_free", "ok")
-
-@dataclass
-class Divergence:
-    "The first op at which the adapter's decision differs from kvref's."
-    index: int  # op number in the trace (0 is config)
-    op: dict  # the op
-    expected: dict  # kvref's decision
-    got: dict | None  # the adapter's decision (None if it raised)
-    fields: list[str]  # the fields that differ
-    trace: list[dict]  # the ops up to and including this one: a replayable trace
-    tables: dict[str, list[int]] = field(default_factory=dict)  # kvref's block tables before the op
-    error: str | None = None  # what the adapter raised, if it did
+__all__ = ['OP_MIX', 'check', 'shrink', 'ConformanceMachine', 'conformance_machine', 'load_adapter']
 
 # %% ../nbs/07_conformance.ipynb #0dc05355
-def _compare(expected: dict, got: dict, fields: Iterable[str]) -> list[str]:
-    "The fields of `fields` present in both decisions whose values differ."
-    return [f for f in fields if f in expected and f in got and expected[f] != got[f]]
-
 def _as_factory(adapter) -> Callable[[dict], AllocatorAdapter]:
+    "The factory itself; an adapter instance (a common slip) is refused."
     if isinstance(adapter, type) or (callable(adapter) and not isinstance(adapter, AllocatorAdapter)): return adapter
     raise TypeError(f"adapter must be a factory (config dict -> AllocatorAdapter), got {type(adapter).__name__}")
 
 def _ops(trace) -> list[dict]:
     return load_trace(trace) if isinstance(trace, (str, Path)) else list(trace)
 
+def _tables_before(ops: list[dict], behavior: str) -> dict[str, list[int]]:
+    "kvref's block tables after `ops` (replayed again, only to report a divergence)."
+    ref = TraceReplayer(behavior, version=2)
+    for op in ops: ref.apply(op)
+    return {r: ref.manager.get_block_ids(r) for r in ref.requests} if ref.manager else {}
+
 # %% ../nbs/07_conformance.ipynb #e3da2eec
 def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -> the engine's adapter
           trace: Iterable[dict] | str | Path,  # ops, or a JSONL trace file
           behavior: str = "vllm_0_33",  # kvref behaviour to hold the adapter to
           fields: Iterable[str] = FIELDS,  # decision fields to compare
+          free_queue_every: int | None = None,  # compare whole free queues every this many ops (None: see above)
           ) -> Divergence | None:
     "Run kvref and `adapter` over `trace` in lockstep; the first divergence, or None if every decision matches."
     factory, ops, fields = _as_factory(adapter), _ops(trace), list(fields)
     if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
-    ref, eng = TraceReplayer(behavior), Driver(factory)
-    for index, op in enumerate(ops):
-        expected = ref.apply(op)
-        try: got, error = eng.apply(op), None
-        except Exception as e: got, error = None, f"{type(e).__name__}: {e}"  # raising where kvref decides diverges
-        diff = [] if got is None else _compare(expected, got, fields)
-        if error or diff:
-            return Divergence(index, op, expected, got, diff, ops[:index + 1], _tables_before(ops[:index], behavior), error)
-    return None
-
-def _tables_before(ops: list[dict], behavior: str) -> dict[str, list[int]]:
-    "kvref's block tables after `ops` (replayed again, only when reporting a divergence)."
-    ref = TraceReplayer(behavior)
-    for op in ops: ref.apply(op)
-    return {r: ref.manager.get_block_ids(r) for r in ref.requests} if ref.manager else {}
-
-# %% ../nbs/07_conformance.ipynb #9ab4b8c0
-def _report(self: Divergence) -> str:
-    "The divergence as a few readable lines."
-    lines = [f"diverged at op {self.index}: {json.dumps(self.op)}"]
-    if self.error: lines.append(f"  the adapter raised {self.error}; kvref decided {json.dumps(self.expected)}")
-    for f in self.fields:
-        lines += [f"  {f}:", f"    expected {json.dumps(self.expected[f])}", f"    got      {json.dumps(self.got[f])}"]
-    lines.append("  kvref's block tables before the op: " + (", ".join(f"{r}={t}" for r, t in self.tables.items()) or "none"))
-    return "\n".join(lines)
-
-Divergence.report = _report
-Divergence.__str__ = _report
+    num_blocks = ops[0].get("num_blocks", 1) if ops else 1
+    every = free_queue_every or (1 if num_blocks <= 64 else num_blocks)
+    ref = TraceReplayer(behavior, version=2, free_queue_every=every)
+    engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
+    lock = Lockstep(ref.apply, engine.apply, fields)
+    for op in ops:
+        if (d := lock.apply(op)) is None: continue
+        if every > 1 and "free_queue" in d.fields: return check(factory, d.trace, behavior, fields, 1)
+        d.tables = _tables_before(d.trace[:-1], behavior)
+        return d
+    last_differs = every > 1 and "free_queue" in fields and engine.adapter is not None and \
+        engine.adapter.free_queue() not in (None, ref.adapter.free_queue())
+    return check(factory, ops, behavior, fields, 1) if last_differs else None
 
 # %% ../nbs/07_conformance.ipynb #1a2bb6d9
 def _signature(d: Divergence | None):
-    return None if d is None else (d.op.get("op"), tuple(d.fields), d.error is not None)
+    "What makes two divergences the same: the op kind, the fields, the exception raised."
+    if d is None: return None
+    return (d.op.get("op"), tuple(d.fields), d.error and d.error.splitlines()[-1].split(":")[0])
 
 def _diverges_like(adapter, ops, behavior, fields, target) -> Divergence | None:
-    try: d = check(adapter, ops, behavior, fields)
+    try: d = check(adapter, ops, behavior, fields, free_queue_every=1)
     except (ValueError, KeyError, TypeError): return None  # not a valid trace for kvref
     return d if _signature(d) == target else None
 
@@ -248,6 +94,8 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
     return ops
 
 # %% ../nbs/07_conformance.ipynb #af783fd6
+OP_MIX = ("schedule",) * 48 + ("add",) * 10 + ("append",) * 14 + ("free",) * 8 + ("preempt",) * 4 + ("reset_prefix_cache",)
+
 class ConformanceMachine(RuleBasedStateMachine):
     "Random traces run through kvref and an adapter in lockstep (configure with `conformance_machine`)."
     factory: Callable = None  # the adapter factory under test
@@ -256,71 +104,77 @@ class ConformanceMachine(RuleBasedStateMachine):
     out_path: Path = Path("kvref-divergence.jsonl")  # where a diverging trace is written
     caching: tuple = (True, False)  # enable_caching values to try
 
-    @initialize(num_blocks=st.integers(2, 10), block_size=st.integers(1, 4), data=st.data())
-    def config(self, num_blocks, block_size, data):
-        caching = data.draw(st.sampled_from(self.caching))
-        self.ops, self.prompts, self.next_id = [], [], 0
-        self.ref, self.eng = TraceReplayer(self.behavior), Driver(self.factory)
-        self.step({"op": "config", "num_blocks": num_blocks, "block_size": block_size, "enable_caching": caching,
-                   "hash_algo": "sha256"})
+# %% ../nbs/07_conformance.ipynb #a7c0f020
+@patch
+def step(self: ConformanceMachine, op: dict) -> None:
+    "Apply `op` to both sides; on a divergence, write the trace so far and fail."
+    if (d := self.lock.apply(op)) is not None:
+        self.out_path.write_text("".join(json.dumps(o) + "\n" for o in d.trace))
+        raise AssertionError(f"{d.report()}\ntrace written to {self.out_path}")
 
-    def step(self, op: dict) -> None:
-        self.ops.append(op)
-        expected = self.ref.apply(op)
-        try: got, error = self.eng.apply(op), None
-        except Exception as e: got, error = None, f"{type(e).__name__}: {e}"
-        diff = [] if got is None else _compare(expected, got, self.fields)
-        if error or diff:
-            self.out_path.write_text("".join(json.dumps(o) + "\n" for o in self.ops))
-            d = Divergence(len(self.ops) - 1, op, expected, got, diff, list(self.ops), error=error)
-            raise AssertionError(f"{d.report()}\ntrace written to {self.out_path}")
+@patch
+def live(self: ConformanceMachine, kind: str) -> list[str]:
+    "The live requests an op of `kind` may name (schedule: tokens left; append: all computed; preempt: some)."
+    def ok(r):
+        done, total = r.num_computed_tokens, r.num_tokens
+        return {"schedule": done < total, "append": 0 < done == total, "preempt": done > 0}.get(kind, True)
+    return [rid for rid, r in self.ref.requests.items() if ok(r)]
 
 # %% ../nbs/07_conformance.ipynb #07695149
-def _live(self: ConformanceMachine, pred: Callable[[str], bool] = lambda r: True) -> list[str]:
-    return [r for r in self.ref.requests if pred(r)]
+@patch
+@initialize(num_blocks=st.integers(4, 16), block_size=st.integers(1, 4), data=st.data())
+def config(self: ConformanceMachine, num_blocks, block_size, data):
+    caching = data.draw(st.sampled_from(self.caching))
+    self.prefixes = data.draw(st.lists(st.lists(st.integers(0, 7), min_size=block_size, max_size=4 * block_size + 3),
+                                       min_size=1, max_size=3))
+    self.next_id = 0
+    self.ref = TraceReplayer(self.behavior, version=2, free_queue_every=1)
+    self.engine = TraceDriver(self.factory, version=2, free_queue_every=1, validate=False)
+    self.lock = Lockstep(self.ref.apply, self.engine.apply, self.fields)
+    self.step({"op": "config", "num_blocks": num_blocks, "block_size": block_size, "enable_caching": caching,
+               "hash_algo": "sha256", "version": 2})
 
-def _computed(self, r): return self.ref.requests[r].num_computed_tokens
-def _schedulable(self, r): return _computed(self, r) < self.ref.requests[r].num_tokens
-def _decoding(self, r): return 0 < _computed(self, r) == self.ref.requests[r].num_tokens
-
-ConformanceMachine.live = _live
-
-@rule(data=st.data())
-def _rule_add(self, data):
-    base = data.draw(st.sampled_from(self.prompts)) if self.prompts and data.draw(st.booleans()) else []
-    prompt = base[:data.draw(st.integers(0, len(base)))] + data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=8))
-    self.prompts.append(prompt)
+# %% ../nbs/07_conformance.ipynb #a7c0f021
+@patch
+def _add(self: ConformanceMachine, data) -> dict:
+    "A new request: mostly part of a shared prefix and a few tokens of its own."
+    base = data.draw(st.sampled_from(self.prefixes)) if data.draw(st.integers(0, 19)) else []
+    own = data.draw(st.lists(st.integers(0, 7), min_size=0 if base else 1, max_size=3))
+    cut = len(base) if data.draw(st.booleans()) else data.draw(st.integers(1, max(1, len(base))))
+    prompt = base[:cut] + own
     rid, self.next_id = f"r{self.next_id}", self.next_id + 1
-    self.step({"op": "add", "id": rid, "prompt": prompt, "cache_salt": data.draw(st.sampled_from([None, None, "s"])),
-               "lora": None})
+    return {"op": "add", "id": rid, "prompt": prompt, "cache_salt": data.draw(st.sampled_from([None] * 9 + ["s"]))}
 
-@precondition(lambda self: self.live(lambda r: _schedulable(self, r)))
+@patch
+def _schedule(self: ConformanceMachine, data) -> dict:
+    op = {"op": "schedule", "id": data.draw(st.sampled_from(self.live("schedule"))),
+          "budget": data.draw(st.one_of(st.none(), st.integers(1, 6)))}
+    if not isinstance(self.engine.adapter, Protocol1) and data.draw(st.integers(0, 4)) == 0:
+        op["num_lookahead_tokens"] = data.draw(st.integers(1, 3))
+    return op
+
+# %% ../nbs/07_conformance.ipynb #a7c0f022
+@patch
+def _append(self: ConformanceMachine, data) -> dict:
+    return {"op": "append", "id": data.draw(st.sampled_from(self.live("append"))),
+            "tokens": data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=2))}
+
+@patch
+def _request_op(self: ConformanceMachine, kind: str, data) -> dict:
+    "A `preempt` or `free` of a request that allows it."
+    return {"op": kind, "id": data.draw(st.sampled_from(self.live(kind)))}
+
+@patch
 @rule(data=st.data())
-def _rule_schedule(self, data):
-    rid = data.draw(st.sampled_from(self.live(lambda r: _schedulable(self, r))))
-    self.step({"op": "schedule", "id": rid, "budget": data.draw(st.one_of(st.none(), st.integers(1, 6)))})
-
-@precondition(lambda self: self.live(lambda r: _decoding(self, r)))
-@rule(data=st.data())
-def _rule_append(self, data):
-    rid = data.draw(st.sampled_from(self.live(lambda r: _decoding(self, r))))
-    self.step({"op": "append", "id": rid, "tokens": data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=2))})
-
-@precondition(lambda self: self.live(lambda r: _computed(self, r) > 0))
-@rule(data=st.data())
-def _rule_preempt(self, data):
-    self.step({"op": "preempt", "id": data.draw(st.sampled_from(self.live(lambda r: _computed(self, r) > 0)))})
-
-@precondition(lambda self: self.live())
-@rule(data=st.data())
-def _rule_free(self, data): self.step({"op": "free", "id": data.draw(st.sampled_from(self.live()))})
-
-@rule()
-def _rule_reset(self): self.step({"op": "reset_prefix_cache"})
-
-for _name, _fn in (("add", _rule_add), ("schedule", _rule_schedule), ("append", _rule_append),
-                   ("preempt", _rule_preempt), ("free", _rule_free), ("reset_prefix_cache", _rule_reset)):
-    setattr(ConformanceMachine, _name, _fn)
+def act(self: ConformanceMachine, data):
+    "One op, its kind drawn from `OP_MIX`; when the live requests allow none of that kind, the next that they allow."
+    kind = data.draw(st.sampled_from(OP_MIX))
+    fallback = {"schedule": "append", "append": "schedule"}.get(kind)
+    if kind in ("schedule", "append", "preempt", "free") and not self.live(kind):
+        kind = fallback if fallback and self.live(fallback) else "add"
+    if kind in ("preempt", "free"): self.step(self._request_op(kind, data))
+    elif kind == "reset_prefix_cache": self.step({"op": kind})
+    else: self.step(getattr(self, "_" + kind)(data))
 
 # %% ../nbs/07_conformance.ipynb #38d42637
 def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -> adapter
@@ -333,3 +187,36 @@ def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory:
     return type("ConformanceMachineFor", (ConformanceMachine,), dict(
         factory=staticmethod(_as_factory(adapter)), behavior=behavior, fields=tuple(fields), out_path=Path(out_path),
         caching=tuple(caching)))
+
+# %% ../nbs/07_conformance.ipynb #a7c0f014
+def _import_error(what: str, e: Exception) -> ValueError:
+    "One line naming what failed to import and the exception it raised (raised `from` it, so its traceback stays)."
+    hint = " (is its folder on PYTHONPATH?)" if isinstance(e, ModuleNotFoundError) else ""
+    return ValueError(f"cannot import {what}: {type(e).__name__}: {e}{hint}")
+
+def _import_file(path: str):
+    "The module in the Python file `path`."
+    if not Path(path).is_file(): raise ValueError(f"--adapter: no such file {path!r}")
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    try: spec.loader.exec_module(module)
+    except Exception as e: raise _import_error(repr(path), e) from e
+    return module
+
+def _import_module(name: str):
+    "The module `name`, found on sys.path or in the current folder."
+    if os.getcwd() not in sys.path and "" not in sys.path: sys.path.append(os.getcwd())
+    try: return importlib.import_module(name)
+    except Exception as e: raise _import_error(f"module {name!r}", e) from e
+
+# %% ../nbs/07_conformance.ipynb #99ab20f8
+def load_adapter(spec: str) -> Callable[[dict], AllocatorAdapter]:
+    "The factory named by `module:attribute` (e.g. `kvref.nano:NanoAdapter`) or `path/to/file.py:attribute`."
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name or not name.isidentifier():
+        raise ValueError(f"--adapter must look like module:factory or file.py:factory, got {spec!r}")
+    module = _import_file(where) if where.endswith(".py") else _import_module(where)
+    factory = getattr(module, name, None)
+    if factory is None: raise ValueError(f"{where} has no attribute {name!r}")
+    if not callable(factory): raise ValueError(f"{spec} is not callable")
+    return factory

@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count, _checked_blocks
 from .block_pool import BlockPool, KVCacheEvent
 from .hashing import (LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens,
-                           _checked_mm_items, _checked_tokens)
+                           _checked_mm_items, _checked_tokens, _extra_keys_per_block)
 
 # %% auto #0
 __all__ = ['BEHAVIORS', 'Request', 'cdiv', 'KVCacheManager']
@@ -236,10 +236,19 @@ def _num_preallocate(self: KVCacheManager, num_held: int, num_new_blocks: int) -
 def _cache_blocks(self: KVCacheManager, request: Request, num_full_blocks: int) -> None:
     "Cache the request's first `num_full_blocks` blocks (all full with known tokens) that are not cached yet."
     rid, lora_name = request.request_id, request.lora_request.name if request.lora_request else None
-    self.block_pool.cache_full_blocks(self.req_to_blocks[rid], self._block_hashes(request),
-                                      self.num_cached_block.get(rid, 0), num_full_blocks, self.block_size,
-                                      request.all_token_ids, lora_name)
+    num_cached = self.num_cached_block.get(rid, 0)
+    keys = self._extra_keys(request, num_cached, num_full_blocks) if self.block_pool.kv_event_queue is not None else None
+    self.block_pool.cache_full_blocks(self.req_to_blocks[rid], self._block_hashes(request), num_cached,
+                                      num_full_blocks, self.block_size, request.all_token_ids, lora_name, keys)
     self.num_cached_block[rid] = num_full_blocks
+
+@patch
+def _extra_keys(self: KVCacheManager, request: Request, start_block: int, stop_block: int) -> list[tuple | None]:
+    "The hash extra keys of the request's blocks `[start_block, stop_block)`, for the `BlockStored` event."
+    size = self.block_size
+    return _extra_keys_per_block(start_block * size, stop_block * size, size, lora=request.lora_request,
+                                 mm_items=_checked_mm_items(request.mm_items, len(request.all_token_ids)),
+                                 cache_salt=request.cache_salt, prompt_embeds=None)
 
 # %% ../nbs/04_kv_cache_manager.ipynb #0e704123
 @patch

@@ -6,51 +6,65 @@ Docs: https://kvref.github.io/kvref/replay.html.md"""
 
 # %% ../nbs/05_replay.ipynb #2f052368
 from __future__ import annotations
-import json
+import json, sys, traceback
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 from fastcore.basics import patch
+import kvref
+from .free_queue import KVCacheBlock, block_ids
 from .hashing import LoRARequest, MultiModalItem
 from .kv_cache_manager import BEHAVIORS, KVCacheManager, Request
 
 # %% auto #0
-__all__ = ['TRACE_FORMAT_VERSION', 'OP_FIELDS', 'MAX_LINE_CHARS', 'validate_op', 'load_trace', 'load_decisions', 'TraceReplayer',
-           'replay']
+__all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'MAX_LINE_CHARS', 'FIELDS',
+           'validate_op', 'load_trace', 'load_decisions', 'trace_config', 'AllocatorAdapter', 'Protocol1',
+           'as_protocol2', 'KVRefAdapter', 'RequestState', 'step', 'decision', 'TraceDriver', 'kvref_factory',
+           'TraceReplayer', 'replay', 'run_adapter', 'apply_changes', 'Divergence', 'Lockstep', 'recorded',
+           'replay_lockstep', 'Vector', 'golden_dir', 'list_vectors', 'vector_path']
 
 # %% ../nbs/05_replay.ipynb #50bbdc30
-TRACE_FORMAT_VERSION = 1
+TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
+TRACE_FORMAT_VERSIONS = (1, 2)
 
 _INT, _STR, _BOOL, _LIST, _DICT, _NONE = int, str, bool, list, dict, type(None)
-OP_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {  # op -> field -> (allowed types, required)
-    "config": {"num_blocks": ((_INT,), True), "block_size": ((_INT,), True), "enable_caching": ((_BOOL,), False),
-               "hash_algo": ((_STR,), False), "max_model_len": ((_INT, _NONE), False), "version": ((_INT,), False)},
-    "add": {"id": ((_STR,), True), "prompt": ((_LIST,), True), "cache_salt": ((_STR, _NONE), False),
-            "lora": ((_DICT, _NONE), False), "mm_items": ((_LIST,), False)},
-    "schedule": {"id": ((_STR,), True), "budget": ((_INT, _NONE), False)},
-    "append": {"id": ((_STR,), True), "tokens": ((_LIST,), True)},
-    "preempt": {"id": ((_STR,), True)},
-    "free": {"id": ((_STR,), True)},
+OP_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool, int]]] = {  # op -> field -> (types, required, since version)
+    "config": {"num_blocks": ((_INT,), True, 1), "block_size": ((_INT,), True, 1), "enable_caching": ((_BOOL,), False, 1),
+               "hash_algo": ((_STR,), False, 1), "max_model_len": ((_INT, _NONE), False, 1), "version": ((_INT,), False, 1),
+               "free_queue_every": ((_INT, _NONE), False, 2)},
+    "add": {"id": ((_STR,), True, 1), "prompt": ((_LIST,), True, 1), "cache_salt": ((_STR, _NONE), False, 1),
+            "lora": ((_DICT, _NONE), False, 1), "mm_items": ((_LIST,), False, 1)},
+    "schedule": {"id": ((_STR,), True, 1), "budget": ((_INT, _NONE), False, 1), "num_lookahead_tokens": ((_INT,), False, 2)},
+    "append": {"id": ((_STR,), True, 1), "tokens": ((_LIST,), True, 1)},
+    "preempt": {"id": ((_STR,), True, 1)},
+    "free": {"id": ((_STR,), True, 1)},
     "reset_prefix_cache": {},
 }
+CONFIG_DEFAULTS = {"enable_caching": True, "hash_algo": "sha256", "max_model_len": None, "version": 1,
+                   "free_queue_every": None}
 
-# %% ../nbs/05_replay.ipynb #fe8156ca
+# %% ../nbs/05_replay.ipynb #a1e0f001
 def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join("null" if t is _NONE else t.__name__ for t in types)
 
-def validate_op(op: object) -> dict:
-    "Check one trace op against trace format version 1; return it, or raise ValueError naming the problem."
-    if not isinstance(op, dict): raise ValueError(f"an op must be a JSON object, got {type(op).__name__}")
-    name = op.get("op")
-    if name not in OP_FIELDS: raise ValueError(f"unknown op {name!r}; valid ops: {', '.join(OP_FIELDS)}")
+def _check_fields(op: dict, name: str, version: int) -> None:
+    "Names, types and presence of the op's fields."
     fields = OP_FIELDS[name]
     for key, value in op.items():
         if key == "op": continue
         if key not in fields: raise ValueError(f"op {name!r} has unknown field {key!r}")
-        types = fields[key][0]
+        types, _, since = fields[key]
         if not any(type(value) is t for t in types):
             raise ValueError(f"op {name!r}: field {key!r} must be {_type_names(types)}, got {json.dumps(value)}")
-    for key, (_, required) in fields.items():
+        if since > version:
+            raise ValueError(f"op {name!r}: field {key!r} needs trace format version {since} "
+                             f"(add \"version\": {since} to the config op)")
+    for key, (_, required, _) in fields.items():
         if required and key not in op: raise ValueError(f"op {name!r} is missing field {key!r}")
+
+# %% ../nbs/05_replay.ipynb #a1e0f002
+def _check_values(op: dict, name: str) -> None:
+    "The value limits: token lists, the LoRA and multimodal shapes, counts."
     for key in ("prompt", "tokens"):
         if key in op and not (op[key] and all(type(t) is int and t >= 0 for t in op[key])):
             raise ValueError(f"op {name!r}: field {key!r} must be a non-empty list of ints >= 0")
@@ -62,10 +76,25 @@ def validate_op(op: object) -> dict:
                 and type(item["offset"]) is int and item["offset"] >= 0 and type(item["length"]) is int and item["length"] >= 1):
             raise ValueError(f"op {name!r}: each of 'mm_items' must be {{\"identifier\": str, \"offset\": int >= 0, "
                              f"\"length\": int >= 1}}, got {json.dumps(item)}")
-    for key, low in (("num_blocks", 1), ("block_size", 1), ("max_model_len", 1), ("budget", 1)):
+    for key, low in (("num_blocks", 1), ("block_size", 1), ("max_model_len", 1), ("budget", 1),
+                     ("num_lookahead_tokens", 0), ("free_queue_every", 1)):
         if op.get(key) is not None and op[key] < low: raise ValueError(f"op {name!r}: {key} must be >= {low}, got {op[key]}")
-    if op.get("version", TRACE_FORMAT_VERSION) != TRACE_FORMAT_VERSION:
-        raise ValueError(f"trace format version {op['version']} is not supported; kvref reads version {TRACE_FORMAT_VERSION}")
+
+# %% ../nbs/05_replay.ipynb #fe8156ca
+def validate_op(op: object,       # one parsed JSON line
+                version: int = 1  # the trace's format version (a config op states its own)
+               ) -> dict:
+    "Check one trace op against the format; return it, or raise ValueError naming the problem."
+    if not isinstance(op, dict): raise ValueError(f"an op must be a JSON object, got {type(op).__name__}")
+    name = op.get("op")
+    if name not in OP_FIELDS: raise ValueError(f"unknown op {name!r}; valid ops: {', '.join(OP_FIELDS)}")
+    if name == "config":
+        version = op.get("version", 1)
+        if version not in TRACE_FORMAT_VERSIONS:
+            raise ValueError(f"trace format version {version!r} is not supported; kvref reads versions "
+                             f"{', '.join(map(str, TRACE_FORMAT_VERSIONS))}")
+    _check_fields(op, name, version)
+    _check_values(op, name)
     return op
 
 # %% ../nbs/05_replay.ipynb #03922ab3
@@ -87,13 +116,14 @@ def _read_jsonl(path: str | Path) -> list[tuple[int, object]]:
 
 def load_trace(path: str | Path) -> list[dict]:
     "The validated ops of a trace file: a `config` op first, then the others."
-    ops = []
+    ops, version = [], 1
     for lineno, op in _read_jsonl(path):
         try:
-            validate_op(op)
+            validate_op(op, version)
             if (op["op"] == "config") != (not ops):
                 raise ValueError("the first op must be 'config', and only the first")
         except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None
+        if not ops: version = op.get("version", 1)
         ops.append(op)
     if not ops: raise ValueError(f"{path}: empty trace (the first line must be a 'config' op)")
     return ops
@@ -107,88 +137,403 @@ def load_decisions(path: str | Path) -> list[dict]:
         out.append(d)
     return out
 
-# %% ../nbs/05_replay.ipynb #a588f777
-class TraceReplayer:
-    "Applies trace ops one by one to a KV cache manager; `apply` returns each op's decision."
-    def __init__(self,
-                 behavior: str = "vllm_0_33",  # KV cache manager behaviour, see `BEHAVIORS`
-                 strict: bool = False          # freeing an unknown or already freed request is an error
-                ):
-        if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
-        self.behavior, self.strict = behavior, strict
-        self.manager: KVCacheManager | None = None
+# %% ../nbs/05_replay.ipynb #a1e0f006
+def trace_config(config: dict) -> dict:
+    "A config op (with or without its `op` key), validated, with the defaults of its version filled in."
+    version = validate_op({**config, "op": "config"}).get("version", 1)
+    defaults = {k: v for k, v in CONFIG_DEFAULTS.items() if OP_FIELDS["config"][k][2] <= version}
+    return {**defaults, **{k: v for k, v in config.items() if k != "op"}}
+
+@patch(cls_method=True)
+def from_config(cls: KVCacheManager, config: dict,  # a trace's config op
+                behavior: str = "vllm_0_33"):       # see `BEHAVIORS`
+    "The KV cache manager a trace's config op describes."
+    c = trace_config(config)
+    return cls(c["num_blocks"], c["block_size"], behavior=behavior, enable_caching=c["enable_caching"],
+               hash_algo=c["hash_algo"], max_model_len=c["max_model_len"])
+
+# %% ../nbs/05_replay.ipynb #a1e0f010
+@runtime_checkable
+class AllocatorAdapter(Protocol):
+    "The calls the trace driver makes on an engine's block allocator (protocol 2: set `protocol_version = 2`)."
+    def add(self, request_id: str, prompt: list[int], *, cache_salt: str | None, lora: dict | None,
+            mm_items: list[dict]) -> None: ...
+    def lookup(self, request_id: str) -> int: ...
+    def allocate(self, request_id: str, num_new_tokens: int, num_hit_tokens: int, *, num_computed_tokens: int,
+                 num_lookahead_tokens: int) -> bool: ...
+    def append(self, request_id: str, tokens: list[int]) -> None: ...
+    def preempt(self, request_id: str) -> None: ...
+    def free(self, request_id: str) -> None: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def block_ids(self, request_id: str) -> list[int]: ...
+    def num_free(self) -> int: ...
+    def free_queue(self) -> list[int] | None: ...
+
+# %% ../nbs/05_replay.ipynb #a1e0f012
+class Protocol1:
+    "A protocol 1 adapter behind protocol 2's calls; multimodal items and lookahead slots are refused."
+    protocol_version = 2
+    def __init__(self, adapter): self.adapter = adapter
+    def __getattr__(self, name): return getattr(self.adapter, name)
+
+    def add(self, request_id, prompt, *, cache_salt=None, lora=None, mm_items=()):
+        if mm_items: raise ValueError(f"request {request_id!r} has mm_items, which a protocol 1 adapter cannot "
+                                      "receive: set protocol_version = 2 and take add(..., mm_items=...)")
+        self.adapter.add(request_id, prompt, cache_salt, lora)
+
+    def allocate(self, request_id, num_new_tokens, num_hit_tokens, *, num_computed_tokens=0, num_lookahead_tokens=0):
+        if num_lookahead_tokens: raise ValueError(f"request {request_id!r} asks for lookahead slots, which a protocol "
+                                                  "1 adapter cannot receive: set protocol_version = 2")
+        return self.adapter.allocate(request_id, num_new_tokens, num_hit_tokens)
+
+def as_protocol2(adapter: AllocatorAdapter) -> AllocatorAdapter:
+    "The adapter itself if it speaks protocol 2, else a `Protocol1` translation of it."
+    return adapter if getattr(adapter, "protocol_version", 1) >= 2 else Protocol1(adapter)
+
+# %% ../nbs/05_replay.ipynb #f882cc6f
+class KVRefAdapter:
+    "kvref's `KVCacheManager` behind the adapter protocol (the reference side of every replay and check)."
+    protocol_version = 2
+    def __init__(self, config: dict,  # the trace's config op
+                 behavior: str = "vllm_0_33",  # see `BEHAVIORS`
+                 manager_cls: type = KVCacheManager):  # a subclass, to check a modified allocator
+        self.manager = manager_cls.from_config(config, behavior)
         self.requests: dict[str, Request] = {}
-        self.num_applied = 0
+        self._hits: dict[str, list[KVCacheBlock]] = {}
+        self._taken, self._returned = [], []  # free-queue changes since the last `free_queue_changes`
+
+    def add(self, request_id, prompt, *, cache_salt=None, lora=None, mm_items=()):
+        self.requests[request_id] = Request(request_id, list(prompt), cache_salt=cache_salt,
+                                            lora_request=LoRARequest(**lora) if lora else None,
+                                            mm_items=tuple(MultiModalItem(**item) for item in mm_items))
+
+    def lookup(self, request_id):
+        self._hits[request_id], num_tokens = self.manager.get_computed_blocks(self.requests[request_id])
+        return num_tokens
+
+# %% ../nbs/05_replay.ipynb #a1e0f014
+@patch
+def allocate(self: KVRefAdapter, request_id, num_new_tokens, num_hit_tokens, *, num_computed_tokens=0,
+             num_lookahead_tokens=0):
+    request, hits = self.requests[request_id], self._hits.pop(request_id, [])
+    request.num_computed_tokens = num_computed_tokens
+    was_free = [b.block_id for b in hits if b.ref_cnt == 0 and not b.is_null]
+    new = self.manager.allocate_slots(request, num_new_tokens, num_hit_tokens, hits if num_hit_tokens else None,
+                                      num_lookahead_tokens)
+    if new is None: return False
+    self._taken += was_free + block_ids(new)
+    return True
+
+@patch
+def append(self: KVRefAdapter, request_id, tokens): self.requests[request_id].append_output_token_ids(tokens)
+
+# %% ../nbs/05_replay.ipynb #a1e0f015
+@patch
+def _release(self: KVRefAdapter, request_id: str) -> None:
+    "Free the request's blocks, noting those that went back to the free queue."
+    table = self.manager.req_to_blocks.get(request_id, ())
+    self.manager.free(request_id)
+    self._returned += [b for b in table if b.ref_cnt == 0 and not b.is_null]
+
+@patch
+def preempt(self: KVRefAdapter, request_id): self._release(request_id)
+
+@patch
+def free(self: KVRefAdapter, request_id):
+    self._release(request_id); del self.requests[request_id]
+
+# %% ../nbs/05_replay.ipynb #a1e0f016
+@patch
+def reset_prefix_cache(self: KVRefAdapter): return self.manager.reset_prefix_cache()
+@patch
+def block_ids(self: KVRefAdapter, request_id): return self.manager.get_block_ids(request_id)
+@patch
+def num_free(self: KVRefAdapter): return self.manager.num_free_blocks
+@patch
+def free_queue(self: KVRefAdapter): return self.manager.get_free_queue_ids()
+
+# %% ../nbs/05_replay.ipynb #a1e0f018
+@patch
+def free_queue_changes(self: KVRefAdapter) -> dict[str, list[int]]:
+    "The free queue's changes since the last call: blocks taken out, and blocks put back at the head and the tail."
+    returned, queue = {id(b) for b in self._returned}, self.manager.block_pool.free_block_queue
+    to_head, block = [], queue.fake_head.next_free_block
+    while id(block) in returned: to_head.append(block.block_id); block = block.next_free_block
+    to_tail, block = [], queue.fake_tail.prev_free_block
+    for _ in range(len(returned) - len(to_head)): to_tail.append(block.block_id); block = block.prev_free_block
+    changes = {"taken": self._taken, "to_head": to_head, "to_tail": to_tail[::-1]}
+    self._taken, self._returned = [], []
+    return changes
+
+# %% ../nbs/05_replay.ipynb #a1e0f022
+@dataclass(slots=True)
+class RequestState:
+    "What the scheduler knows of a request: its tokens so far and how many are computed."
+    num_tokens: int  # prompt plus appended tokens
+    num_computed_tokens: int = 0  # advanced by a successful `step`, reset by a preemption
+
+def step(adapter: AllocatorAdapter, request_id: str, request: RequestState,
+         budget: int | None = None,  # most tokens to compute in this step (None: all that are left)
+         num_lookahead_tokens: int = 0,  # speculative slots beyond them
+        ) -> dict:
+    "One scheduling step of a request: the decision's `hit_tokens`, `num_new_tokens`, `allocated`, `block_ids`."
+    num_computed = request.num_computed_tokens
+    num_hit = adapter.lookup(request_id) if num_computed == 0 else 0
+    num_new = request.num_tokens - num_computed - num_hit
+    if budget is not None: num_new = min(num_new, budget)
+    allocated = bool(adapter.allocate(request_id, num_new, num_hit, num_computed_tokens=num_computed,
+                                      num_lookahead_tokens=num_lookahead_tokens))
+    if allocated: request.num_computed_tokens = num_computed + num_hit + num_new
+    return {"hit_tokens": num_hit, "num_new_tokens": num_new, "allocated": allocated,
+            "block_ids": list(adapter.block_ids(request_id))}
+
+# %% ../nbs/05_replay.ipynb #a1e0f027
+def decision(op: dict, outcome: dict, adapter: AllocatorAdapter,
+             version: int = 1,  # trace format version of the decision
+             full_queue: bool = False,  # version 2: include the whole free queue too
+            ) -> dict:
+    "One op's decision line: the op, what it decided, the free queue's state."
+    d = {"op": op["op"], **({"id": op["id"]} if "id" in op else {}), **outcome}
+    changes = adapter.free_queue_changes() if hasattr(adapter, "free_queue_changes") else {}
+    if version >= 2: d.update((k, v) for k, v in changes.items() if v)
+    if version == 1 or full_queue:
+        queue = adapter.free_queue()
+        if queue is not None: d["free_queue"] = list(queue)
+    d["num_free"] = adapter.num_free()
+    return d
+
+# %% ../nbs/05_replay.ipynb #a588f777
+class TraceDriver:
+    "Applies trace ops one by one to an engine's adapter; `apply` returns each op's decision."
+    def __init__(self, factory: Callable[[dict], AllocatorAdapter],  # config dict -> adapter
+                 strict: bool = False,  # freeing an unknown or already freed request is an error
+                 version: int | None = None,  # decisions' format version (None: the trace's)
+                 free_queue_every: int | None = None,  # version 2: the whole queue every this many ops (None: the trace's)
+                 validate: bool = True):  # check each op against the format (off: a lockstep partner already did)
+        self.factory, self.strict, self.version, self.free_queue_every = factory, strict, version, free_queue_every
+        self.validate = validate
+        self.adapter: AllocatorAdapter | None = None
+        self.requests: dict[str, RequestState] = {}
+        self.num_applied, self.trace_version = 0, 1
 
     def apply(self, op: dict) -> dict:
-        "Apply one op; its decision, in the recorded format."
-        validate_op(op)
-        name = op["op"]
-        if (name == "config") != (self.manager is None):
+        "Apply one op; its decision."
+        if self.validate: validate_op(op, self.trace_version)
+        if (op["op"] == "config") != (self.adapter is None):
             raise ValueError("the first op must be 'config', and only the first")
-        decision = {"op": name, **({"id": op["id"]} if "id" in op else {})}
-        decision.update(getattr(self, "_" + name)(op) or {})
-        decision["free_queue"] = self.manager.get_free_queue_ids()
-        decision["num_free"] = self.manager.num_free_blocks
+        outcome = getattr(self, "_" + op["op"])(op) or {}
+        every = self.free_queue_every
+        full = op["op"] == "config" or (every is not None and self.num_applied % every == 0)
         self.num_applied += 1
-        return decision
-
-    def _request(self, op: dict) -> Request:
-        request = self.requests.get(op["id"])
-        if request is None: raise ValueError(f"op {op['op']!r}: unknown request {op['id']!r} (never added, or freed)")
-        return request
+        return decision(op, outcome, self.adapter, self.version, full)
 
 # %% ../nbs/05_replay.ipynb #2c63d7bb
 @patch
-def _config(self: TraceReplayer, op: dict) -> None:
-    self.manager = KVCacheManager(op["num_blocks"], op["block_size"], behavior=self.behavior,
-                                  enable_caching=op.get("enable_caching", True),
-                                  hash_algo=op.get("hash_algo", "sha256"), max_model_len=op.get("max_model_len"))
+def _config(self: TraceDriver, op: dict) -> None:
+    config = trace_config(op)
+    self.trace_version = config["version"]
+    self.version = self.version or config["version"]
+    if self.free_queue_every is None: self.free_queue_every = config.get("free_queue_every")
+    self.adapter = as_protocol2(self.factory(config))
 
 @patch
-def _add(self: TraceReplayer, op: dict) -> None:
+def _request(self: TraceDriver, op: dict) -> RequestState:
+    request = self.requests.get(op["id"])
+    if request is None: raise ValueError(f"op {op['op']!r}: unknown request {op['id']!r} (never added, or freed)")
+    return request
+
+@patch
+def _add(self: TraceDriver, op: dict) -> None:
     if op["id"] in self.requests: raise ValueError(f"op 'add': request {op['id']!r} is already live")
-    lora = LoRARequest(**op["lora"]) if op.get("lora") else None
-    mm_items = tuple(MultiModalItem(**item) for item in op.get("mm_items", ()))
-    self.requests[op["id"]] = Request(op["id"], op["prompt"], cache_salt=op.get("cache_salt"),
-                                      lora_request=lora, mm_items=mm_items)
+    self.adapter.add(op["id"], op["prompt"], cache_salt=op.get("cache_salt"), lora=op.get("lora"),
+                     mm_items=op.get("mm_items", []))
+    self.requests[op["id"]] = RequestState(len(op["prompt"]))
+
+# %% ../nbs/05_replay.ipynb #a1e0f030
+@patch
+def _schedule(self: TraceDriver, op: dict) -> dict:
+    return step(self.adapter, op["id"], self._request(op), op.get("budget"), op.get("num_lookahead_tokens", 0))
 
 @patch
-def _schedule(self: TraceReplayer, op: dict) -> dict:
-    request, manager = self._request(op), self.manager
-    hits, num_hit = manager.get_computed_blocks(request) if request.num_computed_tokens == 0 else ([], 0)
-    num_new = request.num_tokens - request.num_computed_tokens - num_hit
-    if op.get("budget") is not None: num_new = min(num_new, op["budget"])
-    allocated = manager.allocate_slots(request, num_new, num_hit, hits) is not None
-    if allocated: request.num_computed_tokens += num_hit + num_new
-    return {"hit_tokens": num_hit, "num_new_tokens": num_new, "allocated": allocated,
-            "block_ids": manager.get_block_ids(request.request_id)}
-
-@patch
-def _append(self: TraceReplayer, op: dict) -> None:
-    self._request(op).append_output_token_ids(op["tokens"])
-
-@patch
-def _preempt(self: TraceReplayer, op: dict) -> None:
+def _append(self: TraceDriver, op: dict) -> None:
     request = self._request(op)
-    self.manager.free(request)
+    self.adapter.append(op["id"], op["tokens"])
+    request.num_tokens += len(op["tokens"])
+
+@patch
+def _preempt(self: TraceDriver, op: dict) -> None:
+    request = self._request(op)
+    self.adapter.preempt(op["id"])
     request.num_computed_tokens = 0
 
+# %% ../nbs/05_replay.ipynb #a1e0f031
 @patch
-def _free(self: TraceReplayer, op: dict) -> None:
-    if self.requests.pop(op["id"], None) is None and self.strict:
-        raise ValueError(f"op 'free': request {op['id']!r} is unknown or already freed")
-    self.manager.free(op["id"])
+def _free(self: TraceDriver, op: dict) -> None:
+    if self.requests.pop(op["id"], None) is not None: self.adapter.free(op["id"])
+    elif self.strict: raise ValueError(f"op 'free': request {op['id']!r} is unknown or already freed")
 
 @patch
-def _reset_prefix_cache(self: TraceReplayer, op: dict) -> dict:
-    return {"ok": self.manager.reset_prefix_cache()}
+def _reset_prefix_cache(self: TraceDriver, op: dict) -> dict:
+    return {"ok": bool(self.adapter.reset_prefix_cache())}
+
+# %% ../nbs/05_replay.ipynb #a1e0f033
+def kvref_factory(behavior: str = "vllm_0_33",  # kvref behaviour, see `BEHAVIORS`
+                  manager_cls: type = KVCacheManager,  # allocator class (a subclass, to check a variant)
+                 ) -> Callable[[dict], KVRefAdapter]:
+    "A factory of `KVRefAdapter`s in `behavior`."
+    if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
+    return lambda config: KVRefAdapter(config, behavior, manager_cls)
+
+class TraceReplayer(TraceDriver):
+    "A `TraceDriver` over kvref's own allocator in `behavior`."
+    def __init__(self, behavior: str = "vllm_0_33", strict: bool = False, **kwargs):
+        super().__init__(kvref_factory(behavior), strict, **kwargs)
+        self.behavior = behavior
+
+    @property
+    def manager(self) -> KVCacheManager | None: return self.adapter and self.adapter.manager
 
 # %% ../nbs/05_replay.ipynb #ef2a64b8
 def replay(ops: Iterable[dict],              # trace ops, `config` first
            behavior: str = "vllm_0_33",      # see `BEHAVIORS`
-           strict: bool = False              # freeing an unknown request is an error
+           strict: bool = False,             # freeing an unknown request is an error
+           **kwargs,                         # `version`, `free_queue_every`: as for `TraceDriver`
           ) -> Iterator[dict]:
     "The decision for each op, in order, as the ops are applied."
-    replayer = TraceReplayer(behavior, strict)
+    replayer = TraceReplayer(behavior, strict, **kwargs)
     for op in ops: yield replayer.apply(op)
+
+def run_adapter(factory: Callable[[dict], AllocatorAdapter], ops: Iterable[dict], **kwargs) -> list[dict]:
+    "All decisions of `ops` driven through an adapter made by `factory` (`kwargs` as for `TraceDriver`)."
+    driver = TraceDriver(factory, **kwargs)
+    return [driver.apply(op) for op in ops]
+
+# %% ../nbs/05_replay.ipynb #a1e0f036
+def apply_changes(queue: list[int], d: dict) -> list[int]:
+    "The free queue after a version 2 decision `d`, from the queue before it."
+    taken = set(d.get("taken", ()))
+    return d.get("to_head", []) + [b for b in queue if b not in taken] + d.get("to_tail", [])
+
+# %% ../nbs/05_replay.ipynb #81a0f038
+FIELDS = ("hit_tokens", "num_new_tokens", "allocated", "block_ids", "taken", "to_head", "to_tail", "free_queue",
+          "num_free", "ok")
+
+@dataclass
+class Divergence:
+    "The first op at which two sides' decisions differ, or the adapter raised."
+    index: int  # op number in the trace, from 0 (the config op); its line in a trace file is index + 1
+    op: dict | None  # the op (None: the trace ended but decisions remained)
+    expected: dict | None  # the reference's decision (kvref's, or a recorded one)
+    got: dict | None  # the other side's decision (None if it raised)
+    fields: list[str]  # the fields that differ
+    trace: list[dict]  # the ops up to and including this one: a replayable trace
+    tables: dict[str, list[int]] = field(default_factory=dict)  # kvref's block tables before the op
+    error: str | None = None  # the adapter's exception and traceback, if it raised
+
+# %% ../nbs/05_replay.ipynb #81a0f039
+def _differing(expected: dict | None, got: dict | None, fields: Iterable[str] | None) -> list[str]:
+    "The fields whose values differ (`fields` None: every key of either decision)."
+    if expected == got: return []
+    if fields is None:
+        keys = dict.fromkeys([*(expected or {}), *(got or {})])
+        return [k for k in keys if (expected or {}).get(k, ...) != (got or {}).get(k, ...)]
+    return [f for f in fields if f in expected and f in got and expected[f] != got[f]]
+
+def _adapter_error(e: Exception) -> str:
+    "The exception with the traceback of the adapter's own frames (the driver's are left out)."
+    tb = traceback.extract_tb(e.__traceback__)
+    frames = [f for f in tb if not f.filename.endswith(("kvref/replay.py", "kvref/conformance.py"))] or tb[-1:]
+    return "".join(traceback.format_list(frames) + traceback.format_exception_only(type(e), e)).rstrip()
+
+# %% ../nbs/05_replay.ipynb #81a0f040
+class Lockstep:
+    "Two sides applied to the same ops in turn; `apply` returns the `Divergence` at an op, or None."
+    def __init__(self, expected: Callable[[dict], dict | None],  # the reference: op -> its decision
+                 got: Callable[[dict], dict],  # the side under test: op -> its decision
+                 fields: Iterable[str] | None = None,  # fields compared (None: whole decisions)
+                 catch: tuple[type[BaseException], ...] = (Exception,)):  # errors of `got` reported as the adapter's
+        self.expected, self.got, self.catch = expected, got, catch
+        self.fields = None if fields is None else list(fields)
+        self.ops: list[dict] = []
+        self.last: dict | None = None  # the last decision of `got`
+
+    def apply(self, op: dict) -> Divergence | None:
+        "Step both sides over `op`."
+        self.ops.append(op)
+        want, error = self.expected(op), None
+        try: self.last = self.got(op)
+        except self.catch as e: self.last, error = None, _adapter_error(e)
+        diff = [] if error else _differing(want, self.last, self.fields)
+        if error or diff: return Divergence(len(self.ops) - 1, op, want, self.last, diff, list(self.ops), error=error)
+        return None
+
+# %% ../nbs/05_replay.ipynb #81a0f041
+def recorded(decisions: Iterable[dict]) -> Callable[[dict], dict | None]:
+    "A lockstep side that plays back recorded decisions, one per op (None once they run out)."
+    it = iter(decisions)
+    return lambda op: next(it, None)
+
+def replay_lockstep(decisions: Iterable[dict], behavior: str = "vllm_0_33", strict: bool = False) -> Lockstep:
+    "Recorded decisions against kvref's replay, as `kvref replay --expect` runs them (kvref's errors raise)."
+    return Lockstep(recorded(decisions), TraceReplayer(behavior, strict).apply, catch=())
+
+# %% ../nbs/05_replay.ipynb #81a0f042
+@patch
+def report(self: Divergence) -> str:
+    "The divergence as a few readable lines."
+    where = f"op {self.index} (line {self.index + 1} of the trace)"
+    if self.op is None: return f"{where}: the trace ended, but the decisions go on with {json.dumps(self.expected)}"
+    if self.error:
+        return (f"the adapter raised at {where}: {json.dumps(self.op)}\n  kvref decided {json.dumps(self.expected)}\n"
+                + "\n".join("  " + line for line in self.error.splitlines()))
+    lines = [f"diverged at {where}: {json.dumps(self.op)}"]
+    for f in self.fields:
+        lines += [f"  {f}:", f"    expected {json.dumps((self.expected or {}).get(f))}",
+                  f"    got      {json.dumps((self.got or {}).get(f))}"]
+    if self.tables: lines.append("  kvref's block tables before the op: " + ", ".join(f"{r}={t}" for r, t in self.tables.items()))
+    return "\n".join(lines)
+
+@patch
+def __str__(self: Divergence) -> str: return self.report()
+
+# %% ../nbs/05_replay.ipynb #b5a0f002
+@dataclass(frozen=True)
+class Vector:
+    "One file of recorded vectors."
+    name: str  # folder/stem, e.g. "traces/trace-11-0" or "traces/trace-11-0.vllm"
+    source: str  # where the cases come from
+    count: int  # cases in the file (ops or decisions for a trace, one for an array file)
+    path: Path  # where it is on this machine
+
+def golden_dir() -> Path:
+    "The folder of recorded vectors: inside the installed package, or `golden/` beside it in a clone."
+    package = Path(kvref.__file__).parent
+    return package / "golden" if (package / "golden").is_dir() else package.parent / "golden"
+
+# %% ../nbs/05_replay.ipynb #b5a0f003
+def _describe(path: Path, root: Path) -> tuple[str, int]:
+    "The source and case count of one vector file (a JSON file names its own source)."
+    if path.suffix == ".npz": return "kvref's float64 reference (see attention/PROVENANCE.md)", 1
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        source = data.get("source") or (f"vLLM {data['vllm_version']}" if "vllm_version" in data else "kvref")
+        return source, len(data.get("vectors", data.get("cases", ())))
+    count = sum(1 for line in path.open() if line.strip())
+    folder, *rest = path.relative_to(root).parts
+    release = rest[0] if folder == "versions" else "0.33.0"
+    if folder == "mooncake": return "Mooncake request log (FAST'25 release, Apache-2.0; see mooncake/PROVENANCE.md)", count
+    if ".vllm" in path.name: return f"vLLM {release} KVCacheManager decisions", count
+    return f"allocator trace (ops) recorded with vLLM {release}", count
+
+def list_vectors() -> list[Vector]:
+    "Every shipped vector file, by name."
+    root = golden_dir()
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".npz"))
+    return [Vector(str(p.relative_to(root).with_suffix("")), *_describe(p, root), p) for p in files]
+
+# %% ../nbs/05_replay.ipynb #b5a0f004
+def vector_path(name: str) -> Path:
+    "The file of the shipped vector `name` (as `list_vectors` names it)."
+    found = {v.name: v.path for v in list_vectors()}
+    if name not in found: raise ValueError(f"no shipped vector {name!r}; `kvref vectors` lists them ({len(found)} files)")
+    return found[name]

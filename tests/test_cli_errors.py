@@ -72,7 +72,7 @@ BAD = [  # (files, argv, piece of the stderr line)
     ({}, ["hash", "--file", "{f}/missing.json"], "/missing.json: cannot read: No such file"),
     # vector files
     ({"v.json": '{"vectors": []}'}, ["hash", "--check", "{f}/v.json"], "v.json: no vectors"),
-    ({"v.json": DEEP}, ["hash", "--check", "{f}/v.json"], "v.json: cannot read"),
+    ({"v.json": DEEP}, ["hash", "--check", "{f}/v.json"], "v.json: JSON nested too deeply"),
     ({"v.json": _vectors(prompt_embeds={"dtype": "float32", "rows": [[1, [2]]]})}, ["hash", "--check", "{f}/v.json"],
      "v.json: vector 0"),
     ({"v.json": _vectors(prompt_embeds={"dtype": "nope", "rows": [[1]]})}, ["hash", "--check", "{f}/v.json"], "v.json: vector 0"),
@@ -168,12 +168,12 @@ def test_replay_expect_and_check_number_ops_alike(tmp_path, capsys):
     divergence = check(NanoAdapter, ops)
     n = divergence.index
     assert main(["check", TRACE, "--adapter", NANO, "--out", str(tmp_path)]) == 1
-    assert f"diverged at op {n}: {json.dumps(ops[n])}" in capsys.readouterr().out
+    assert f"diverged at op {n} (line {n + 1} of the trace): {json.dumps(ops[n])}" in capsys.readouterr().out
     decisions = load_decisions(DECISIONS)
     decisions[n] = {**decisions[n], "num_free": -1}
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(d) + "\n" for d in decisions))
     assert main(["replay", TRACE, "--expect", str(tmp_path / "d.jsonl")]) == 1
-    assert capsys.readouterr().out.startswith(f"op {n} diverges: {json.dumps(ops[n])}")
+    assert capsys.readouterr().out.startswith(f"diverged at op {n} (line {n + 1} of the trace): {json.dumps(ops[n])}")
 
 
 def test_zero_is_agreement_on_something(capsys):

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvref.conformance import (FIELDS, Driver, KVRefAdapter, check, conformance_machine, kvref_factory,
-                               run_adapter, shrink)
-from kvref.cli import check_main, load_adapter
+from kvref.cli import check_main
+from kvref.conformance import check, conformance_machine, load_adapter, shrink
+from kvref.replay import KVRefAdapter, TraceDriver, kvref_factory, run_adapter
 from kvref.kv_cache_manager import KVCacheManager
 from kvref.nano import NanoAdapter
 from kvref.replay import load_trace, replay
@@ -48,6 +48,18 @@ class ForgetsReverse(KVCacheManager):
         if table is not None: self.block_pool.free_blocks(table, unhashed_first=self.behavior == "vllm_0_33")
 
 
+class HitStaysInQueue(KVCacheManager):
+    "Bug: a prefix hit on a free cached block takes it into use but leaves it in the free queue."
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        def touch(blocks):
+            for block in blocks: block.ref_cnt += 1
+        self.block_pool.touch = touch
+
+
+PLANTED = [OffByOneHitCap, ForgetsReverse, HitStaysInQueue]
+
+
 def broken(cls, behavior="vllm_0_33"):
     return lambda config: KVRefAdapter(config, behavior, cls)
 
@@ -65,7 +77,7 @@ def test_kvref_adapter_reproduces_vllm(trace):
 
 @pytest.mark.parametrize("behavior", ["vllm_0_33", "design_doc"])
 def test_self_check_on_a_thousand_random_traces(behavior):
-    "kvref's adapter path (Driver + KVRefAdapter) and its replay path (TraceReplayer) never diverge."
+    "kvref against itself through the lockstep loop: never a divergence."
     rng = random.Random(5)
     for i in range(1000):
         w = adversarial_tiny_pool(num_requests=rng.randint(1, 6), max_prompt_len=rng.randint(1, 9),
@@ -89,12 +101,12 @@ def test_state_machine_finds_nothing_in_kvref(behavior, tmp_path):
     assert not (tmp_path / "d.jsonl").exists()
 
 
-@pytest.mark.parametrize("cls", [OffByOneHitCap, ForgetsReverse])
+@pytest.mark.parametrize("cls", PLANTED)
 @pytest.mark.parametrize("behavior", ["vllm_0_33", "design_doc"])
-def test_broken_variants_are_caught_and_the_shrunk_trace_replays(cls, behavior, tmp_path):
+def test_planted_bugs_are_caught_and_the_shrunk_trace_replays(cls, behavior, tmp_path):
     out = tmp_path / "min.jsonl"
     machine = conformance_machine(broken(cls, behavior), behavior, out_path=out, caching=[True])
-    with pytest.raises(AssertionError, match="diverged at op"):
+    with pytest.raises(AssertionError, match="diverged at op|the adapter raised at op"):
         run_state_machine_as_test(machine, settings=HUNT)
     minimal = load_trace(out)  # the file is a valid trace
     d = check(broken(cls, behavior), minimal, behavior)
@@ -104,8 +116,9 @@ def test_broken_variants_are_caught_and_the_shrunk_trace_replays(cls, behavior, 
     again = check(broken(cls, behavior), shrink(broken(cls, behavior), minimal, behavior), behavior)
     assert (again.op["op"], again.fields) == (d.op["op"], d.fields)
     if cls is OffByOneHitCap:  # kvref then refuses to allocate nothing, or the hits differ
-        assert "hit_tokens" in d.fields or "its lookup found" in d.error
-    else: assert "free_queue" in d.fields
+        assert "hit_tokens" in d.fields or "num_new_tokens must be > 0" in d.error
+    elif cls is ForgetsReverse: assert {"free_queue", "to_head", "to_tail"} & set(d.fields)
+    else: assert "num_free" in d.fields or d.error  # the hit block is still counted free
 
 
 @pytest.mark.parametrize("cls", [OffByOneHitCap, ForgetsReverse])
@@ -144,7 +157,24 @@ def test_nano_known_differences():
     assert (d.index, d.expected["hit_tokens"], d.got["hit_tokens"]) == (7, 1, 2)
 
 
-def test_nano_hunt_finds_the_room_check(tmp_path):
+def test_machine_mix_tests_prefix_caching():
+    "At least half the ops schedule, resets are rare, and at least a third of the prefix lookups hit."
+    from collections import Counter
+    tally = Counter()
+    class Counting(conformance_machine(kvref_factory(), caching=[True])):
+        def step(self, op):
+            lookup = op["op"] == "schedule" and self.ref.requests[op["id"]].num_computed_tokens == 0
+            super().step(op)
+            tally[op["op"]] += 1
+            if lookup: tally["lookups"] += 1; tally["hits"] += self.lock.last["hit_tokens"] > 0
+    run_state_machine_as_test(Counting, settings=settings(max_examples=100, stateful_step_count=40, deadline=None,
+                                                          derandomize=True, database=None))
+    ops = sum(n for k, n in tally.items() if k not in ("lookups", "hits", "config"))
+    assert tally["schedule"] >= ops / 2 and tally["reset_prefix_cache"] < ops / 30
+    assert tally["hits"] >= tally["lookups"] / 3
+
+
+def test_nano_hunt_finds_a_divergence(tmp_path):
     out = tmp_path / "nano.jsonl"
     machine = conformance_machine(lambda c: NanoAdapter(c, hit_cap=True), "design_doc", out_path=out, caching=[True])
     with pytest.raises(AssertionError, match="diverged at op"):
@@ -166,25 +196,28 @@ def test_adapters_without_a_free_queue_and_adapters_that_raise():
     assert check(lambda c: NoQueue(c), ops) is None
     d = check(lambda c: Raises(c), ops)
     assert d.op["op"] == "preempt" and d.got is None and "RuntimeError: preempt not supported" in d.report()
+    assert d.report().startswith("the adapter raised at op") and "in preempt" in d.error  # its own traceback
 
 
 def test_report_reads():
     d = check(kvref_factory("design_doc"), GOLDEN / "design-doc-example.jsonl")
     text = d.report()
-    assert text.startswith('diverged at op 0: {"op": "config"') and "expected [1, 2, 3, 4, 5, 6, 7, 8, 9]" in text
+    assert text.startswith('diverged at op 0 (line 1 of the trace): {"op": "config"')
+    assert "expected [1, 2, 3, 4, 5, 6, 7, 8, 9]" in text
 
 
 def test_bad_inputs():
     with pytest.raises(ValueError, match="must look like module:factory"): load_adapter("nocolon")
     with pytest.raises(ValueError, match="has no attribute 'Nope'"): load_adapter("kvref.nano:Nope")
+    with pytest.raises(ValueError, match="no such file"): load_adapter("nowhere/adapter.py:Adapter")
     with pytest.raises(ValueError, match="unknown fields"): check(kvref_factory(), [], fields=["x"])
     with pytest.raises(TypeError, match="adapter must be a factory"): check(NanoAdapter({"num_blocks": 2, "block_size": 1}), [])
     with pytest.raises(ValueError, match="nothing to shrink"): shrink(kvref_factory(), GOLDEN / "trace-11-0.jsonl")
-    d = Driver(kvref_factory())
-    with pytest.raises(ValueError, match="must start with a config op"): d.apply({"op": "add", "id": "a", "prompt": [1]})
+    d = TraceDriver(kvref_factory())
+    with pytest.raises(ValueError, match="the first op must be 'config'"): d.apply({"op": "add", "id": "a", "prompt": [1]})
     d.apply({"op": "config", "num_blocks": 4, "block_size": 2})
     with pytest.raises(ValueError, match="unknown op 'bogus'"): d.apply({"op": "bogus"})
-    with pytest.raises(ValueError, match="budget must be an int >= 1"):
+    with pytest.raises(ValueError, match="budget must be >= 1"):
         d.apply({"op": "add", "id": "a", "prompt": [1]}); d.apply({"op": "schedule", "id": "a", "budget": 0})
 
 

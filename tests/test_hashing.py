@@ -406,7 +406,7 @@ def test_cli_extra_keys_and_formats(capsys, tmp_path):
     (["1", "2", "--lora", "nopath"], "NAME:PATH"),
     (["--file", "/nonexistent/tokens.json"], "--file /nonexistent/tokens.json: cannot read: .*No such file"),
     (["--file", "/proc/self/status/x"], "--file /proc/self/status/x: cannot read"),
-    ([], "give token ids, --file or --check"),
+    ([], "give token ids, --file, --check or --diagnose"),
     (["--format", "xml", "1"], "invalid choice"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(capsys, argv, message):

@@ -175,7 +175,7 @@ def test_check_vectors_of_no_files_is_an_error():
 def test_cli_check_not_json(capsys, tmp_path):
     (tmp_path / "bad.json").write_text("{nope")
     assert hash_main(["--check", str(tmp_path / "bad.json")]) == 2
-    assert "bad.json: cannot read" in capsys.readouterr().err
+    assert "bad.json is not JSON" in capsys.readouterr().err
 
 
 # --- across processes ---------------------------------------------------------------------------------------------

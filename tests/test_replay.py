@@ -61,7 +61,8 @@ def test_replayer_steps_in_lockstep():
 
 @pytest.mark.parametrize("op, message", [
     ({"op": "config", "num_blocks": 0, "block_size": 4}, "num_blocks must be >= 1"),
-    ({"op": "config", "num_blocks": 4, "block_size": 4, "version": 2}, "version 2 is not supported"),
+    ({"op": "config", "num_blocks": 4, "block_size": 4, "version": 3}, "version 3 is not supported"),
+    ({"op": "schedule", "id": "r", "num_lookahead_tokens": 1}, "needs trace format version 2"),
     ({"op": "config", "num_blocks": 4, "block_size": True}, "'block_size' must be int, got true"),
     ({"op": "add", "id": "r", "prompt": [1, -1]}, "'prompt' must be a non-empty list of ints >= 0"),
     ({"op": "add", "id": "r", "prompt": [1], "lora": "L"}, "'lora' must be dict or null"),
@@ -157,15 +158,17 @@ def test_expect_match_and_divergence(tmp_path, capsys):
     bad = write(tmp_path, "bad.vllm.jsonl", want)
     assert replay_main([str(trace), "--expect", str(bad)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("op 40 diverges: ") and json.loads(out[0][len("op 40 diverges: "):]) == load_trace(trace)[40]
-    assert json.loads(out[1].split("expected: ")[1]) == want[40]
-    assert json.loads(out[2].split("got:      ")[1]) == load_decisions(expected_of(trace))[40]
+    head = "diverged at op 40 (line 41 of the trace): "
+    assert out[0].startswith(head) and json.loads(out[0][len(head):]) == load_trace(trace)[40]
+    assert out[1] == "  free_queue:"
+    assert json.loads(out[2].split("expected ")[1]) == want[40]["free_queue"]
+    assert json.loads(out[3].split("got      ")[1]) == load_decisions(expected_of(trace))[40]["free_queue"]
     short = write(tmp_path, "short.jsonl", want[:10])
     assert replay_main([str(trace), "--expect", str(short)]) == 1
-    assert capsys.readouterr().out.startswith("op 10 diverges: ")
+    assert capsys.readouterr().out.startswith("diverged at op 10 (line 11 of the trace): ")
     longer = write(tmp_path, "long.jsonl", load_decisions(expected_of(trace)) + [{"op": "free"}])
     assert replay_main([str(trace), "--expect", str(longer)]) == 1
-    assert "op 118 diverges: the trace ended but 1 more decisions were expected" in capsys.readouterr().out
+    assert "op 118 (line 119 of the trace): the trace ended, but the decisions go on with" in capsys.readouterr().out
 
 
 def test_bad_files_exit_2_with_one_line(tmp_path, capsys):

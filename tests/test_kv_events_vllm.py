@@ -1,0 +1,35 @@
+"""kvref's payloads decoded by vLLM 0.33.0 itself: skipped unless a vLLM 0.33.0 environment is at /work/venv-vllm
+(READY marker present). vLLM's own KVEventBatch decoder reads every batch kvref emits for every recorded trace, in
+both hash forms, and its encoder writes the same bytes back."""
+import base64
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvref.router_conformance import op_batches
+from test_router_conformance import NAMES, trace
+
+VENV = Path("/work/venv-vllm")
+pytestmark = pytest.mark.skipif(not (VENV / "READY").exists(), reason="no vLLM 0.33.0 environment at /work/venv-vllm")
+
+SCRIPT = r'''
+import base64, json, sys
+import msgspec
+from vllm.distributed.kv_events import KVEventBatch
+decoder, encoder, bad = msgspec.msgpack.Decoder(KVEventBatch), msgspec.msgpack.Encoder(), []
+for i, b64 in enumerate(json.load(sys.stdin)):
+    payload = base64.b64decode(b64)
+    if encoder.encode(decoder.decode(payload)) != payload: bad.append(i)
+print(json.dumps(bad))
+'''
+
+
+@pytest.mark.parametrize("form", ["int", "bytes"])
+def test_vllm_reads_and_rewrites_kvref_payloads(form):
+    payloads = [base64.b64encode(b.payload).decode() for name in NAMES for b in op_batches(trace(name), form, 0) if b.payload]
+    out = subprocess.run([str(VENV / "bin/python"), "-c", SCRIPT], input=json.dumps(payloads), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
