@@ -125,7 +125,6 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.live_requests: dict[str, Request] = {}  # the Request object that holds each block table
-        self._free_queue_ids: tuple[int, list[int]] = (-1, [])  # (queue version, ids): reread only on change
 
 # %% ../nbs/04_kv_cache_manager.ipynb #f02920b8
 @patch(as_prop=True)
@@ -144,11 +143,8 @@ def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
 # %% ../nbs/04_kv_cache_manager.ipynb #2173b5ea
 @patch
 def get_free_queue_ids(self: KVCacheManager) -> list[int]:
-    "The free queue's block ids, head (reused first) to tail; a new list, walked only when the queue changed."
-    queue = self.block_pool.free_block_queue
-    if self._free_queue_ids[0] != queue.version:
-        self._free_queue_ids = (queue.version, block_ids(queue.get_all_free_blocks()))
-    return list(self._free_queue_ids[1])
+    "The free queue's block ids, head (reused first) to tail."
+    return block_ids(self.block_pool.free_block_queue.get_all_free_blocks())
 
 # %% ../nbs/04_kv_cache_manager.ipynb #bbcbc481
 @patch
