@@ -51,6 +51,15 @@ def pop(self: BlockHashToBlockMap, block_hash: bytes, block_id: int) -> None:
     if type(blocks) is KVCacheBlock or len(blocks) == 1: del self._cache[block_hash]
     else: del blocks[block_id]
 
+# %% ../nbs/03_block_pool.ipynb #b7c1a008
+@patch
+def insert_all(self: BlockHashToBlockMap, block_hashes: list[bytes], blocks: list[KVCacheBlock]) -> None:
+    "`insert` each block under its hash, in order: one `dict.update` when every hash is new and none repeats."
+    if self._cache.keys().isdisjoint(block_hashes) and len(set(block_hashes)) == len(block_hashes):
+        self._cache.update(zip(block_hashes, blocks))
+    else:
+        for block_hash, block in zip(block_hashes, blocks): self.insert(block_hash, block)
+
 # %% ../nbs/03_block_pool.ipynb #f19e8973
 @dataclass(slots=True, frozen=True)
 class BlockStored:
@@ -115,10 +124,13 @@ def get_usage(self: BlockPool) -> float:
 def _checked_own(self: BlockPool, blocks: Iterable[KVCacheBlock], name: str) -> list[KVCacheBlock]:
     "`blocks` as a list, after checking that each is one of this pool's blocks."
     blocks = _checked_blocks(blocks, name)
-    for block in blocks:
-        bid = block.block_id
-        if not (type(bid) is int and 0 <= bid < self.num_blocks and self.blocks[bid] is block):
-            raise ValueError(f"{name}: block {bid} is not a block of this pool")
+    try: own = [self.blocks[b.block_id] for b in blocks] == blocks  # one pass (blocks compare by identity)
+    except (IndexError, TypeError): own = False
+    if not own:  # find the culprit
+        for block in blocks:
+            bid = block.block_id
+            if not (type(bid) is int and 0 <= bid < self.num_blocks and self.blocks[bid] is block):
+                raise ValueError(f"{name}: block {bid} is not a block of this pool")
     return blocks
 
 # %% ../nbs/03_block_pool.ipynb #450defbb
@@ -169,9 +181,8 @@ def cache_full_blocks(self: BlockPool,
     if not new_blocks: return
     if extra_keys is not None and len(extra_keys) != len(new_blocks):
         raise ValueError(f"extra_keys has {len(extra_keys)} entries for {len(new_blocks)} newly full blocks")
-    for block, block_hash in zip(new_blocks, new_hashes):
-        block.block_hash = block_hash
-        self.cached_block_hash_to_block.insert(block_hash, block)
+    for block, block_hash in zip(new_blocks, new_hashes): block.block_hash = block_hash
+    self.cached_block_hash_to_block.insert_all(new_hashes, new_blocks)
     if self.kv_event_queue is not None:
         parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
         tokens = list(token_ids[num_cached_blocks * block_size:num_full_blocks * block_size])
@@ -195,15 +206,23 @@ def _checked_cache_args(self: BlockPool, blocks, block_hashes, num_cached_blocks
                          f"and {len(block_hashes)} block hashes")
     new_blocks = self._checked_own(blocks[num_cached_blocks:num_full_blocks], "cache_full_blocks")
     new_hashes = list(block_hashes[num_cached_blocks:num_full_blocks])
-    for i, (block, block_hash) in enumerate(zip(new_blocks, new_hashes), num_cached_blocks):
-        if type(block_hash) is not bytes or not block_hash:
-            raise TypeError(f"block_hashes[{i}] must be non-empty bytes, got {block_hash!r:.40}")
-        if block.block_hash is not None: raise ValueError(f"block {block.block_id} is already cached")
-        if block.ref_cnt <= 0 or block.is_null: raise ValueError(f"block {block.block_id} is not held: only held blocks are cached")
+    if not (set(map(type, new_hashes)) <= {bytes} and all(new_hashes)  # one pass each; the culprit only on failure
+            and all(b.block_hash is None and b.ref_cnt > 0 and not b.is_null for b in new_blocks)):
+        self._refuse_cache_args(new_blocks, new_hashes, num_cached_blocks)
     if len(set(new_blocks)) < len(new_blocks):
         twice = next(b for i, b in enumerate(new_blocks) if b in new_blocks[:i])
         raise ValueError(f"block {twice.block_id} appears twice in the blocks to cache")
     return new_blocks, new_hashes
+
+# %% ../nbs/03_block_pool.ipynb #b7c1a006
+@patch
+def _refuse_cache_args(self: BlockPool, new_blocks: list[KVCacheBlock], new_hashes: list, first: int) -> None:
+    "Raise the error naming the first new block or hash that cannot be cached (`first`: the index of the first)."
+    for i, (block, block_hash) in enumerate(zip(new_blocks, new_hashes), first):
+        if type(block_hash) is not bytes or not block_hash:
+            raise TypeError(f"block_hashes[{i}] must be non-empty bytes, got {block_hash!r:.40}")
+        if block.block_hash is not None: raise ValueError(f"block {block.block_id} is already cached")
+        if block.ref_cnt <= 0 or block.is_null: raise ValueError(f"block {block.block_id} is not held: only held blocks are cached")
 
 # %% ../nbs/03_block_pool.ipynb #275de75c
 @patch
@@ -220,19 +239,19 @@ def free_blocks(self: BlockPool,
                 unhashed_first: bool = False             # vLLM 0.33: hashless blocks go to the head
                ) -> None:
     "Release one reference to each block; those no longer held return to the free queue."
-    blocks = self._checked_own(ordered_blocks, "free_blocks")
-    for block, n in Counter(b for b in blocks if not b.is_null).items():  # check every count before changing one
-        if n > block.ref_cnt:
-            raise ValueError(f"block {block.block_id} is freed but not held" if block.ref_cnt <= 0 else
-                             f"block {block.block_id} is freed {n} times but held {block.ref_cnt} times")
+    blocks = [b for b in self._checked_own(ordered_blocks, "free_blocks") if not b.is_null]
+    if len(set(blocks)) < len(blocks) or (blocks and min([b.ref_cnt for b in blocks]) < 1):
+        for block, n in Counter(blocks).items():  # check every count before changing one
+            if n > block.ref_cnt:
+                raise ValueError(f"block {block.block_id} is freed but not held" if block.ref_cnt <= 0 else
+                                 f"block {block.block_id} is freed {n} times but held {block.ref_cnt} times")
     to_head, to_tail = [], []
     for block in blocks:
-        if block.is_null: continue
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
             (to_head if unhashed_first and block.block_hash is None else to_tail).append(block)
-    self.free_block_queue.prepend_n(to_head)
-    self.free_block_queue.append_n(to_tail)
+    if to_head: self.free_block_queue.prepend_n(to_head)
+    if to_tail: self.free_block_queue.append_n(to_tail)
 
 # %% ../nbs/03_block_pool.ipynb #e74b93b7
 @patch

@@ -125,7 +125,6 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.live_requests: dict[str, Request] = {}  # the Request object that holds each block table
-        self._free_queue_ids: tuple[int, list[int]] = (-1, [])  # (queue version, ids): reread only on change
 
 # %% ../nbs/04_kv_cache_manager.ipynb #f02920b8
 @patch(as_prop=True)
@@ -144,11 +143,8 @@ def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
 # %% ../nbs/04_kv_cache_manager.ipynb #2173b5ea
 @patch
 def get_free_queue_ids(self: KVCacheManager) -> list[int]:
-    "The free queue's block ids, head (reused first) to tail; a new list, walked only when the queue changed."
-    queue = self.block_pool.free_block_queue
-    if self._free_queue_ids[0] != queue.version:
-        self._free_queue_ids = (queue.version, block_ids(queue.get_all_free_blocks()))
-    return list(self._free_queue_ids[1])
+    "The free queue's block ids, head (reused first) to tail."
+    return block_ids(self.block_pool.free_block_queue.get_all_free_blocks())
 
 # %% ../nbs/04_kv_cache_manager.ipynb #bbcbc481
 @patch
@@ -170,7 +166,7 @@ def _checked_request(self: KVCacheManager, request: Request) -> Request:
 @patch
 def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
     "The request's full-block hashes, brought up to date (only new full blocks are hashed)."
-    if len(request.block_hashes) < request.num_tokens // self.block_size:
+    if len(request.block_hashes) < len(request.all_token_ids) // self.block_size:
         request.block_hashes = hash_request_tokens(
             request.all_token_ids, self.block_size, self.hash_algo, cache_salt=request.cache_salt,
             lora=request.lora_request, mm_items=request.mm_items, known_hashes=request.block_hashes)
@@ -182,10 +178,10 @@ def get_computed_blocks(self: KVCacheManager, request: Request) -> tuple[list[KV
     "The longest cached prefix of full blocks (leaving at least one token to compute) and its token count."
     self._checked_request(request)
     if not self.enable_caching: return [], 0
-    max_hit_blocks = (request.num_tokens - 1) // self.block_size
-    hits = []
+    max_hit_blocks = (len(request.all_token_ids) - 1) // self.block_size
+    hits, get_cached_block = [], self.block_pool.get_cached_block
     for block_hash in self._block_hashes(request)[:max_hit_blocks]:
-        block = self.block_pool.get_cached_block(block_hash)
+        block = get_cached_block(block_hash)
         if block is None: break
         hits.append(block)
     return hits, len(hits) * self.block_size
@@ -205,19 +201,20 @@ def allocate_slots(self: KVCacheManager,
     rid, num_computed = request.request_id, request.num_computed_tokens + num_new_computed_tokens
     num_slots = num_computed + num_new_tokens + num_lookahead_tokens
     if self.max_model_len is not None: num_slots = min(num_slots, self.max_model_len)
-    num_new_blocks = cdiv(num_slots, self.block_size) - len(table) - len(hits)
+    num_new_blocks = max(cdiv(num_slots, self.block_size) - len(table) - len(hits), 0)
     num_evictable_hits = sum(b.ref_cnt == 0 and not b.is_null for b in hits) if hits else 0
-    if max(num_new_blocks, 0) + num_evictable_hits > self.block_pool.get_num_free_blocks(): return None
+    if num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks(): return None
     self.req_to_blocks[rid], self.live_requests[rid] = table, request
     if hits:
         self.block_pool.touch(hits)
         table.extend(hits)
         self.num_cached_block[rid] = len(table)
     new_blocks = []
-    if num_new_blocks > 0:
+    if num_new_blocks:
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks + self._num_preallocate(len(table), num_new_blocks))
         table.extend(new_blocks)
-    if self.enable_caching: self._cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
+    num_full_blocks = min(num_computed + num_new_tokens, len(request.all_token_ids)) // self.block_size
+    if self.enable_caching and num_full_blocks > self.num_cached_block.get(rid, 0): self._cache_blocks(request, num_full_blocks)
     return new_blocks
 
 # %% ../nbs/04_kv_cache_manager.ipynb #a846d79a
@@ -232,12 +229,10 @@ def _num_preallocate(self: KVCacheManager, num_held: int, num_new_blocks: int) -
 
 # %% ../nbs/04_kv_cache_manager.ipynb #3ed5db06
 @patch
-def _cache_blocks(self: KVCacheManager, request: Request, num_tokens: int) -> None:
-    "Cache the request's blocks that `num_tokens` known tokens fill and that are not cached yet."
-    rid, num_full_blocks = request.request_id, num_tokens // self.block_size
+def _cache_blocks(self: KVCacheManager, request: Request, num_full_blocks: int) -> None:
+    "Cache the request's first `num_full_blocks` blocks (all full with known tokens) that are not cached yet."
+    rid, lora_name = request.request_id, request.lora_request.name if request.lora_request else None
     num_cached = self.num_cached_block.get(rid, 0)
-    if num_full_blocks <= num_cached: return
-    lora_name = request.lora_request.name if request.lora_request else None
     keys = self._extra_keys(request, num_cached, num_full_blocks) if self.block_pool.kv_event_queue is not None else None
     self.block_pool.cache_full_blocks(self.req_to_blocks[rid], self._block_hashes(request), num_cached,
                                       num_full_blocks, self.block_size, request.all_token_ids, lora_name, keys)
@@ -248,7 +243,7 @@ def _extra_keys(self: KVCacheManager, request: Request, start_block: int, stop_b
     "The hash extra keys of the request's blocks `[start_block, stop_block)`, for the `BlockStored` event."
     size = self.block_size
     return _extra_keys_per_block(start_block * size, stop_block * size, size, lora=request.lora_request,
-                                 mm_items=_checked_mm_items(request.mm_items, request.num_tokens),
+                                 mm_items=_checked_mm_items(request.mm_items, len(request.all_token_ids)),
                                  cache_salt=request.cache_salt, prompt_embeds=None)
 
 # %% ../nbs/04_kv_cache_manager.ipynb #0e704123
@@ -258,10 +253,9 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
     "Validate one `allocate_slots` call; return the request's block table (a new empty list if it has none)."
     rid = self._checked_request(request).request_id
     if not (type(num_new_tokens) is type(num_new_computed_tokens) is type(num_lookahead_tokens) is int
-            and min(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens) >= 0):  # one cheap test first
+            and num_new_tokens > 0 and num_new_computed_tokens >= 0 and num_lookahead_tokens >= 0):  # one cheap test
         for name, value in (("num_new_tokens", num_new_tokens), ("num_new_computed_tokens", num_new_computed_tokens),
                             ("num_lookahead_tokens", num_lookahead_tokens)): _check_count(f"request {rid!r}: {name}", value)
-    if num_new_tokens == 0:
         raise ValueError(f"request {rid!r}: num_new_tokens must be > 0; vLLM refuses a step with nothing to compute")
     if num_new_computed_tokens != len(hits) * self.block_size:
         raise ValueError(f"request {rid!r}: num_new_computed_tokens={num_new_computed_tokens} but "
@@ -273,8 +267,8 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
     if hits and (table or num_computed):
         raise ValueError(f"request {rid!r} already has computed tokens; prefix hits are only adopted by a new request")
     total = num_computed + num_new_computed_tokens + num_new_tokens
-    if total > request.num_tokens:
-        raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {request.num_tokens}")
+    if total > len(request.all_token_ids):
+        raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {len(request.all_token_ids)}")
     if self.max_model_len is not None and total > self.max_model_len:
         raise ValueError(f"request {rid!r} needs {total} tokens but max_model_len is {self.max_model_len}")
     if hits: self._check_hits(request, hits)
@@ -288,7 +282,9 @@ def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]
     rid = request.request_id
     if not self.enable_caching: raise ValueError(f"request {rid!r}: prefix caching is off, so no block can be a hit")
     self.block_pool._checked_own(hits, "new_computed_blocks")
-    for i, (block, block_hash) in enumerate(zip(hits, self._block_hashes(request))):
+    hashes = self._block_hashes(request)
+    if [b.block_hash for b in hits] == hashes[:len(hits)]: return  # one pass; the culprit only on failure
+    for i, (block, block_hash) in enumerate(zip(hits, hashes)):
         if block.block_hash != block_hash:
             raise ValueError(f"request {rid!r}: new_computed_blocks[{i}] (block {block.block_id}) "
                              f"is not the block cached for the request's block {i}")

@@ -17,7 +17,7 @@ from kvref.kv_cache_manager import KVCacheManager, Request
 def queue_state(q: FreeKVCacheBlockQueue, blocks) -> tuple:
     "Order, counters and every block's links (by id): all a queue's observable state."
     link = lambda b: None if b is None else (b.block_id, id(b))
-    return (block_ids(q.get_all_free_blocks()), q.num_free_blocks, q.version,
+    return (block_ids(q.get_all_free_blocks()), q.num_free_blocks,
             [(link(b.prev_free_block), link(b.next_free_block)) for b in blocks])
 
 

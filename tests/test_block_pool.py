@@ -142,7 +142,8 @@ def test_cache_map_equals_a_dict_of_dicts(ops):
     for insert, h, i in ops:
         key = bytes([h])
         if insert and i not in plain.get(key, {}):
-            compact.insert(key, blocks[i])
+            if i % 2: compact.insert(key, blocks[i])
+            else: compact.insert_all([key], [blocks[i]])
             plain.setdefault(key, {})[i] = blocks[i]
         elif not insert and i in plain.get(key, {}):
             compact.pop(key, i)
@@ -153,3 +154,16 @@ def test_cache_map_equals_a_dict_of_dicts(ops):
             assert list(compact[key].items()) == list(holders.items())   # earliest first
             assert compact.get_one_block(key) is next(iter(holders.values()))
     assert compact.get_one_block(b"never") is None and b"never" not in compact
+
+
+@given(st.lists(st.lists(st.integers(0, 4), max_size=6), max_size=8))
+def test_insert_all_equals_inserting_one_by_one(batches):
+    "insert_all (one dict.update when every hash is new) leaves the map as inserting each block in order does."
+    blocks, one_by_one, at_once = [KVCacheBlock(i) for i in range(64)], BlockHashToBlockMap(), BlockHashToBlockMap()
+    next_block = 0
+    for hashes in batches:
+        keys, run = [bytes([h]) for h in hashes], blocks[next_block:next_block + len(hashes)]
+        next_block += len(hashes)
+        for key, block in zip(keys, run): one_by_one.insert(key, block)
+        at_once.insert_all(keys, run)
+        assert at_once == one_by_one and [list(at_once[k]) for k in at_once] == [list(one_by_one[k]) for k in one_by_one]
