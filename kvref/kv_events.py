@@ -240,11 +240,11 @@ def _field_values(cls: type) -> Any:
     names = [f.name for f in fields(cls)]
     return operator.attrgetter(*names) if len(names) > 1 else lambda event: tuple(getattr(event, n) for n in names)
 
-def _from_twins(batch) -> KVEventBatch:
-    "A twin batch as the wire dataclasses (for the plain encoder's errors)."
-    plain = lambda e: EVENT_TYPES[type(e).__name__](*(getattr(e, name) for name in e.__struct_fields__))
-    events = [plain(e) if hasattr(e, "__struct_fields__") else e for e in batch.events]
-    return KVEventBatch(batch.ts, events, batch.data_parallel_rank)
+def _from_twins(batch, twins: dict[type, type]) -> KVEventBatch:
+    "A twin batch as the wire dataclasses, anything else left as it is (for the plain encoder's errors)."
+    plain = {twin: cls for cls, twin in twins.items()}
+    as_plain = lambda e: plain[type(e)](*(getattr(e, name) for name in e.__struct_fields__)) if type(e) in plain else e
+    return KVEventBatch(batch.ts, [as_plain(e) for e in batch.events], batch.data_parallel_rank)
 
 # %% ../nbs/03a_kv_events.ipynb #7e0d9b44
 def encode_batch_fast(batch) -> bytes:  # a `wire_batch_fast` batch, or a `KVEventBatch`
@@ -254,7 +254,7 @@ def encode_batch_fast(batch) -> bytes:  # a `wire_batch_fast` batch, or a `KVEve
     twins, encoder = fast
     if type(batch) is twins[KVEventBatch]:  # built as Structs: encoded as vLLM's publisher encodes its own
         try: return encoder.encode(batch)
-        except (TypeError, OverflowError): return encode_batch(_from_twins(batch))  # names what it cannot encode
+        except (TypeError, OverflowError): return encode_batch(_from_twins(batch, twins))  # names what it cannot encode
     if type(batch) is not KVEventBatch or type(batch.ts) is not float: return encode_batch(batch)  # its errors
     try: structs = [twins[type(e)](*_field_values(type(e))(e)) for e in batch.events]
     except KeyError: return encode_batch(batch)  # not a wire event: the plain encoder names it

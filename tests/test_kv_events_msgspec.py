@@ -137,3 +137,10 @@ def test_fast_batch_refusals_name_the_field():
         encode_batch_fast(twins[KVEventBatch](0.0, [twins[WireRemoved]([2**64], "GPU")]))
     with pytest.raises(TypeError, match="KVEventBatch.ts must be a float"):
         wire_batch_fast([], ts=1)
+    with pytest.raises(TypeError, match="cannot encode Foreign"):
+        encode_batch_fast(twins[KVEventBatch](0.0, [Foreign(2**64)]))
+
+
+class Foreign(msgspec.Struct):
+    "A Struct that is no wire event's twin."
+    n: int
