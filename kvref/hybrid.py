@@ -448,6 +448,15 @@ def free(self: HybridKVCacheManager, request: HybridRequest | str) -> None:
 def reset_prefix_cache(self: HybridKVCacheManager) -> bool:
     "Forget every cached block, if no request holds one; return whether it did."
     return self.block_pool.reset_prefix_cache()
+@patch
+def new_step_starts(self: SingleTypeKVCacheManager) -> None:
+    "A scheduler step begins: attention groups have nothing to forget."
+
+@patch
+def new_step_starts(self: HybridKVCacheManager) -> None:
+    "A scheduler step begins (vLLM's `KVCacheManager.new_step_starts`); Mamba groups forget this step's new states."
+    for m in self.coordinator.single_type_managers: m.new_step_starts()
+
 
 # %% ../nbs/04a_hybrid.ipynb #dbedfd40
 def _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_len, retention_interval,
@@ -462,11 +471,15 @@ def _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_
     for name, value, low in (("max_in_flight_tokens", max_in_flight_tokens, 1), ("prefix_match_unit", prefix_match_unit, 1),
                              ("retention_interval", retention_interval, 0)):
         if value is not None: _check_count(name, value, low)
-    scheduler_block_size, _ = resolve_block_sizes([s.block_size for s in specs], enable_caching, prefix_match_unit)
+    scheduler_block_size, hash_block_size = resolve_block_sizes([s.block_size for s in specs], enable_caching, prefix_match_unit)
     if scheduler_block_size > max_model_len:
         raise ValueError(f"the block sizes {[s.block_size for s in specs]} have lcm {scheduler_block_size} "
                          f"(the scheduler block size) but max_model_len is {max_model_len}")
     _check_retention(specs, retention_interval, scheduler_block_size)
+    for i, spec in enumerate(specs):
+        if type(spec).__name__ == "MambaSpec" and spec.block_size > hash_block_size:
+            raise ValueError(f"specs[{i}]: prefix_match_unit={hash_block_size} below the Mamba block size {spec.block_size} "
+                             "asks for sub-block hits with copy-on-write, which kvref does not model")
     for i, spec in enumerate(specs):
         if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != scheduler_block_size and len(specs) > 1:
             raise ValueError(f"specs[{i}]: a chunked local attention group needs block_size = the lcm of all block "
@@ -513,8 +526,8 @@ def spec_from_group(group: dict, index: int):
     "The spec of `config.groups[index]`; ValueError naming the field."
     where = f"groups[{index}]"
     if not isinstance(group, dict): raise ValueError(f"{where} must be an object, got {group!r}")
-    if group.get("kind") == "mamba":
-        raise ValueError(f"{where}.kind 'mamba': Mamba groups (vLLM's align mode) are not modelled by kvref yet")
+    if group.get("kind") == "mamba" and "mamba" not in GROUP_KINDS:
+        raise ValueError(f"{where}.kind 'mamba': Mamba groups are modelled in kvref.mamba; import it to register the kind")
     if group.get("kind") not in GROUP_KINDS:
         raise ValueError(f"{where}.kind must be one of {', '.join(map(repr, GROUP_KINDS))}, got {group.get('kind')!r}")
     cls, extra = GROUP_KINDS[group["kind"]]
@@ -598,6 +611,10 @@ def _preempt(self: HybridTraceReplayer, op: dict) -> None:
 @patch
 def _free(self: HybridTraceReplayer, op: dict) -> None:
     self.requests.pop(op["id"], None); self.running.discard(op["id"]); self.manager.free(op["id"])
+
+@patch
+def _new_step(self: HybridTraceReplayer, op: dict) -> dict:
+    self.manager.new_step_starts(); return {"copies": []}  # copy-on-write (sub-block hits) is not modelled
 
 @patch
 def _reset_prefix_cache(self: HybridTraceReplayer, op: dict) -> dict: return {"ok": self.manager.reset_prefix_cache()}
