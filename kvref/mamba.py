@@ -129,10 +129,10 @@ def reachable_block_mask(self: MambaManager, start_block, end_block, retention_i
 def cache_blocks(self: MambaManager, request: HybridRequest, block_hashes: Sequence[bytes], num_tokens: int,
                  retention_interval: int | None) -> None:
     "Cache the retained states `num_tokens` tokens complete, and remember their keys for this step."
-    start = self.num_cached_block.get(request.request_id, 0)
+    rid = request.request_id
+    start = self.num_cached_block.get(rid, 0)
     SingleTypeKVCacheManager.cache_blocks(self, request, block_hashes, num_tokens, retention_interval)
-    table = self.req_to_blocks[request.request_id]
-    self.cached_blocks_this_step.update(b.block_hash for b in table[start:self.num_cached_block[request.request_id]]
+    self.cached_blocks_this_step.update(b.block_hash for b in self.req_to_blocks[rid][start:self.num_cached_block.get(rid, 0)]
                                         if not b.is_null and b.block_hash is not None)
 
 @patch
