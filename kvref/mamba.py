@@ -7,14 +7,14 @@ Docs: https://kvref.github.io/kvref/mamba.html.md"""
 # %% ../nbs/04b_mamba.ipynb #8d9c4ce5
 from __future__ import annotations
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
 from .free_queue import KVCacheBlock, _check_count
 from .block_pool import BlockPool
 from .kv_cache_manager import cdiv
 from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionSpec, HybridKVCacheManager, HybridRequest,
-                     SingleTypeKVCacheManager, get_cached_blocks)
+                     SingleTypeKVCacheManager, get_cached_blocks, hash_with_group_id)
 
 # %% auto #0
 __all__ = ['MambaSpec', 'MambaManager']
@@ -36,6 +36,8 @@ class MambaSpec:
 # %% ../nbs/04b_mamba.ipynb #7977e469
 class MambaManager(SingleTypeKVCacheManager):
     "Mamba groups in align mode: a running state block per request, states cached at block boundaries."
+    supports_fine_grained_hash_lookup: ClassVar[bool] = True  # a state can be looked up at any hash boundary
+    enables_partial_hash_hits: ClassVar[bool] = True          # a block larger than the hash unit turns sub-block hits on
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.last_state_block_idx: dict[str, int] = {}  # slot of the previous step's running state
@@ -53,14 +55,15 @@ GROUP_KINDS["mamba"] = (MambaSpec, ("checkpoint_alignment", "mamba_cache_mode"))
 # %% ../nbs/04b_mamba.ipynb #a8fd5891
 @patch(cls_method=True)
 def find_longest_cache_hit(cls: MambaManager, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int],
-                           block_pool: BlockPool, spec: MambaSpec, alignment_tokens: int
+                           block_pool: BlockPool, spec: MambaSpec, alignment_tokens: int,
+                           fine_hashes: Sequence[bytes] | None = None  # hashes every `alignment_tokens`: sub-block hits on
                           ) -> tuple[list[list[KVCacheBlock]], int]:
     "Per group, nulls then the rightmost cached state at most `max_length` tokens in; and the hit length."
-    bs = spec.block_size
-    for i in range(max_length // bs - 1, -1, -1):
-        cached = get_cached_blocks(block_pool, block_hashes[i], group_ids)
-        if cached is None or (i + 1) * bs % alignment_tokens: continue
-        return [[block_pool.null_block] * i + [block] for block in cached], (i + 1) * bs
+    hashes, step = (block_hashes, spec.block_size) if fine_hashes is None else (fine_hashes, alignment_tokens)
+    for end in range(max_length // step * step, 0, -step):
+        cached = get_cached_blocks(block_pool, hashes[end // step - 1], group_ids)
+        if cached is None or end % alignment_tokens: continue
+        return [[block_pool.null_block] * (cdiv(end, spec.block_size) - 1) + [block] for block in cached], end
     return [[] for _ in group_ids], 0
 
 # %% ../nbs/04b_mamba.ipynb #4b47ebc6
@@ -71,21 +74,30 @@ def num_checkpoint_blocks(self: MambaManager, num_required: int, num_held: int) 
     return int(alignment is not None and alignment < self.block_size and num_required - 2 >= num_held)
 
 @patch
+def overwrites_cached_state(self: MambaManager, request_id: str, num_tokens: int) -> bool:
+    "Would this step write the running state into a block that is cached (a partial tail, sub-block hits on)?"
+    table = self.req_to_blocks.get(request_id)
+    return bool(table) and cdiv(num_tokens, self.block_size) == len(table) and table[-1].block_hash is not None
+
+@patch
 def get_num_blocks_to_allocate(self: MambaManager, request_id: str, num_tokens: int,
                                new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int,
                                apply_admission_cap: bool = False) -> int:
-    "Blocks this group takes: the running state's (+ a checkpoint), plus free hit blocks; a same-step hit: more than the pool."
+    "Blocks this group takes: the running state's (+ a checkpoint, + a copy), plus free hit blocks; a same-step hit: more than the pool."
     if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step:
         return self.block_pool.num_blocks + 1
     num_required, num_held = cdiv(num_tokens, self.block_size), len(self.req_to_blocks.get(request_id, ()))
     num_held += len(new_computed_blocks)
     num_new = 1 + self.num_checkpoint_blocks(num_required, num_held) if num_required > num_held else 0
-    return num_new + sum(b.ref_cnt == 0 and not b.is_null for b in new_computed_blocks)
+    num_copies = int(bool(new_computed_blocks) and total_computed_tokens % self.block_size > 0
+                     or self.overwrites_cached_state(request_id, num_tokens))
+    return num_new + num_copies + sum(b.ref_cnt == 0 and not b.is_null for b in new_computed_blocks)
 
 # %% ../nbs/04b_mamba.ipynb #2f01ad45
 @patch
 def allocate_new_blocks(self: MambaManager, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
     "Give the request the slot of its new running state (and checkpoint); the new blocks."
+    if self.overwrites_cached_state(request_id, num_tokens): self.snapshot_running_state(request_id)
     table = self.req_to_blocks.setdefault(request_id, [])
     num_required, num_held = cdiv(num_tokens, self.block_size), len(table)
     if num_required <= num_held: return []
@@ -136,6 +148,27 @@ def cache_blocks(self: MambaManager, request: HybridRequest, block_hashes: Seque
                                         if not b.is_null and b.block_hash is not None)
 
 @patch
+def cache_partial_tail(self: MambaManager, request: HybridRequest, num_tokens: int, fine_hashes: Sequence[bytes],
+                       hash_block_size: int) -> None:
+    "Sub-block hits on: a running state that sits exactly on a reachable boundary inside its block is cached there."
+    table, end = self.req_to_blocks[request.request_id], num_tokens
+    if end % self.block_size and end in request.reachable_boundaries(hash_block_size) and table[-1].block_hash is None:
+        key = hash_with_group_id(fine_hashes[end // hash_block_size - 1], self.kv_cache_group_id)
+        self.block_pool.cache_full_blocks(table[-1:], [key], 0, 1, self.block_size)
+        self.cached_blocks_this_step.add(key)
+
+@patch
 def new_step_starts(self: MambaManager) -> None:
     "A scheduler step begins: the states cached so far can be hit now."
     self.cached_blocks_this_step.clear()
+
+# %% ../nbs/04b_mamba.ipynb #5b1f0a02
+@patch
+def snapshot_running_state(self: MambaManager, request_id: str) -> None:
+    "Before a cached running state is overwritten in place: copy it to a fresh block, which takes over its key."
+    src, (dst,) = self.req_to_blocks[request_id][-1], self.block_pool.get_new_blocks(1)
+    key = src.block_hash
+    self.block_pool._maybe_evict_cached_block(src)
+    self.block_pool.cache_full_blocks([dst], [key], 0, 1, self.block_size)
+    self.block_pool.touch([src])
+    self.pending_copies.append((src, dst)); self.cached_blocks_this_step.add(key)
