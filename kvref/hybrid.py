@@ -230,14 +230,6 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             return hits, end
         return hits, hit_length
 
-    def cache_partial_tail(self, request, num_tokens, fine_hashes, hash_block_size):
-        "Cache the last, partly filled block under the hash of a reachable boundary inside it (a sub-block hit target)."
-        table, bs = self.req_to_blocks[request.request_id], self.block_size
-        for end in request.reachable_boundaries(hash_block_size):
-            block = table[end // bs] if end % bs and num_tokens // bs == end // bs and end <= num_tokens else None
-            if block is not None and block.block_hash is None:
-                key = hash_with_group_id(fine_hashes[end // hash_block_size - 1], self.kv_cache_group_id)
-                self.block_pool.cache_full_blocks([block], [key], 0, 1, bs)
 
 # %% ../nbs/04a_hybrid.ipynb #d874ea71
 class SlidingWindowManager(SingleTypeKVCacheManager):

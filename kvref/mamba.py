@@ -13,8 +13,8 @@ from fastcore.test import test_eq, test_fail
 from .free_queue import KVCacheBlock, _check_count
 from .block_pool import BlockPool
 from .kv_cache_manager import cdiv
-from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionSpec, HybridKVCacheManager, HybridRequest,
-                     SingleTypeKVCacheManager, get_cached_blocks, hash_with_group_id)
+from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionManager, FullAttentionSpec, HybridKVCacheManager,
+                          HybridRequest, SingleTypeKVCacheManager, get_cached_blocks, hash_with_group_id)
 
 # %% auto #0
 __all__ = ['MambaSpec', 'MambaManager']
@@ -79,6 +79,7 @@ def overwrites_cached_state(self: MambaManager, request_id: str, num_tokens: int
     table = self.req_to_blocks.get(request_id)
     return bool(table) and cdiv(num_tokens, self.block_size) == len(table) and table[-1].block_hash is not None
 
+# %% ../nbs/04b_mamba.ipynb #5b1f0a12
 @patch
 def get_num_blocks_to_allocate(self: MambaManager, request_id: str, num_tokens: int,
                                new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int,
@@ -118,6 +119,7 @@ def remove_skipped_blocks(self: MambaManager, request_id: str, num_computed_toke
         self.block_pool.free_blocks([table[index]], unhashed_first=True)
         table[index] = self.block_pool.null_block
 
+# %% ../nbs/04b_mamba.ipynb #5b1f0a21
 @patch
 def free(self: MambaManager, request_id: str) -> None:
     "Release the request's table and forget its Mamba bookkeeping."
@@ -148,6 +150,12 @@ def cache_blocks(self: MambaManager, request: HybridRequest, block_hashes: Seque
                                         if not b.is_null and b.block_hash is not None)
 
 @patch
+def new_step_starts(self: MambaManager) -> None:
+    "A scheduler step begins: the states cached so far can be hit now."
+    self.cached_blocks_this_step.clear()
+
+# %% ../nbs/04b_mamba.ipynb #5b1f0a13
+@patch
 def cache_partial_tail(self: MambaManager, request: HybridRequest, num_tokens: int, fine_hashes: Sequence[bytes],
                        hash_block_size: int) -> None:
     "Sub-block hits on: a running state that sits exactly on a reachable boundary inside its block is cached there."
@@ -157,10 +165,17 @@ def cache_partial_tail(self: MambaManager, request: HybridRequest, num_tokens: i
         self.block_pool.cache_full_blocks(table[-1:], [key], 0, 1, self.block_size)
         self.cached_blocks_this_step.add(key)
 
+# %% ../nbs/04b_mamba.ipynb #5b1f0a23
 @patch
-def new_step_starts(self: MambaManager) -> None:
-    "A scheduler step begins: the states cached so far can be hit now."
-    self.cached_blocks_this_step.clear()
+def cache_partial_tail(self: FullAttentionManager, request: HybridRequest, num_tokens: int,
+                       fine_hashes: Sequence[bytes], hash_block_size: int) -> None:
+    "Cache the last, partly filled block under the hash of a reachable boundary inside it (a sub-block hit target)."
+    table, bs = self.req_to_blocks[request.request_id], self.block_size
+    for end in request.reachable_boundaries(hash_block_size):
+        block = table[end // bs] if end % bs and num_tokens // bs == end // bs and end <= num_tokens else None
+        if block is not None and block.block_hash is None:
+            key = hash_with_group_id(fine_hashes[end // hash_block_size - 1], self.kv_cache_group_id)
+            self.block_pool.cache_full_blocks([block], [key], 0, 1, bs)
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a02
 @patch
