@@ -20,6 +20,7 @@ from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, lo
                             profile_for_version, release_block_hashes, release_event_block_hashes)
 from .conformance import FIELDS, check, load_adapter, shrink
 from .hybrid import HybridTraceReplayer
+import kvref.mamba  # registers the Mamba group kind with the hybrid manager
 from .kv_events import HASH_FORMS
 from .pictures import progress, write_svgs
 from .workloads import replay_stats
