@@ -13,6 +13,7 @@ from enum import Enum
 from fastcore.basics import patch
 from .hashing import LoRARequest
 from .kv_cache_manager import KVCacheManager, Request
+from .replay import replay
 from .workloads import RequestSpec, Workload, _checked
 
 # %% auto #0
@@ -108,7 +109,7 @@ class Scheduler:
                  max_num_seqs: int = 16,  # running requests at most
                  model: FakeModel | None = None,  # emits tokens for requests without a script
                  policy: str = "fcfs",  # "fcfs": preempt the last scheduled; "priority": the largest (priority, arrival)
-                 record_decisions: bool = False,  # keep each op's decision (costs a free-queue copy per op)
+                 record_decisions: bool = False,  # keep what the scheduler saw each op decide, to hold it to `decisions`
                  record_trace: bool = True):  # keep every op in `trace` (False: long replays, counters only)
         _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions, record_trace)
         self.kv, self.max_num_batched_tokens, self.max_num_seqs = kv_cache_manager, max_num_batched_tokens, max_num_seqs
@@ -121,7 +122,7 @@ class Scheduler:
         self.prefix_cache_stats = PrefixCacheStats()
         self.num_blocks_cached = 0  # blocks given a hash over the run: evictions are those no longer cached
         self.trace: list[dict] = []
-        self.decisions: list[dict] = []
+        self.outcomes: list[dict] = []  # per op, what the manager answered the scheduler (record_decisions)
         kv = kv_cache_manager
         self._emit({"op": "config", "num_blocks": kv.block_pool.num_blocks, "block_size": kv.block_size,
                     "enable_caching": kv.enable_caching, "hash_algo": kv.hash_algo,
@@ -129,14 +130,16 @@ class Scheduler:
 
 # %% ../nbs/06_scheduler.ipynb #26aeefdd
 @patch
-def _emit(self: Scheduler, op: dict, **decision) -> None:
-    "Append `op` to the trace (and its decision, if recording)."
+def _emit(self: Scheduler, op: dict, **outcome) -> None:
+    "Append `op` to the trace (and, when recording, what the scheduler saw the manager decide)."
     if not self.record_trace: return
     self.trace.append(op)
-    if self.record:
-        d = {"op": op["op"], **({"id": op["id"]} if "id" in op else {}), **decision}
-        d["free_queue"], d["num_free"] = self.kv.get_free_queue_ids(), self.kv.num_free_blocks
-        self.decisions.append(d)
+    if self.record: self.outcomes.append(outcome)
+
+@patch(as_prop=True)
+def decisions(self: Scheduler) -> list[dict]:
+    "Each op's decision, made by the one trace driver: the replay of the recorded trace."
+    return list(replay(self.trace, self.kv.behavior))
 
 # %% ../nbs/06_scheduler.ipynb #d994ddaa
 @patch
