@@ -20,6 +20,7 @@ from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, lo
                             profile_for_version, release_block_hashes, release_event_block_hashes)
 from .conformance import FIELDS, check, load_adapter, shrink
 from .hybrid import HybridTraceReplayer
+import kvref.mamba  # registers the Mamba group kind with the hybrid manager
 from .kv_events import HASH_FORMS
 from .pictures import progress, write_svgs
 from .workloads import replay_stats
@@ -253,8 +254,8 @@ def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace
 def _is_hybrid(path: str) -> bool:
     "Whether a trace file's config op describes KV cache groups (the hybrid format) rather than one block size."
     with open(path, encoding="utf-8") as f: first = f.readline(MAX_LINE_CHARS + 1)
-    try: config = json.loads(first)
-    except ValueError: return False  # the trace loader names the problem
+    try: config = parse_json(first, path)
+    except ValueError: return False  # not JSON, or nested too deeply: the trace loader names the problem
     return isinstance(config, dict) and "groups" in config
 
 def _replay_parser() -> CommandParser:

@@ -28,11 +28,29 @@ def _as_factory(adapter) -> Callable[[dict], AllocatorAdapter]:
 def _ops(trace) -> list[dict]:
     return load_trace(trace) if isinstance(trace, (str, Path)) else list(trace)
 
+# %% ../nbs/07_conformance.ipynb #f867e38e
+def _queue_every(ops: list[dict], free_queue_every: int | None) -> int:
+    "Compare whole free queues every this many ops: as asked, else every op up to 64 blocks, every `num_blocks` above."
+    num_blocks = ops[0].get("num_blocks", 1) if ops else 1
+    return free_queue_every or (1 if num_blocks <= 64 else num_blocks)
+
+def _sides(factory, behavior: str, fields, every: int) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
+    "kvref and the engine, each a format 2 driver, stepped in lockstep."
+    ref = TraceReplayer(behavior, version=2, free_queue_every=every)
+    engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
+    return ref, engine, Lockstep(ref.apply, engine.apply, fields)
+
+# %% ../nbs/07_conformance.ipynb #8bd32e23
 def _tables_before(ops: list[dict], behavior: str) -> dict[str, list[int]]:
     "kvref's block tables after `ops` (replayed again, only to report a divergence)."
     ref = TraceReplayer(behavior, version=2)
     for op in ops: ref.apply(op)
     return {r: ref.manager.get_block_ids(r) for r in ref.requests} if ref.manager else {}
+
+def _queues_differ(ref: TraceReplayer, engine: TraceDriver, fields: list[str]) -> bool:
+    "Whether the sides' whole free queues differ after the last op (when queues are compared at all)."
+    return "free_queue" in fields and engine.adapter is not None and \
+        engine.adapter.free_queue() not in (None, ref.adapter.free_queue())
 
 # %% ../nbs/07_conformance.ipynb #e3da2eec
 def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -> the engine's adapter
@@ -44,19 +62,14 @@ def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -
     "Run kvref and `adapter` over `trace` in lockstep; the first divergence, or None if every decision matches."
     factory, ops, fields = _as_factory(adapter), _ops(trace), list(fields)
     if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
-    num_blocks = ops[0].get("num_blocks", 1) if ops else 1
-    every = free_queue_every or (1 if num_blocks <= 64 else num_blocks)
-    ref = TraceReplayer(behavior, version=2, free_queue_every=every)
-    engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
-    lock = Lockstep(ref.apply, engine.apply, fields)
+    every = _queue_every(ops, free_queue_every)
+    ref, engine, lock = _sides(factory, behavior, fields, every)
     for op in ops:
         if (d := lock.apply(op)) is None: continue
         if every > 1 and "free_queue" in d.fields: return check(factory, d.trace, behavior, fields, 1)
         d.tables = _tables_before(d.trace[:-1], behavior)
         return d
-    last_differs = every > 1 and "free_queue" in fields and engine.adapter is not None and \
-        engine.adapter.free_queue() not in (None, ref.adapter.free_queue())
-    return check(factory, ops, behavior, fields, 1) if last_differs else None
+    return check(factory, ops, behavior, fields, 1) if every > 1 and _queues_differ(ref, engine, fields) else None
 
 # %% ../nbs/07_conformance.ipynb #1a2bb6d9
 def _signature(d: Divergence | None):
@@ -69,6 +82,24 @@ def _diverges_like(adapter, ops, behavior, fields, target) -> Divergence | None:
     except (ValueError, KeyError, TypeError): return None  # not a valid trace for kvref
     return d if _signature(d) == target else None
 
+# %% ../nbs/07_conformance.ipynb #03d46125
+def _without_requests(ops: list[dict], attempt: Callable) -> list[dict]:
+    "Drop each request's ops all at once, where the divergence survives it."
+    for rid in dict.fromkeys(op.get("id") for op in ops[1:] if "id" in op):
+        if (t := attempt([op for op in ops if op.get("id") != rid])) is not None: ops = t
+    return ops
+
+def _without_runs(ops: list[dict], attempt: Callable) -> list[dict]:
+    "Drop runs of ops of halving length, down to single ops, where the divergence survives it."
+    size = max(1, (len(ops) - 1) // 2)
+    while size >= 1:
+        start = 1
+        while start < len(ops):
+            if (t := attempt(ops[:start] + ops[start + size:])) is not None: ops = t
+            else: start += size
+        size //= 2
+    return ops
+
 # %% ../nbs/07_conformance.ipynb #d1e0de9a
 def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `check`
            trace: Iterable[dict] | str | Path,  # a trace on which `adapter` diverges
@@ -78,20 +109,11 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
     "A short trace (config first) on which `adapter` still diverges from kvref the same way as on `trace`."
     fields, first = list(fields), check(adapter, trace, behavior, list(fields))
     if first is None: raise ValueError("the adapter does not diverge on this trace: nothing to shrink")
-    target, ops = _signature(first), first.trace
+    target = _signature(first)
     def attempt(candidate):
         d = _diverges_like(adapter, candidate, behavior, fields, target)
         return None if d is None else d.trace
-    for rid in dict.fromkeys(op.get("id") for op in ops[1:] if "id" in op):
-        if (t := attempt([op for op in ops if op.get("id") != rid])) is not None: ops = t
-    size = max(1, (len(ops) - 1) // 2)
-    while size >= 1:
-        start = 1
-        while start < len(ops):
-            if (t := attempt(ops[:start] + ops[start + size:])) is not None: ops = t
-            else: start += size
-        size //= 2
-    return ops
+    return _without_runs(_without_requests(first.trace, attempt), attempt)
 
 # %% ../nbs/07_conformance.ipynb #af783fd6
 OP_MIX = ("schedule",) * 48 + ("add",) * 10 + ("append",) * 14 + ("free",) * 8 + ("preempt",) * 4 + ("reset_prefix_cache",)
@@ -112,6 +134,7 @@ def step(self: ConformanceMachine, op: dict) -> None:
         self.out_path.write_text("".join(json.dumps(o) + "\n" for o in d.trace))
         raise AssertionError(f"{d.report()}\ntrace written to {self.out_path}")
 
+# %% ../nbs/07_conformance.ipynb #4af25a77
 @patch
 def live(self: ConformanceMachine, kind: str) -> list[str]:
     "The live requests an op of `kind` may name (schedule: tokens left; append: all computed; preempt: some)."
@@ -128,9 +151,7 @@ def config(self: ConformanceMachine, num_blocks, block_size, data):
     self.prefixes = data.draw(st.lists(st.lists(st.integers(0, 7), min_size=block_size, max_size=4 * block_size + 3),
                                        min_size=1, max_size=3))
     self.next_id = 0
-    self.ref = TraceReplayer(self.behavior, version=2, free_queue_every=1)
-    self.engine = TraceDriver(self.factory, version=2, free_queue_every=1, validate=False)
-    self.lock = Lockstep(self.ref.apply, self.engine.apply, self.fields)
+    self.ref, self.engine, self.lock = _sides(self.factory, self.behavior, self.fields, 1)
     self.step({"op": "config", "num_blocks": num_blocks, "block_size": block_size, "enable_caching": caching,
                "hash_algo": "sha256", "version": 2})
 
@@ -145,6 +166,7 @@ def _add(self: ConformanceMachine, data) -> dict:
     rid, self.next_id = f"r{self.next_id}", self.next_id + 1
     return {"op": "add", "id": rid, "prompt": prompt, "cache_salt": data.draw(st.sampled_from([None] * 9 + ["s"]))}
 
+# %% ../nbs/07_conformance.ipynb #a8e13b3c
 @patch
 def _schedule(self: ConformanceMachine, data) -> dict:
     op = {"op": "schedule", "id": data.draw(st.sampled_from(self.live("schedule"))),
@@ -164,6 +186,7 @@ def _request_op(self: ConformanceMachine, kind: str, data) -> dict:
     "A `preempt` or `free` of a request that allows it."
     return {"op": kind, "id": data.draw(st.sampled_from(self.live(kind)))}
 
+# %% ../nbs/07_conformance.ipynb #25324ab4
 @patch
 @rule(data=st.data())
 def act(self: ConformanceMachine, data):
@@ -188,7 +211,7 @@ def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory:
         factory=staticmethod(_as_factory(adapter)), behavior=behavior, fields=tuple(fields), out_path=Path(out_path),
         caching=tuple(caching)))
 
-# %% ../nbs/07_conformance.ipynb #a7c0f014
+# %% ../nbs/07_conformance.ipynb #0025f4e6
 def _import_error(what: str, e: Exception) -> ValueError:
     "One line naming what failed to import and the exception it raised (raised `from` it, so its traceback stays)."
     hint = " (is its folder on PYTHONPATH?)" if isinstance(e, ModuleNotFoundError) else ""
@@ -203,6 +226,7 @@ def _import_file(path: str):
     except Exception as e: raise _import_error(repr(path), e) from e
     return module
 
+# %% ../nbs/07_conformance.ipynb #7177a5e9
 def _import_module(name: str):
     "The module `name`, found on sys.path or in the current folder."
     if os.getcwd() not in sys.path and "" not in sys.path: sys.path.append(os.getcwd())

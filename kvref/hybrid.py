@@ -21,8 +21,8 @@ __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'FullAttentionSpe
            'ChunkedLocalAttentionSpec', 'resolve_block_sizes', 'group_block_hashes', 'hash_with_group_id',
            'get_cached_blocks', 'HybridRequest', 'SingleTypeKVCacheManager', 'FullAttentionManager',
            'SlidingWindowManager', 'ChunkedLocalAttentionManager', 'SpecGroup', 'split_spec_groups',
-           'max_admission_blocks_per_request', 'HybridKVCacheCoordinator', 'HybridKVCacheManager', 'spec_from_group',
-           'HybridTraceReplayer', 'replay_hybrid', 'group_tables_svg']
+           'max_admission_blocks_per_request', 'partial_hash_hits_enabled', 'HybridKVCacheCoordinator',
+           'HybridKVCacheManager', 'spec_from_group', 'HybridTraceReplayer', 'replay_hybrid', 'group_tables_svg']
 
 # %% ../nbs/04a_hybrid.ipynb #ff1337a6
 @dataclass(frozen=True, slots=True)
@@ -89,10 +89,16 @@ class HybridRequest(Request):
     @property
     def num_prompt_tokens(self) -> int: return len(self.prompt_token_ids)
 
+    def reachable_boundaries(self, alignment: int) -> list[int]:
+        "Where a later request's hit can end: the replay boundary and the shared-prefix junction, aligned down."
+        ends = [self.num_prompt_tokens - 1] + ([self.shared_prefix_boundary] if self.shared_prefix_boundary else [])
+        return [end // alignment * alignment for end in ends]
+
 # %% ../nbs/04a_hybrid.ipynb #8aed11cf
 class SingleTypeKVCacheManager:
     "One KV cache group's block tables: counting, allocation, caching and skipping, shared by every kind."
-    supports_fine_grained_hash_lookup: ClassVar[bool] = False
+    supports_fine_grained_hash_lookup: ClassVar[bool] = False  # can look up at the hash unit inside a block
+    enables_partial_hash_hits: ClassVar[bool] = False          # its kind turns sub-block hits on (Mamba)
     def __init__(self, spec, block_pool: BlockPool, kv_cache_group_id: int, scheduler_block_size: int,
                  max_admission_blocks_per_request: int | None = None):  # the admission gate's cap (sliding, chunked)
         self.spec, self.block_size, self.block_pool = spec, spec.block_size, block_pool
@@ -100,6 +106,7 @@ class SingleTypeKVCacheManager:
         self.max_admission_blocks_per_request = max_admission_blocks_per_request
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}  # only for requests that have allocated (running)
+        self.pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []  # copy-on-write (src, dst) until the step ends
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         "Leading tokens no later token attends to: none, for full attention."
@@ -109,6 +116,9 @@ class SingleTypeKVCacheManager:
                              reachable_boundaries: Sequence[int]) -> list[bool] | None:
         "Which of the blocks `[start_block, end_block)` to cache; None caches them all."
         return None
+
+    def cache_partial_tail(self, request, num_tokens: int, fine_hashes: Sequence[bytes], hash_block_size: int) -> None:
+        "With sub-block hits on: cache a block that holds a reachable boundary inside it (none, by default)."
 
 # %% ../nbs/04a_hybrid.ipynb #8e2415fd
 @patch
@@ -124,7 +134,8 @@ def get_num_blocks_to_allocate(self: SingleTypeKVCacheManager, request_id: str, 
     num_skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
     num_new = max(num_required - max(num_skipped, len(new_computed_blocks) + num_held), 0)
     kept_hits = new_computed_blocks[max(0, num_skipped - num_held):]
-    return num_new + sum(b.ref_cnt == 0 and not b.is_null for b in kept_hits)
+    num_copies = int(bool(kept_hits) and total_computed_tokens % self.block_size > 0)  # a sub-block hit is copied
+    return num_new + num_copies + sum(b.ref_cnt == 0 and not b.is_null for b in kept_hits)
 
 # %% ../nbs/04a_hybrid.ipynb #6e5819ec
 @patch
@@ -137,6 +148,15 @@ def add_local_computed_blocks(self: SingleTypeKVCacheManager, request_id: str,
     table = self.req_to_blocks.setdefault(request_id, [])
     table += [self.block_pool.null_block] * num_skipped + kept
     self.num_cached_block[request_id] = len(table)
+    if kept and num_computed_tokens % self.block_size: self.copy_sub_block_hit(request_id)
+
+@patch
+def copy_sub_block_hit(self: SingleTypeKVCacheManager, request_id: str) -> None:
+    "A hit ends inside its last block: a fresh copy replaces it, both held until the step ends, the copy cached when full."
+    table = self.req_to_blocks[request_id]
+    src, (dst,) = table[-1], self.block_pool.get_new_blocks(1)
+    self.block_pool.touch([dst]); table[-1] = dst
+    self.pending_copies.append((src, dst)); self.num_cached_block[request_id] -= 1
 
 @patch
 def allocate_new_blocks(self: SingleTypeKVCacheManager, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
@@ -156,11 +176,11 @@ def cache_blocks(self: SingleTypeKVCacheManager, request: HybridRequest, block_h
     rid, num_full = request.request_id, num_tokens // self.block_size
     num_cached = self.num_cached_block.get(rid, 0)
     if num_cached >= num_full: return
-    boundaries = [request.num_prompt_tokens - 1] + ([request.shared_prefix_boundary] if request.shared_prefix_boundary else [])
-    mask = self.reachable_block_mask(num_cached, num_full, retention_interval, boundaries)
+    mask = self.reachable_block_mask(num_cached, num_full, retention_interval, request.reachable_boundaries(1))
     table, gid = self.req_to_blocks[rid], self.kv_cache_group_id
     chosen = [j for j in range(num_cached, num_full) if not table[j].is_null and (mask is None or mask[j - num_cached])]
     keys = [hash_with_group_id(block_hashes[j], gid) for j in chosen]
+    for j in chosen: self.block_pool._maybe_evict_cached_block(table[j])  # a partial tail's key gives way to the full one
     self.block_pool.cache_full_blocks([table[j] for j in chosen], keys, 0, len(chosen), self.block_size)
     self.num_cached_block[rid] = num_full
 
@@ -191,16 +211,25 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int],
-                               block_pool: BlockPool, spec, alignment_tokens: int) -> tuple[list[list[KVCacheBlock]], int]:
+                               block_pool: BlockPool, spec, alignment_tokens: int,
+                               fine_hashes: Sequence[bytes] | None = None  # hashes every `alignment_tokens`: sub-block hits on
+                              ) -> tuple[list[list[KVCacheBlock]], int]:
         "Per group, the cached blocks of the longest cached prefix of at most `max_length` tokens; and its length."
-        hits = [[] for _ in group_ids]
-        for block_hash in block_hashes[:max_length // spec.block_size]:
+        hits, bs = [[] for _ in group_ids], spec.block_size
+        for block_hash in block_hashes[:max_length // bs]:
             cached = get_cached_blocks(block_pool, block_hash, group_ids)
             if cached is None: break
             for blocks, block in zip(hits, cached): blocks.append(block)
-        hit_length = len(hits[0]) * spec.block_size // alignment_tokens * alignment_tokens
-        for blocks in hits: del blocks[cdiv(hit_length, spec.block_size):]
+        hit_length = len(hits[0]) * bs // alignment_tokens * alignment_tokens
+        for blocks in hits: del blocks[cdiv(hit_length, bs):]
+        if fine_hashes is None: return hits, hit_length
+        for end in range(min(max_length, hit_length + bs - 1) // alignment_tokens * alignment_tokens, hit_length, -alignment_tokens):
+            cached = get_cached_blocks(block_pool, fine_hashes[end // alignment_tokens - 1], group_ids)
+            if cached is None: continue  # probe inside the first missing block, highest boundary first
+            for blocks, block in zip(hits, cached): blocks.append(block)
+            return hits, end
         return hits, hit_length
+
 
 # %% ../nbs/04a_hybrid.ipynb #d874ea71
 class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -295,6 +324,11 @@ def max_admission_blocks_per_request(spec, max_in_flight_tokens: int, max_model_
         return cdiv(min(spec.attention_chunk_size + max_in_flight_tokens, max_model_len), spec.block_size)
     return None
 
+def partial_hash_hits_enabled(managers: Sequence[SingleTypeKVCacheManager], hash_block_size: int) -> bool:
+    "Hits may end inside a block (vLLM's `partial_hash_hits_enabled`): a Mamba group's block exceeds the hash unit, and every group can look up at it."
+    return (any(m.enables_partial_hash_hits and m.block_size > hash_block_size for m in managers) and
+            all(m.supports_fine_grained_hash_lookup or m.block_size == hash_block_size for m in managers))
+
 # %% ../nbs/04a_hybrid.ipynb #22fe3105
 class HybridKVCacheCoordinator:
     "All KV cache groups of a model over one block pool: the hit every group agrees on, and the per-group loops."
@@ -311,7 +345,8 @@ class HybridKVCacheCoordinator:
                                          max_admission_blocks_per_request(spec, in_flight, max_model_len))
             for i, spec in enumerate(specs))
         self.spec_groups = split_spec_groups(specs)
-        self.alignment_tokens = self.scheduler_block_size
+        self.partial_hash_hits = enable_caching and partial_hash_hits_enabled(self.single_type_managers, self.hash_block_size)
+        self.alignment_tokens = self.hash_block_size if self.partial_hash_hits else self.scheduler_block_size
 
 # %% ../nbs/04a_hybrid.ipynb #1624e529
 @patch
@@ -326,8 +361,9 @@ def find_longest_cache_hit(self: HybridKVCacheCoordinator, block_hashes: Sequenc
             if isinstance(sg.spec, FullAttentionSpec) and sg.group_ids[0] in looked_up:
                 candidate = min(candidate, lengths[sg.group_ids[0]]); continue
             view = group_block_hashes(block_hashes, self.hash_block_size, sg.spec.block_size)
+            fine = {"fine_hashes": block_hashes} if self.partial_hash_hits and sg.manager_cls.supports_fine_grained_hash_lookup else {}
             found, candidate = sg.manager_cls.find_longest_cache_hit(
-                view, candidate, sg.group_ids, self.block_pool, sg.spec, self.alignment_tokens)
+                view, candidate, sg.group_ids, self.block_pool, sg.spec, self.alignment_tokens, **fine)
             for group_id, blocks in zip(sg.group_ids, found): hits[group_id], lengths[group_id] = blocks, candidate
             looked_up.update(sg.group_ids); longest = max(longest, candidate)
         if candidate >= hit_length: break
@@ -349,11 +385,12 @@ def get_num_blocks_to_allocate(self: HybridKVCacheCoordinator, request_id: str, 
 
 @patch
 def cache_blocks(self: HybridKVCacheCoordinator, request: HybridRequest, num_tokens: int) -> None:
-    "Cache every group's newly full blocks, up to a multiple of the scheduler block size."
-    aligned = num_tokens // self.scheduler_block_size * self.scheduler_block_size
+    "Cache every group's newly full blocks, up to a multiple of the hit alignment (and partial tails, with sub-block hits)."
+    aligned = num_tokens // self.alignment_tokens * self.alignment_tokens
     for m in self.single_type_managers:
         view = group_block_hashes(request.block_hashes, self.hash_block_size, m.block_size)
         m.cache_blocks(request, view, aligned, self.retention_interval)
+        if self.partial_hash_hits: m.cache_partial_tail(request, num_tokens, request.block_hashes, self.hash_block_size)
 
 @patch
 def free(self: HybridKVCacheCoordinator, request_id: str) -> None:
@@ -448,6 +485,22 @@ def free(self: HybridKVCacheManager, request: HybridRequest | str) -> None:
 def reset_prefix_cache(self: HybridKVCacheManager) -> bool:
     "Forget every cached block, if no request holds one; return whether it did."
     return self.block_pool.reset_prefix_cache()
+@patch
+def new_step_starts(self: SingleTypeKVCacheManager) -> None:
+    "A scheduler step begins: attention groups have nothing to forget."
+
+@patch
+def new_step_starts(self: HybridKVCacheManager) -> None:
+    "A scheduler step begins (vLLM's `KVCacheManager.new_step_starts`); Mamba groups forget this step's new states."
+    for m in self.coordinator.single_type_managers: m.new_step_starts()
+
+@patch
+def take_kv_cache_block_copies(self: HybridKVCacheManager) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+    "The copy-on-write (src, dst) pairs queued since the last call, group by group; the caller frees both ends after the copy."
+    copies = [pair for m in self.coordinator.single_type_managers for pair in m.pending_copies]
+    for m in self.coordinator.single_type_managers: m.pending_copies = []
+    return copies
+
 
 # %% ../nbs/04a_hybrid.ipynb #dbedfd40
 def _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_len, retention_interval,
@@ -513,8 +566,8 @@ def spec_from_group(group: dict, index: int):
     "The spec of `config.groups[index]`; ValueError naming the field."
     where = f"groups[{index}]"
     if not isinstance(group, dict): raise ValueError(f"{where} must be an object, got {group!r}")
-    if group.get("kind") == "mamba":
-        raise ValueError(f"{where}.kind 'mamba': Mamba groups (vLLM's align mode) are not modelled by kvref yet")
+    if group.get("kind") == "mamba" and "mamba" not in GROUP_KINDS:
+        raise ValueError(f"{where}.kind 'mamba': Mamba groups are modelled in kvref.mamba; import it to register the kind")
     if group.get("kind") not in GROUP_KINDS:
         raise ValueError(f"{where}.kind must be one of {', '.join(map(repr, GROUP_KINDS))}, got {group.get('kind')!r}")
     cls, extra = GROUP_KINDS[group["kind"]]
@@ -598,6 +651,13 @@ def _preempt(self: HybridTraceReplayer, op: dict) -> None:
 @patch
 def _free(self: HybridTraceReplayer, op: dict) -> None:
     self.requests.pop(op["id"], None); self.running.discard(op["id"]); self.manager.free(op["id"])
+
+@patch
+def _new_step(self: HybridTraceReplayer, op: dict) -> dict:
+    copies = self.manager.take_kv_cache_block_copies()
+    self.manager.block_pool.free_blocks([block for pair in copies for block in pair], unhashed_first=True)
+    self.manager.new_step_starts()
+    return {"copies": [[src.block_id, dst.block_id] for src, dst in copies]}
 
 @patch
 def _reset_prefix_cache(self: HybridTraceReplayer, op: dict) -> dict: return {"ok": self.manager.reset_prefix_cache()}

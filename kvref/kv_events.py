@@ -14,10 +14,10 @@ from . import block_pool
 from .hashing import LoRARequest, MultiModalItem, block_hash_to_int64, hash_request_tokens
 
 # %% auto #0
-__all__ = ['MEDIUM_GPU', 'HASH_FORMS', 'ExternalBlockHash', 'KVCacheEvent', 'EVENT_TYPES', 'Engine', 'BlockStored',
-           'BlockRemoved', 'AllBlocksCleared', 'KVEventBatch', 'external_block_hash', 'event_extra_keys', 'lora_id',
-           'wire_events', 'event_to_json', 'event_from_json', 'encode_batch', 'encode_batch_fast', 'decode_batch',
-           'KVIndex']
+__all__ = ['MEDIUM_GPU', 'HASH_FORMS', 'ExternalBlockHash', 'KVCacheEvent', 'EVENT_TYPES', 'WIRE_CLASSES', 'Engine',
+           'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'KVEventBatch', 'external_block_hash', 'event_extra_keys',
+           'lora_id', 'wire_events', 'event_to_json', 'event_from_json', 'encode_batch', 'msgspec_types',
+           'wire_batch_fast', 'encode_batch_fast', 'decode_batch', 'KVIndex']
 
 # %% ../nbs/03a_kv_events.ipynb #6cda02c4
 MEDIUM_GPU = "GPU"          # the only storage medium a single-GPU engine reports
@@ -94,32 +94,35 @@ def lora_id(lora_ids: dict[tuple[str, str], int],  # (name, path) -> id, kept pe
     return lora_ids.setdefault((name, path), len(lora_ids) + 1)
 
 # %% ../nbs/03a_kv_events.ipynb #cd6641ef
-def _wire_stored(event: block_pool.BlockStored, hash_form: str, lora_ids: dict) -> BlockStored:
-    "The wire `BlockStored` of a pool one."
+def _wire_stored(event: block_pool.BlockStored, hash_form: str, lora_ids: dict, make: type = BlockStored) -> BlockStored:
+    "The wire `BlockStored` of a pool one (built by `make`: the dataclass, or its msgspec twin)."
     keys = event.extra_keys if event.extra_keys is not None else [None] * len(event.block_hashes)
     lora = next((k for k in keys[0] or () if k[0] == "lora"), None)
     if (event.lora_name is None) != (lora is None):
         raise ValueError(f"BlockStored of LoRA {event.lora_name!r} needs the adapter's key in its extra keys, got {keys[0]!r}")
     parent = event.parent_block_hash
-    return BlockStored([external_block_hash(h, hash_form) for h in event.block_hashes],
-                       None if parent is None else external_block_hash(parent, hash_form), list(event.token_ids),
-                       event.block_size, lora and lora_id(lora_ids, lora[1], lora[2]), MEDIUM_GPU, event.lora_name,
-                       [event_extra_keys(k) for k in keys], 0, "full_attention")
+    return make([external_block_hash(h, hash_form) for h in event.block_hashes],
+                None if parent is None else external_block_hash(parent, hash_form), list(event.token_ids),
+                event.block_size, lora and lora_id(lora_ids, lora[1], lora[2]), MEDIUM_GPU, event.lora_name,
+                [event_extra_keys(k) for k in keys], 0, "full_attention")
 
 # %% ../nbs/03a_kv_events.ipynb #6babc440
+WIRE_CLASSES = {cls: cls for cls in EVENT_TYPES.values()}  # what `wire_events` builds: the dataclasses themselves
+
 def wire_events(events: Sequence[block_pool.KVCacheEvent],  # from `BlockPool.take_events`
                 hash_form: str = "int",                      # see `HASH_FORMS`
                 lora_ids: dict[tuple[str, str], int] | None = None,  # the engine's adapter ids (see `lora_id`)
+                build: dict[type, type] = WIRE_CLASSES,      # wire class -> class to build (see `wire_batch_fast`)
                ) -> list[KVCacheEvent]:
     "The events vLLM would publish for these pool events, in order."
     _check_hash_form(hash_form)
     lora_ids = {} if lora_ids is None else lora_ids
     out = []
     for event in events:
-        if isinstance(event, block_pool.BlockStored): out.append(_wire_stored(event, hash_form, lora_ids))
+        if isinstance(event, block_pool.BlockStored): out.append(_wire_stored(event, hash_form, lora_ids, build[BlockStored]))
         elif isinstance(event, block_pool.BlockRemoved):
-            out += [BlockRemoved([external_block_hash(h, hash_form)], MEDIUM_GPU, 0) for h in event.block_hashes]
-        elif isinstance(event, block_pool.AllBlocksCleared): out.append(AllBlocksCleared())
+            out += [build[BlockRemoved]([external_block_hash(h, hash_form)], MEDIUM_GPU, 0) for h in event.block_hashes]
+        elif isinstance(event, block_pool.AllBlocksCleared): out.append(build[AllBlocksCleared]())
         else: raise TypeError(f"not a block pool event: {type(event).__name__}")
     return out
 
@@ -210,27 +213,52 @@ def encode_batch(batch: KVEventBatch) -> bytes:
 
 # %% ../nbs/03a_kv_events.ipynb #1df03025
 @functools.cache
-def _msgspec_structs() -> tuple[dict, Any, Any]:
-    "msgspec Structs mirroring the wire types, the batch Struct and an encoder (ImportError without msgspec)."
-    import msgspec
-    def struct(cls, **options):
+def msgspec_types() -> tuple[dict[type, type], Any] | None:
+    "Each wire dataclass's msgspec twin and one reusable encoder, as vLLM's publisher holds; None without msgspec."
+    try: import msgspec
+    except ImportError: return None
+    def twin(cls, **options):
         spec = [(f.name, Any) if f.default is MISSING else (f.name, Any, f.default) for f in fields(cls)]
         return msgspec.defstruct(cls.__name__, spec, omit_defaults=True, gc=False, **options)
-    def values(cls):  # fetches all of an event's field values in one C call (attrgetter of 2+ names gives a tuple)
-        names = [f.name for f in fields(cls)]
-        return operator.attrgetter(*names) if len(names) > 1 else lambda event: tuple(getattr(event, n) for n in names)
-    events = {cls: (struct(cls, tag=True), values(cls)) for cls in EVENT_TYPES.values()}
-    return events, struct(KVEventBatch, array_like=True), msgspec.msgpack.Encoder()
+    twins = {cls: twin(cls, tag=True) for cls in EVENT_TYPES.values()}
+    return twins | {KVEventBatch: twin(KVEventBatch, array_like=True)}, msgspec.msgpack.Encoder()
+
+# %% ../nbs/03a_kv_events.ipynb #5be7d3a0
+def wire_batch_fast(events: Sequence[block_pool.KVCacheEvent],  # from `BlockPool.take_events`
+                    hash_form: str = "int", lora_ids: dict[tuple[str, str], int] | None = None,  # as `wire_events`
+                    ts: float = 0.0, data_parallel_rank: int | None = None):  # as `KVEventBatch`
+    "`KVEventBatch(ts, wire_events(events, ...), data_parallel_rank)`, built as msgspec twins when msgspec is installed."
+    if type(ts) is not float: raise TypeError(f"KVEventBatch.ts must be a float, got {ts!r}")
+    fast = msgspec_types()
+    if fast is None: return KVEventBatch(ts, wire_events(events, hash_form, lora_ids), data_parallel_rank)
+    return fast[0][KVEventBatch](ts, wire_events(events, hash_form, lora_ids, fast[0]), data_parallel_rank)
 
 # %% ../nbs/03a_kv_events.ipynb #ddc506ea
-def encode_batch_fast(batch: KVEventBatch) -> bytes:
-    "`encode_batch`'s bytes for events kvref built, through msgspec when it is installed (else the plain encoder)."
-    try: events, batch_struct, encoder = _msgspec_structs()
-    except ImportError: return encode_batch(batch)
+@functools.cache
+def _field_values(cls: type) -> Any:
+    "All of an event's field values as a tuple, in one C call (`attrgetter` of 2+ names gives a tuple)."
+    names = [f.name for f in fields(cls)]
+    return operator.attrgetter(*names) if len(names) > 1 else lambda event: tuple(getattr(event, n) for n in names)
+
+def _from_twins(batch, twins: dict[type, type]) -> KVEventBatch:
+    "A twin batch as the wire dataclasses, anything else left as it is (for the plain encoder's errors)."
+    plain = {twin: cls for cls, twin in twins.items()}
+    as_plain = lambda e: plain[type(e)](*(getattr(e, name) for name in e.__struct_fields__)) if type(e) in plain else e
+    return KVEventBatch(batch.ts, [as_plain(e) for e in batch.events], batch.data_parallel_rank)
+
+# %% ../nbs/03a_kv_events.ipynb #7e0d9b44
+def encode_batch_fast(batch) -> bytes:  # a `wire_batch_fast` batch, or a `KVEventBatch`
+    "`encode_batch`'s bytes through msgspec when it is installed (else the plain encoder)."
+    fast = msgspec_types()
+    if fast is None: return encode_batch(batch)
+    twins, encoder = fast
+    if type(batch) is twins[KVEventBatch]:  # built as Structs: encoded as vLLM's publisher encodes its own
+        try: return encoder.encode(batch)
+        except (TypeError, OverflowError): return encode_batch(_from_twins(batch, twins))  # names what it cannot encode
     if type(batch) is not KVEventBatch or type(batch.ts) is not float: return encode_batch(batch)  # its errors
-    try: structs = [make(*values(e)) for e in batch.events for make, values in (events[type(e)],)]
+    try: structs = [twins[type(e)](*_field_values(type(e))(e)) for e in batch.events]
     except KeyError: return encode_batch(batch)  # not a wire event: the plain encoder names it
-    try: return encoder.encode(batch_struct(batch.ts, structs, batch.data_parallel_rank))
+    try: return encoder.encode(twins[KVEventBatch](batch.ts, structs, batch.data_parallel_rank))
     except (TypeError, OverflowError): return encode_batch(batch)  # the plain encoder names what it cannot encode
 
 # %% ../nbs/03a_kv_events.ipynb #96eb1372

@@ -37,14 +37,17 @@ class NanoBlockManager:
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.used_block_ids: set[int] = set()
 
-    def _allocate_block(self, block_id: int) -> NanoBlock:
-        block = self.blocks[block_id]
-        block.ref_count, block.hash, block.token_ids = 1, -1, []
-        self.free_block_ids.remove(block_id); self.used_block_ids.add(block_id)
-        return block
+# %% ../nbs/07a_nano.ipynb #19e298cb
+@patch
+def _allocate_block(self: NanoBlockManager, block_id: int) -> NanoBlock:
+    block = self.blocks[block_id]
+    block.ref_count, block.hash, block.token_ids = 1, -1, []
+    self.free_block_ids.remove(block_id); self.used_block_ids.add(block_id)
+    return block
 
-    def _deallocate_block(self, block_id: int) -> None:
-        self.used_block_ids.remove(block_id); self.free_block_ids.append(block_id)
+@patch
+def _deallocate_block(self: NanoBlockManager, block_id: int) -> None:
+    self.used_block_ids.remove(block_id); self.free_block_ids.append(block_id)
 
 # %% ../nbs/07a_nano.ipynb #a49c1de8
 @patch
@@ -83,14 +86,17 @@ class NanoAdapter:
         self.manager, self.caching = NanoBlockManager(config["num_blocks"], config["block_size"]), config.get("enable_caching", True)
         self.hit_cap, self.tokens, self.tables, self.computed, self.hashed = hit_cap, {}, {}, {}, {}
 
-    def add(self, request_id, prompt, cache_salt=None, lora=None):
-        self.tokens[request_id], self.tables[request_id], self.computed[request_id] = list(prompt), [], 0
+# %% ../nbs/07a_nano.ipynb #21d52fac
+@patch
+def add(self: NanoAdapter, request_id, prompt, cache_salt=None, lora=None):
+    self.tokens[request_id], self.tables[request_id], self.computed[request_id] = list(prompt), [], 0
 
-    def lookup(self, request_id):
-        tokens = self.tokens[request_id]
-        if not self.caching: return 0
-        n = len(tokens) - 1 if self.hit_cap else len(tokens)
-        return self.manager.walk(tokens, n - n % self.manager.block_size, [], allocate=False)
+@patch
+def lookup(self: NanoAdapter, request_id):
+    tokens = self.tokens[request_id]
+    if not self.caching: return 0
+    n = len(tokens) - 1 if self.hit_cap else len(tokens)
+    return self.manager.walk(tokens, n - n % self.manager.block_size, [], allocate=False)
 
 # %% ../nbs/07a_nano.ipynb #d227cea9
 @patch
@@ -105,6 +111,7 @@ def allocate(self: NanoAdapter, request_id: str, num_new_tokens: int, num_hit_to
     if self.caching: self._hash_full(request_id, min(total, len(tokens)) // m.block_size)
     return True
 
+# %% ../nbs/07a_nano.ipynb #995cd5db
 @patch
 def _hash_full(self: NanoAdapter, request_id: str, num_full: int) -> None:
     "Give blocks that just filled their hash (nano's `may_append` once a block is full)."
@@ -133,6 +140,7 @@ def free(self: NanoAdapter, request_id: str) -> None:
 @patch
 def append(self: NanoAdapter, request_id: str, tokens: list[int]) -> None: self.tokens[request_id].extend(tokens)
 
+# %% ../nbs/07a_nano.ipynb #f951e220
 @patch
 def reset_prefix_cache(self: NanoAdapter) -> bool:
     "Not in nano-vllm: forget every hash, if no block is held."

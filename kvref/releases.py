@@ -375,11 +375,11 @@ def get_computed_blocks(self: ReleaseKVCacheManager, request: Request):
 
 # %% ../nbs/05a_vllm_releases.ipynb #5c518553
 @patch
-def _cache_blocks(self: ReleaseKVCacheManager, request: Request, num_tokens: int) -> None:
+def _cache_blocks(self: ReleaseKVCacheManager, request: Request, num_full_blocks: int) -> None:
     "Up to 0.10.0 caching a block is what appends its hash to the manager's list."
     if self.profile.hashes_in_manager:
-        self.kept_hashes[request] = max(self.kept_hashes.get(request, 0), num_tokens // self.block_size)
-    KVCacheManager._cache_blocks(self, request, num_tokens)
+        self.kept_hashes[request] = max(self.kept_hashes.get(request, 0), num_full_blocks)
+    KVCacheManager._cache_blocks(self, request, num_full_blocks)
 
 # %% ../nbs/05a_vllm_releases.ipynb #792f6baf
 @patch(cls_method=True)

@@ -18,15 +18,16 @@ from .kv_cache_manager import BEHAVIORS, KVCacheManager, Request
 
 # %% auto #0
 __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'MAX_LINE_CHARS', 'FIELDS',
-           'validate_op', 'load_trace', 'load_decisions', 'trace_config', 'AllocatorAdapter', 'Protocol1',
-           'as_protocol2', 'KVRefAdapter', 'RequestState', 'step', 'decision', 'TraceDriver', 'kvref_factory',
-           'TraceReplayer', 'replay', 'run_adapter', 'apply_changes', 'Divergence', 'Lockstep', 'recorded',
-           'replay_lockstep', 'Vector', 'golden_dir', 'list_vectors', 'vector_path']
+           'validate_op', 'trace_config', 'AllocatorAdapter', 'Protocol1', 'as_protocol2', 'KVRefAdapter',
+           'RequestState', 'step', 'decision', 'TraceDriver', 'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter',
+           'load_trace', 'load_decisions', 'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep',
+           'Vector', 'golden_dir', 'list_vectors', 'vector_path']
 
 # %% ../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
 TRACE_FORMAT_VERSIONS = (1, 2)
 
+# %% ../nbs/05_replay.ipynb #4a8c467c
 _INT, _STR, _BOOL, _LIST, _DICT, _NONE = int, str, bool, list, dict, type(None)
 OP_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool, int]]] = {  # op -> field -> (types, required, since version)
     "config": {"num_blocks": ((_INT,), True, 1), "block_size": ((_INT,), True, 1), "enable_caching": ((_BOOL,), False, 1),
@@ -36,10 +37,10 @@ OP_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool, int]]] = {  # op ->
             "lora": ((_DICT, _NONE), False, 1), "mm_items": ((_LIST,), False, 1)},
     "schedule": {"id": ((_STR,), True, 1), "budget": ((_INT, _NONE), False, 1), "num_lookahead_tokens": ((_INT,), False, 2)},
     "append": {"id": ((_STR,), True, 1), "tokens": ((_LIST,), True, 1)},
-    "preempt": {"id": ((_STR,), True, 1)},
-    "free": {"id": ((_STR,), True, 1)},
-    "reset_prefix_cache": {},
+    "preempt": {"id": ((_STR,), True, 1)}, "free": {"id": ((_STR,), True, 1)}, "reset_prefix_cache": {},
 }
+
+# %% ../nbs/05_replay.ipynb #76d92ea0
 CONFIG_DEFAULTS = {"enable_caching": True, "hash_algo": "sha256", "max_model_len": None, "version": 1,
                    "free_queue_every": None}
 
@@ -47,24 +48,33 @@ CONFIG_DEFAULTS = {"enable_caching": True, "hash_algo": "sha256", "max_model_len
 def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join("null" if t is _NONE else t.__name__ for t in types)
 
+def _check_field(name: str, key: str, value: object, version: int) -> None:
+    "One field of op `name`: known, of its type, and of a version the trace states."
+    if key not in OP_FIELDS[name]: raise ValueError(f"op {name!r} has unknown field {key!r}")
+    types, _, since = OP_FIELDS[name][key]
+    if not any(type(value) is t for t in types):
+        raise ValueError(f"op {name!r}: field {key!r} must be {_type_names(types)}, got {json.dumps(value)}")
+    if since > version:
+        raise ValueError(f"op {name!r}: field {key!r} needs trace format version {since} "
+                         f"(add \"version\": {since} to the config op)")
+
+# %% ../nbs/05_replay.ipynb #e0f791f6
 def _check_fields(op: dict, name: str, version: int) -> None:
     "Names, types and presence of the op's fields."
-    fields = OP_FIELDS[name]
     for key, value in op.items():
-        if key == "op": continue
-        if key not in fields: raise ValueError(f"op {name!r} has unknown field {key!r}")
-        types, _, since = fields[key]
-        if not any(type(value) is t for t in types):
-            raise ValueError(f"op {name!r}: field {key!r} must be {_type_names(types)}, got {json.dumps(value)}")
-        if since > version:
-            raise ValueError(f"op {name!r}: field {key!r} needs trace format version {since} "
-                             f"(add \"version\": {since} to the config op)")
-    for key, (_, required, _) in fields.items():
+        if key != "op": _check_field(name, key, value, version)
+    for key, (_, required, _) in OP_FIELDS[name].items():
         if required and key not in op: raise ValueError(f"op {name!r} is missing field {key!r}")
 
 # %% ../nbs/05_replay.ipynb #a1e0f002
-def _check_values(op: dict, name: str) -> None:
-    "The value limits: token lists, the LoRA and multimodal shapes, counts."
+def _is_mm_item(item: object) -> bool:
+    "A multimodal item: `{\"identifier\": str, \"offset\": int >= 0, \"length\": int >= 1}`."
+    return (type(item) is dict and set(item) == {"identifier", "offset", "length"} and type(item["identifier"]) is str
+            and type(item["offset"]) is int and item["offset"] >= 0 and type(item["length"]) is int and item["length"] >= 1)
+
+# %% ../nbs/05_replay.ipynb #d7232dcd
+def _check_shapes(op: dict, name: str) -> None:
+    "Token lists, the LoRA adapter and the multimodal items."
     for key in ("prompt", "tokens"):
         if key in op and not (op[key] and all(type(t) is int and t >= 0 for t in op[key])):
             raise ValueError(f"op {name!r}: field {key!r} must be a non-empty list of ints >= 0")
@@ -72,15 +82,29 @@ def _check_values(op: dict, name: str) -> None:
     if lora is not None and not (set(lora) == {"name", "path"} and all(type(v) is str for v in lora.values())):
         raise ValueError(f"op {name!r}: field 'lora' must be {{\"name\": str, \"path\": str}}, got {json.dumps(lora)}")
     for item in op.get("mm_items", ()):
-        if not (type(item) is dict and set(item) == {"identifier", "offset", "length"} and type(item["identifier"]) is str
-                and type(item["offset"]) is int and item["offset"] >= 0 and type(item["length"]) is int and item["length"] >= 1):
+        if not _is_mm_item(item):
             raise ValueError(f"op {name!r}: each of 'mm_items' must be {{\"identifier\": str, \"offset\": int >= 0, "
                              f"\"length\": int >= 1}}, got {json.dumps(item)}")
-    for key, low in (("num_blocks", 1), ("block_size", 1), ("max_model_len", 1), ("budget", 1),
-                     ("num_lookahead_tokens", 0), ("free_queue_every", 1)):
+
+# %% ../nbs/05_replay.ipynb #68ae5979
+_LIMITS = (("num_blocks", 1), ("block_size", 1), ("max_model_len", 1), ("budget", 1), ("num_lookahead_tokens", 0),
+           ("free_queue_every", 1))  # field -> smallest value
+
+def _check_limits(op: dict, name: str) -> None:
+    "The counts' lower limits."
+    for key, low in _LIMITS:
         if op.get(key) is not None and op[key] < low: raise ValueError(f"op {name!r}: {key} must be >= {low}, got {op[key]}")
 
 # %% ../nbs/05_replay.ipynb #fe8156ca
+def _config_version(op: dict) -> int:
+    "The format version a config op states, if kvref reads it."
+    version = op.get("version", 1)
+    if version not in TRACE_FORMAT_VERSIONS:
+        raise ValueError(f"trace format version {version!r} is not supported; kvref reads versions "
+                         f"{', '.join(map(str, TRACE_FORMAT_VERSIONS))}")
+    return version
+
+# %% ../nbs/05_replay.ipynb #2453c6d5
 def validate_op(op: object,       # one parsed JSON line
                 version: int = 1  # the trace's format version (a config op states its own)
                ) -> dict:
@@ -88,54 +112,11 @@ def validate_op(op: object,       # one parsed JSON line
     if not isinstance(op, dict): raise ValueError(f"an op must be a JSON object, got {type(op).__name__}")
     name = op.get("op")
     if name not in OP_FIELDS: raise ValueError(f"unknown op {name!r}; valid ops: {', '.join(OP_FIELDS)}")
-    if name == "config":
-        version = op.get("version", 1)
-        if version not in TRACE_FORMAT_VERSIONS:
-            raise ValueError(f"trace format version {version!r} is not supported; kvref reads versions "
-                             f"{', '.join(map(str, TRACE_FORMAT_VERSIONS))}")
+    if name == "config": version = _config_version(op)
     _check_fields(op, name, version)
-    _check_values(op, name)
+    _check_shapes(op, name)
+    _check_limits(op, name)
     return op
-
-# %% ../nbs/05_replay.ipynb #03922ab3
-MAX_LINE_CHARS = 1 << 24  # 16 Mi characters: a longer trace line is refused, not read whole
-
-def _read_jsonl(path: str | Path) -> list[tuple[int, object]]:
-    "The (line number, parsed JSON) pairs of a JSONL file; ValueError naming the line on bad JSON."
-    out, lineno = [], 0
-    with open(path, encoding="utf-8") as f:
-        try:
-            while line := f.readline(MAX_LINE_CHARS + 1):
-                lineno += 1
-                if len(line) > MAX_LINE_CHARS: raise ValueError(f"longer than {MAX_LINE_CHARS} characters")
-                if line.strip(): out.append((lineno, json.loads(line)))
-        except json.JSONDecodeError as e: raise ValueError(f"{path}, line {lineno}: not JSON: {e.msg}") from None
-        except RecursionError: raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
-        except ValueError as e: raise ValueError(f"{path}, line {lineno + 1 if isinstance(e, UnicodeDecodeError) else lineno}: {e}") from None
-    return out
-
-def load_trace(path: str | Path) -> list[dict]:
-    "The validated ops of a trace file: a `config` op first, then the others."
-    ops, version = [], 1
-    for lineno, op in _read_jsonl(path):
-        try:
-            validate_op(op, version)
-            if (op["op"] == "config") != (not ops):
-                raise ValueError("the first op must be 'config', and only the first")
-        except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None
-        if not ops: version = op.get("version", 1)
-        ops.append(op)
-    if not ops: raise ValueError(f"{path}: empty trace (the first line must be a 'config' op)")
-    return ops
-
-def load_decisions(path: str | Path) -> list[dict]:
-    "The decisions of a decisions file, one JSON object with an `op` per line."
-    out = []
-    for lineno, d in _read_jsonl(path):
-        if not isinstance(d, dict) or "op" not in d:
-            raise ValueError(f"{path}, line {lineno}: a decision must be a JSON object with an 'op' field")
-        out.append(d)
-    return out
 
 # %% ../nbs/05_replay.ipynb #a1e0f006
 def trace_config(config: dict) -> dict:
@@ -144,6 +125,7 @@ def trace_config(config: dict) -> dict:
     defaults = {k: v for k, v in CONFIG_DEFAULTS.items() if OP_FIELDS["config"][k][2] <= version}
     return {**defaults, **{k: v for k, v in config.items() if k != "op"}}
 
+# %% ../nbs/05_replay.ipynb #188d2c7a
 @patch(cls_method=True)
 def from_config(cls: KVCacheManager, config: dict,  # a trace's config op
                 behavior: str = "vllm_0_33"):       # see `BEHAVIORS`
@@ -174,18 +156,22 @@ class Protocol1:
     "A protocol 1 adapter behind protocol 2's calls; multimodal items and lookahead slots are refused."
     protocol_version = 2
     def __init__(self, adapter): self.adapter = adapter
-    def __getattr__(self, name): return getattr(self.adapter, name)
+    def __getattr__(self, name): return getattr(self.adapter, name)  # the calls protocol 2 did not change
 
     def add(self, request_id, prompt, *, cache_salt=None, lora=None, mm_items=()):
         if mm_items: raise ValueError(f"request {request_id!r} has mm_items, which a protocol 1 adapter cannot "
                                       "receive: set protocol_version = 2 and take add(..., mm_items=...)")
         self.adapter.add(request_id, prompt, cache_salt, lora)
 
-    def allocate(self, request_id, num_new_tokens, num_hit_tokens, *, num_computed_tokens=0, num_lookahead_tokens=0):
-        if num_lookahead_tokens: raise ValueError(f"request {request_id!r} asks for lookahead slots, which a protocol "
-                                                  "1 adapter cannot receive: set protocol_version = 2")
-        return self.adapter.allocate(request_id, num_new_tokens, num_hit_tokens)
+# %% ../nbs/05_replay.ipynb #0d0ee0e3
+@patch
+def allocate(self: Protocol1, request_id, num_new_tokens, num_hit_tokens, *, num_computed_tokens=0,
+             num_lookahead_tokens=0):
+    if num_lookahead_tokens: raise ValueError(f"request {request_id!r} asks for lookahead slots, which a protocol "
+                                              "1 adapter cannot receive: set protocol_version = 2")
+    return self.adapter.allocate(request_id, num_new_tokens, num_hit_tokens)
 
+# %% ../nbs/05_replay.ipynb #eb5bc405
 def as_protocol2(adapter: AllocatorAdapter) -> AllocatorAdapter:
     "The adapter itself if it speaks protocol 2, else a `Protocol1` translation of it."
     return adapter if getattr(adapter, "protocol_version", 1) >= 2 else Protocol1(adapter)
@@ -202,14 +188,17 @@ class KVRefAdapter:
         self._hits: dict[str, list[KVCacheBlock]] = {}
         self._taken, self._returned = [], []  # free-queue changes since the last `free_queue_changes`
 
-    def add(self, request_id, prompt, *, cache_salt=None, lora=None, mm_items=()):
-        self.requests[request_id] = Request(request_id, list(prompt), cache_salt=cache_salt,
-                                            lora_request=LoRARequest(**lora) if lora else None,
-                                            mm_items=tuple(MultiModalItem(**item) for item in mm_items))
+# %% ../nbs/05_replay.ipynb #92cc023e
+@patch
+def add(self: KVRefAdapter, request_id, prompt, *, cache_salt=None, lora=None, mm_items=()):
+    self.requests[request_id] = Request(request_id, list(prompt), cache_salt=cache_salt,
+                                        lora_request=LoRARequest(**lora) if lora else None,
+                                        mm_items=tuple(MultiModalItem(**item) for item in mm_items))
 
-    def lookup(self, request_id):
-        self._hits[request_id], num_tokens = self.manager.get_computed_blocks(self.requests[request_id])
-        return num_tokens
+@patch
+def lookup(self: KVRefAdapter, request_id):
+    self._hits[request_id], num_tokens = self.manager.get_computed_blocks(self.requests[request_id])
+    return num_tokens
 
 # %% ../nbs/05_replay.ipynb #a1e0f014
 @patch
@@ -224,9 +213,6 @@ def allocate(self: KVRefAdapter, request_id, num_new_tokens, num_hit_tokens, *, 
     self._taken += was_free + block_ids(new)
     return True
 
-@patch
-def append(self: KVRefAdapter, request_id, tokens): self.requests[request_id].append_output_token_ids(tokens)
-
 # %% ../nbs/05_replay.ipynb #a1e0f015
 @patch
 def _release(self: KVRefAdapter, request_id: str) -> None:
@@ -234,6 +220,10 @@ def _release(self: KVRefAdapter, request_id: str) -> None:
     table = self.manager.req_to_blocks.get(request_id, ())
     self.manager.free(request_id)
     self._returned += [b for b in table if b.ref_cnt == 0 and not b.is_null]
+
+# %% ../nbs/05_replay.ipynb #ce5a28f6
+@patch
+def append(self: KVRefAdapter, request_id, tokens): self.requests[request_id].append_output_token_ids(tokens)
 
 @patch
 def preempt(self: KVRefAdapter, request_id): self._release(request_id)
@@ -272,6 +262,7 @@ class RequestState:
     num_tokens: int  # prompt plus appended tokens
     num_computed_tokens: int = 0  # advanced by a successful `step`, reset by a preemption
 
+# %% ../nbs/05_replay.ipynb #44588de9
 def step(adapter: AllocatorAdapter, request_id: str, request: RequestState,
          budget: int | None = None,  # most tokens to compute in this step (None: all that are left)
          num_lookahead_tokens: int = 0,  # speculative slots beyond them
@@ -316,16 +307,18 @@ class TraceDriver:
         self.requests: dict[str, RequestState] = {}
         self.num_applied, self.trace_version = 0, 1
 
-    def apply(self, op: dict) -> dict:
-        "Apply one op; its decision."
-        if self.validate: validate_op(op, self.trace_version)
-        if (op["op"] == "config") != (self.adapter is None):
-            raise ValueError("the first op must be 'config', and only the first")
-        outcome = getattr(self, "_" + op["op"])(op) or {}
-        every = self.free_queue_every
-        full = op["op"] == "config" or (every is not None and self.num_applied % every == 0)
-        self.num_applied += 1
-        return decision(op, outcome, self.adapter, self.version, full)
+# %% ../nbs/05_replay.ipynb #ab3a56fc
+@patch
+def apply(self: TraceDriver, op: dict) -> dict:
+    "Apply one op; its decision."
+    if self.validate: validate_op(op, self.trace_version)
+    if (op["op"] == "config") != (self.adapter is None):
+        raise ValueError("the first op must be 'config', and only the first")
+    outcome = getattr(self, "_" + op["op"])(op) or {}
+    every = self.free_queue_every
+    full = op["op"] == "config" or (every is not None and self.num_applied % every == 0)
+    self.num_applied += 1
+    return decision(op, outcome, self.adapter, self.version, full)
 
 # %% ../nbs/05_replay.ipynb #2c63d7bb
 @patch
@@ -336,6 +329,7 @@ def _config(self: TraceDriver, op: dict) -> None:
     if self.free_queue_every is None: self.free_queue_every = config.get("free_queue_every")
     self.adapter = as_protocol2(self.factory(config))
 
+# %% ../nbs/05_replay.ipynb #e9d9a057
 @patch
 def _request(self: TraceDriver, op: dict) -> RequestState:
     request = self.requests.get(op["id"])
@@ -360,18 +354,19 @@ def _append(self: TraceDriver, op: dict) -> None:
     self.adapter.append(op["id"], op["tokens"])
     request.num_tokens += len(op["tokens"])
 
+# %% ../nbs/05_replay.ipynb #a1e0f031
 @patch
 def _preempt(self: TraceDriver, op: dict) -> None:
     request = self._request(op)
     self.adapter.preempt(op["id"])
     request.num_computed_tokens = 0
 
-# %% ../nbs/05_replay.ipynb #a1e0f031
 @patch
 def _free(self: TraceDriver, op: dict) -> None:
     if self.requests.pop(op["id"], None) is not None: self.adapter.free(op["id"])
     elif self.strict: raise ValueError(f"op 'free': request {op['id']!r} is unknown or already freed")
 
+# %% ../nbs/05_replay.ipynb #9ba09f61
 @patch
 def _reset_prefix_cache(self: TraceDriver, op: dict) -> dict:
     return {"ok": bool(self.adapter.reset_prefix_cache())}
@@ -384,6 +379,7 @@ def kvref_factory(behavior: str = "vllm_0_33",  # kvref behaviour, see `BEHAVIOR
     if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
     return lambda config: KVRefAdapter(config, behavior, manager_cls)
 
+# %% ../nbs/05_replay.ipynb #d3d2f8a6
 class TraceReplayer(TraceDriver):
     "A `TraceDriver` over kvref's own allocator in `behavior`."
     def __init__(self, behavior: str = "vllm_0_33", strict: bool = False, **kwargs):
@@ -403,10 +399,53 @@ def replay(ops: Iterable[dict],              # trace ops, `config` first
     replayer = TraceReplayer(behavior, strict, **kwargs)
     for op in ops: yield replayer.apply(op)
 
+# %% ../nbs/05_replay.ipynb #e1b8903a
 def run_adapter(factory: Callable[[dict], AllocatorAdapter], ops: Iterable[dict], **kwargs) -> list[dict]:
     "All decisions of `ops` driven through an adapter made by `factory` (`kwargs` as for `TraceDriver`)."
     driver = TraceDriver(factory, **kwargs)
     return [driver.apply(op) for op in ops]
+
+# %% ../nbs/05_replay.ipynb #03922ab3
+MAX_LINE_CHARS = 1 << 24  # 16 Mi characters: a longer trace line is refused, not read whole
+
+def _read_jsonl(path: str | Path) -> list[tuple[int, object]]:
+    "The (line number, parsed JSON) pairs of a JSONL file; ValueError naming the line on bad JSON."
+    out, lineno = [], 0
+    with open(path, encoding="utf-8") as f:
+        try:
+            while line := f.readline(MAX_LINE_CHARS + 1):
+                lineno += 1
+                if len(line) > MAX_LINE_CHARS: raise ValueError(f"longer than {MAX_LINE_CHARS} characters")
+                if line.strip(): out.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as e: raise ValueError(f"{path}, line {lineno}: not JSON: {e.msg}") from None
+        except RecursionError: raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
+        except ValueError as e: raise ValueError(f"{path}, line {lineno + 1 if isinstance(e, UnicodeDecodeError) else lineno}: {e}") from None
+    return out
+
+# %% ../nbs/05_replay.ipynb #98c76e9b
+def load_trace(path: str | Path) -> list[dict]:
+    "The validated ops of a trace file: a `config` op first, then the others."
+    ops, version = [], 1
+    for lineno, op in _read_jsonl(path):
+        try:
+            validate_op(op, version)
+            if (op["op"] == "config") != (not ops):
+                raise ValueError("the first op must be 'config', and only the first")
+        except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None
+        if not ops: version = op.get("version", 1)
+        ops.append(op)
+    if not ops: raise ValueError(f"{path}: empty trace (the first line must be a 'config' op)")
+    return ops
+
+# %% ../nbs/05_replay.ipynb #d6cb9a9d
+def load_decisions(path: str | Path) -> list[dict]:
+    "The decisions of a decisions file, one JSON object with an `op` per line."
+    out = []
+    for lineno, d in _read_jsonl(path):
+        if not isinstance(d, dict) or "op" not in d:
+            raise ValueError(f"{path}, line {lineno}: a decision must be a JSON object with an 'op' field")
+        out.append(d)
+    return out
 
 # %% ../nbs/05_replay.ipynb #a1e0f036
 def apply_changes(queue: list[int], d: dict) -> list[int]:
@@ -416,8 +455,9 @@ def apply_changes(queue: list[int], d: dict) -> list[int]:
 
 # %% ../nbs/05_replay.ipynb #81a0f038
 FIELDS = ("hit_tokens", "num_new_tokens", "allocated", "block_ids", "taken", "to_head", "to_tail", "free_queue",
-          "num_free", "ok")
+          "num_free", "ok")  # every field a decision can have, besides `op` and `id`
 
+# %% ../nbs/05_replay.ipynb #b6fba244
 @dataclass
 class Divergence:
     "The first op at which two sides' decisions differ, or the adapter raised."
@@ -439,6 +479,7 @@ def _differing(expected: dict | None, got: dict | None, fields: Iterable[str] | 
         return [k for k in keys if (expected or {}).get(k, ...) != (got or {}).get(k, ...)]
     return [f for f in fields if f in expected and f in got and expected[f] != got[f]]
 
+# %% ../nbs/05_replay.ipynb #ded7fbf1
 def _adapter_error(e: Exception) -> str:
     "The exception with the traceback of the adapter's own frames (the driver's are left out)."
     tb = traceback.extract_tb(e.__traceback__)
@@ -457,15 +498,17 @@ class Lockstep:
         self.ops: list[dict] = []
         self.last: dict | None = None  # the last decision of `got`
 
-    def apply(self, op: dict) -> Divergence | None:
-        "Step both sides over `op`."
-        self.ops.append(op)
-        want, error = self.expected(op), None
-        try: self.last = self.got(op)
-        except self.catch as e: self.last, error = None, _adapter_error(e)
-        diff = [] if error else _differing(want, self.last, self.fields)
-        if error or diff: return Divergence(len(self.ops) - 1, op, want, self.last, diff, list(self.ops), error=error)
-        return None
+# %% ../nbs/05_replay.ipynb #bac2ee83
+@patch
+def apply(self: Lockstep, op: dict) -> Divergence | None:
+    "Step both sides over `op`."
+    self.ops.append(op)
+    want, error = self.expected(op), None
+    try: self.last = self.got(op)
+    except self.catch as e: self.last, error = None, _adapter_error(e)
+    diff = [] if error else _differing(want, self.last, self.fields)
+    if error or diff: return Divergence(len(self.ops) - 1, op, want, self.last, diff, list(self.ops), error=error)
+    return None
 
 # %% ../nbs/05_replay.ipynb #81a0f041
 def recorded(decisions: Iterable[dict]) -> Callable[[dict], dict | None]:
@@ -505,6 +548,7 @@ class Vector:
     count: int  # cases in the file (ops or decisions for a trace, one for an array file)
     path: Path  # where it is on this machine
 
+# %% ../nbs/05_replay.ipynb #42b6b54f
 def golden_dir() -> Path:
     "The folder of recorded vectors: inside the installed package, or `golden/` beside it in a clone."
     package = Path(kvref.__file__).parent
@@ -525,6 +569,7 @@ def _describe(path: Path, root: Path) -> tuple[str, int]:
     if ".vllm" in path.name: return f"vLLM {release} KVCacheManager decisions", count
     return f"allocator trace (ops) recorded with vLLM {release}", count
 
+# %% ../nbs/05_replay.ipynb #37db91cc
 def list_vectors() -> list[Vector]:
     "Every shipped vector file, by name."
     root = golden_dir()

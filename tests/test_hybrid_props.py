@@ -53,7 +53,7 @@ class HybridMachine(RuleBasedStateMachine):
         waiting = rid not in self.running
         hits, num_hit = None, 0
         if waiting: hits, num_hit, request.shared_prefix_boundary = manager.get_computed_blocks(request)
-        assert num_hit <= request.num_tokens - 1 and num_hit % manager.coordinator.scheduler_block_size == 0
+        assert num_hit <= request.num_tokens - 1 and num_hit % manager.coordinator.alignment_tokens == 0
         num_new = min(request.num_tokens - request.num_computed_tokens - num_hit, budget)
         assume(num_new > 0)
         before = self.snapshot()

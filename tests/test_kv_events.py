@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 import sys
 
-from kvref import kv_events
+from kvref import block_pool, kv_events
 from kvref.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVIndex, decode_batch,
                              encode_batch, event_from_json, event_to_json)
 
@@ -177,10 +177,12 @@ def test_refused_batch_changes_nothing(steps):
 def test_fast_path_without_msgspec(monkeypatch):
     "Without msgspec, encode_batch_fast is the plain encoder."
     monkeypatch.setitem(sys.modules, "msgspec", None)
-    kv_events._msgspec_structs.cache_clear()
+    kv_events.msgspec_types.cache_clear()
     try:
         batch = KVEventBatch(0.0, [BlockRemoved([5], "GPU", 0)])
         assert kv_events.encode_batch_fast(batch) == encode_batch(batch)
+        pool = [block_pool.BlockRemoved([bytes(32)]), block_pool.AllBlocksCleared()]
+        assert kv_events.wire_batch_fast(pool, "bytes", ts=1.5) == KVEventBatch(1.5, kv_events.wire_events(pool, "bytes"))
         with pytest.raises(TypeError, match="cannot encode set"):
             kv_events.encode_batch_fast(KVEventBatch(0.0, [BlockRemoved([{1}], "GPU")]))
-    finally: kv_events._msgspec_structs.cache_clear()
+    finally: kv_events.msgspec_types.cache_clear()

@@ -72,6 +72,7 @@ def lookup(self: VLLMAdapter, request_id):
     self._hits[request_id] = blocks
     return num_tokens
 
+# %% ../../nbs/07c_vllm_adapter.ipynb #e9c5e4ff
 @patch
 def allocate(self: VLLMAdapter, request_id, num_new_tokens, num_hit_tokens, *, num_computed_tokens=0,
              num_lookahead_tokens=0):
@@ -89,6 +90,7 @@ def preempt(self: VLLMAdapter, request_id):
     self.manager.free(self.requests[request_id])
     self.requests[request_id].num_computed_tokens = 0
 
+# %% ../../nbs/07c_vllm_adapter.ipynb #da47f423
 @patch
 def free(self: VLLMAdapter, request_id): self.manager.free(self.requests.pop(request_id))
 
