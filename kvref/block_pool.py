@@ -36,6 +36,7 @@ def get_one_block(self: BlockHashToBlockMap, block_hash: bytes) -> KVCacheBlock 
     blocks = self._cache.get(block_hash)
     return blocks if blocks is None or type(blocks) is KVCacheBlock else next(iter(blocks.values()))
 
+# %% ../nbs/03_block_pool.ipynb #b7c1a00b
 @patch
 def insert(self: BlockHashToBlockMap, block_hash: bytes, block: KVCacheBlock) -> None:
     "Cache `block` under `block_hash`, after the blocks already cached there."
@@ -44,6 +45,7 @@ def insert(self: BlockHashToBlockMap, block_hash: bytes, block: KVCacheBlock) ->
     if type(blocks) is KVCacheBlock: self._cache[block_hash] = {blocks.block_id: blocks, block.block_id: block}
     else: blocks[block.block_id] = block
 
+# %% ../nbs/03_block_pool.ipynb #b7c1a00d
 @patch
 def pop(self: BlockHashToBlockMap, block_hash: bytes, block_id: int) -> None:
     "Forget block `block_id`, cached under `block_hash`."

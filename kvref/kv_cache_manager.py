@@ -179,9 +179,9 @@ def get_computed_blocks(self: KVCacheManager, request: Request) -> tuple[list[KV
     self._checked_request(request)
     if not self.enable_caching: return [], 0
     max_hit_blocks = (len(request.all_token_ids) - 1) // self.block_size
-    hits, get_cached_block = [], self.block_pool.get_cached_block
+    hits, get_one_block = [], self.block_pool.cached_block_hash_to_block.get_one_block  # the pool's map, read directly
     for block_hash in self._block_hashes(request)[:max_hit_blocks]:
-        block = get_cached_block(block_hash)
+        block = get_one_block(block_hash)
         if block is None: break
         hits.append(block)
     return hits, len(hits) * self.block_size
