@@ -396,7 +396,7 @@ SAMPLING = [
     Entry("load_logitsprocs_by_fqcns", nothing, lambda _, f: logits_processors.load_logitsprocs_by_fqcns(f), ([],),
           ("seq",), skip={(0, "None"): "none"}),
     Entry("build_logitsprocs", nothing, lambda _, c, p: logits_processors.build_logitsprocs(CFG, CPU, False, p, c),
-          ((), False), ("seq", "bool")),
+          ((), False), ("seq", "bool"), skip={(0, "None"): "None: no custom processors, as in load_logitsprocs_by_fqcns"}),
     Entry("process_dict_updates", dict, lambda d, b: logits_processors.process_dict_updates(d, b, lambda *a: 1),
           (bu(1, added=[(0, SP(), None, [])]),), ("any",)),
 ]
@@ -421,7 +421,8 @@ def hstate(h):
 
 THINKING = [
     Entry("thinking_budget.ReasoningConfig", nothing, lambda _, s, e: thinking_budget.ReasoningConfig(s, e),
-          ([100], [200]), ("tokens", "tokens"), skip={(0, "[]"): "", (1, "[]"): "", (0, "[2**63]"): "", (1, "[2**63]"): ""}),
+          ([100], [200]), ("tokens", "tokens"), skip={(0, "[]"): "", (1, "[]"): "", (0, "[2**63]"): "", (1, "[2**63]"): "",
+                                     (0, "None"): "None: no markers", (1, "None"): "None: no markers"}),
     Entry("thinking_budget.check_thinking_token_budget", nothing, lambda _, b: thinking_budget.check_thinking_token_budget(b),
           (3,), ("int",), skip={(0, "None"): "", (0, "-1"): ""}),
     Entry("thinking_budget.think_state", nothing, lambda _, t, b: thinking_budget.think_state(t, RC, b), ([1, 100, 3], 2),
@@ -450,11 +451,11 @@ THINKING = [
     Entry("VllmThinkingBudgetStateHolder.apply_to_logits", holder(thinking_budget_vllm.VllmThinkingBudgetStateHolder),
           lambda h, x: h.apply_to_logits(x, False, [[]]), (torch.zeros(1, 256),), ("tensor",), state=hstate),
     Entry("thinking_budget_vllm.find_last", nothing, lambda _, t, m, lo: thinking_budget_vllm.find_last(t, m, lo),
-          ([1, 2, 3], [2], 0), ("tokens", "tokens", "count"),
-          skip={(0, "[]"): "", (1, "[]"): "", (0, "[2**63]"): "", (1, "[2**63]"): "", (2, "10**30"): ""}),
+          ([1, 2, 3], [2], 0), ("any", "any", "any")),  # a pure search over tokens the holder checked: only no crash
     Entry("thinking_budget.greedy_run", lambda: thinking_budget.ThinkingBudgetStateHolder(RC, 1),
           lambda h, p, w, b: thinking_budget.greedy_run(h, p, w, b), ([1], [100, 5, 6, 7], 2), ("tokens", "tokens", "int"),
-          skip={(0, "[]"): "", (1, "[]"): "", (2, "None"): "", (2, "-1"): "", (2, "10**30"): ""}),
+          skip={(0, "[]"): "", (1, "[]"): "", (2, "None"): "", (2, "-1"): "", (2, "10**30"): "",
+                (0, "None"): "None: no prompt", (1, "None"): "None: nothing wanted"}),
 ]
 
 # ---------------------------------------------------------------- CUDA graphs (mine)
@@ -470,7 +471,7 @@ CUDAGRAPHS = [
     Entry("cudagraph.as_mode", nothing, lambda _, m: cudagraph.as_mode(m), ("FULL",), ("name",)),
     Entry("cudagraph.min_cg_support", nothing, lambda _, b: cudagraph.min_cg_support(b), (["FlashAttention v2"],), ("seq",)),
     Entry("cudagraph.default_capture_sizes", nothing, lambda _, n: cudagraph.default_capture_sizes(n), (16,),
-          ("positive",)),
+          ("positive",), skip={(0, "0"): "0: no graphs, as in vLLM"}),
     Entry("cudagraph.derive_capture_sizes", nothing, lambda _, s, t, n: cudagraph.derive_capture_sizes(s, t, n),
           (4, 64, 0), ("positive", "positive", "count"), skip={(1, "10**30"): "", (0, "10**30"): ""}),
     Entry("cudagraph.derive_capture_sizes sizes", nothing,
@@ -485,7 +486,7 @@ CUDAGRAPHS = [
           lambda _, s, t: cudagraph.resolve_cudagraph_mode_and_sizes("FULL", cudagraph.AttentionCGSupport.ALWAYS, s, t),
           (4, 64), ("positive", "positive"), skip={(0, "10**30"): "", (1, "10**30"): ""}),
     Entry("cudagraph.BatchDescriptor", nothing, lambda _, n, r: cudagraph.BatchDescriptor(n, r), (4, 2),
-          ("positive", "positive"), skip={(1, "None"): "unknown", (0, "10**30"): "", (1, "10**30"): ""}),
+          ("count", "count"), skip={(1, "None"): "unknown", (0, "10**30"): "", (1, "10**30"): ""}),
     Entry("cudagraph.LoRASettings", nothing, lambda _, n: cudagraph.LoRASettings(n).cases(), (2,), ("positive",)),
     Entry("LoRASettings.effective_count", nothing, lambda _, n: cudagraph.LoRASettings(4).effective_count(n), (2,),
           ("count",)),
