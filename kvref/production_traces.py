@@ -56,13 +56,14 @@ def parse_mooncake_line(text: str, line: int, hash_block_size: int = 512) -> Moo
     _check_positive(0, line=line); _check_positive(hash_block_size=hash_block_size)
     try: obj = json.loads(text)
     except json.JSONDecodeError as e: raise ValueError(f"line {line}: not JSON ({e.msg})") from None
+    except RecursionError: raise ValueError(f"line {line}: JSON nested too deeply") from None
     if not isinstance(obj, dict): raise ValueError(f"line {line}: expected a JSON object, got {type(obj).__name__}")
     for name in FIELDS:
         value = obj.get(name)
         if name not in obj: raise ValueError(f"line {line}: field {name!r} is missing")
-        ok = all(type(v) is int and v >= 0 for v in value) if name == "hash_ids" and type(value) is list else \
+        ok = all(type(v) is int and 0 <= v < (1 << 64) // hash_block_size for v in value) if name == "hash_ids" and type(value) is list else \
             name != "hash_ids" and type(value) is int and value >= 0
-        if not ok: raise ValueError(f"line {line}: field {name!r} must be {'a list of ints' if name == 'hash_ids' else 'an int'} >= 0, got {value!r:.60}")
+        if not ok: raise ValueError(f"line {line}: field {name!r} must be {'a list of ints' if name == 'hash_ids' else 'an int'} >= 0{' (ids times hash_block_size < 2**64)' if name == 'hash_ids' else ''}, got {value!r:.60}")
     need = cdiv(obj["input_length"], hash_block_size)
     if len(obj["hash_ids"]) != need:
         raise ValueError(f"line {line}: field 'hash_ids' has {len(obj['hash_ids'])} ids but input_length "
@@ -191,6 +192,11 @@ def _result(s: Scheduler, num_steps: int, num_preemptions: int, peak: int) -> Ca
                            num_preemptions, peak, num_steps)
 
 # %% ../nbs/06c_production_traces.ipynb #154e43e0
+def _check_pace(ms_per_step) -> None:
+    "`ms_per_step` is None (everything arrives at once) or a finite number of milliseconds > 0."
+    if ms_per_step is not None and (type(ms_per_step) not in (int, float) or not 0 < ms_per_step < float("inf")):
+        raise ValueError(f"ms_per_step must be a finite number > 0 or None, got {ms_per_step!r}")
+
 def _check_requests(requests, hash_block_size: int, block_size: int) -> None:
     "A sequence of `MooncakeRequest`s, each one's full blocks covered by its hash ids: refused by name."
     _check_positive(block_size=block_size)
@@ -218,7 +224,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     fast: bool = True,  # False: full token lists, hashed by the manager
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
-    _check_requests(requests, hash_block_size, block_size=block_size)
+    _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
     kv = KVCacheManager(num_blocks, block_size, max_model_len=_check_fits(requests, num_blocks, block_size))
     s = Scheduler(kv, max_num_batched_tokens, max_num_seqs, record_trace=False)
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
@@ -266,7 +272,7 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
           jobs: int | None = None,  # processes (default: one per core, at most one per size)
           ) -> list[CacheSizeResult]:
     "Replay the trace at every size in `blocks`; results in the order of `blocks`."
-    _check_requests(requests, hash_block_size, block_size=block_size)
+    _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
     if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
         raise ValueError(f"blocks must be a non-empty list of cache sizes, got {blocks!r:.40}")
     _check_positive(**{f"blocks[{i}]": n for i, n in enumerate(blocks)})
