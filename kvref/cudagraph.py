@@ -315,6 +315,11 @@ class BatchDescriptor:
     has_lora: bool = False       # LoRA adapters are active
     num_active_loras: int = 0    # distinct active adapters, rounded up to a captured count
 
+    def __post_init__(self):  # a key that can never match is a bug at the caller: refuse it by name
+        for name in ("num_tokens", "num_active_loras") + (("num_reqs",) if self.num_reqs is not None else ()):
+            _check_count(f"BatchDescriptor.{name}", getattr(self, name), 0)
+        _check_flag("BatchDescriptor.uniform", self.uniform); _check_flag("BatchDescriptor.has_lora", self.has_lora)
+
     def relax_for_mixed_batch_cudagraphs(self) -> BatchDescriptor:
         "The key a piecewise graph is stored under: no request count, not uniform."
         return replace(self, num_reqs=None, uniform=False)

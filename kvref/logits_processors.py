@@ -49,6 +49,9 @@ def _check_request(what: str, params, prompt_token_ids, output_token_ids) -> Non
         raise TypeError(f"{what}: prompt_token_ids must be a list of token ids or None, got {prompt_token_ids!r}")
     if not isinstance(output_token_ids, list):
         raise TypeError(f"{what}: output_token_ids must be a list (the request's live output), got {output_token_ids!r}")
+    for name, ids in (("prompt_token_ids", prompt_token_ids or ()), ("output_token_ids", output_token_ids)):
+        bad = next((i for i, t in enumerate(ids) if type(t) is not int or not 0 <= t < 1 << 64), None)
+        if bad is not None: raise ValueError(f"{what}: {name}[{bad}] is {ids[bad]!r}; token ids are ints in [0, 2**64)")
 
 # %% ../nbs/08_logits_processors.ipynb #4aebb3b8
 def _check_logits(logits, rows: int | None = None, min_rows: int = 0, min_columns: int = 0) -> None:
@@ -116,6 +119,7 @@ def validate_batch_update(batch_update: BatchUpdate,  # the update about to be a
     "Raise `TypeError`/`ValueError` unless every entry of `batch_update` is well formed."
     if not isinstance(batch_update, BatchUpdate): raise TypeError(f"batch_update must be a BatchUpdate or None, got {batch_update!r}")
     _check_count("BatchUpdate batch_size", batch_update.batch_size)
+    if max_num_seqs is not None: _check_count("max_num_seqs", max_num_seqs, 1)
     if max_num_seqs is not None and batch_update.batch_size > max_num_seqs:
         raise ValueError(f"BatchUpdate batch_size {batch_update.batch_size} is past the capacity (max_num_seqs={max_num_seqs})")
     for name in ("removed", "added", "moved"):

@@ -39,14 +39,116 @@ class _Req:
     computed: int = 0
     keys: list[int] = field(default_factory=list)  # cache key of each full block, computed lazily
 
-def _key(req: _Req, j: int, bs: int, interned: dict, key_tokens: dict) -> int:
+# %% ../nbs/01a_pictures.ipynb #3009a22d
+@dataclass(slots=True)
+class _Trace:
+    "What `follow` carries from op to op: the trace's requests and the hashes the decisions imply."
+    reqs: dict[str, _Req] = field(default_factory=dict)
+    tables: dict[str, list[int]] = field(default_factory=dict)
+    cached: dict[int, int] = field(default_factory=dict)  # block id -> cache key
+    cache_map: dict[int, list[int]] = field(default_factory=dict)  # cache key -> blocks
+    interned: dict[tuple, int] = field(default_factory=dict)  # (parent key, tokens, extra) -> cache key
+    key_tokens: dict[int, tuple] = field(default_factory=dict)
+    block_size: int | None = None  # None until the config op
+    caching: bool = True
+
+# %% ../nbs/01a_pictures.ipynb #80094f7f
+def _key(t: _Trace, req: _Req, j: int) -> int:
     "Cache key of block `j` of `req` (all earlier keys computed first)."
+    bs = t.block_size
     while len(req.keys) <= j:
         i = len(req.keys)
         block = tuple(req.tokens[i * bs:(i + 1) * bs])
-        k = interned.setdefault((req.keys[-1] if i else None, block, req.extra), len(interned))
-        key_tokens.setdefault(k, block); req.keys.append(k)
+        k = t.interned.setdefault((req.keys[-1] if i else None, block, req.extra), len(t.interned))
+        t.key_tokens.setdefault(k, block); req.keys.append(k)
     return req.keys[j]
+
+# %% ../nbs/01a_pictures.ipynb #c88dfdb3
+_OPS = ("config", "add", "append", "schedule", "preempt", "free", "reset_prefix_cache")
+
+def _count(index: int, obj: dict, name: str, low: int = 0) -> int:
+    "`obj[name]`, an int >= `low` (not a bool), or a ValueError naming op `index` and the field."
+    value = obj.get(name)
+    if type(value) is not int or value < low: raise ValueError(f"op {index}: {name!r} must be an int >= {low}, got {value!r:.40}")
+    return value
+
+# %% ../nbs/01a_pictures.ipynb #f0a69404
+def _ints(index: int, name: str, value, limit: int = 1 << 64) -> list[int]:
+    "Token or block ids: a list of ints in [0, `limit`), or a ValueError naming op `index` and the field."
+    if type(value) is not list or not all(type(v) is int and 0 <= v < limit for v in value):
+        raise ValueError(f"op {index}: {name!r} must be a list of ints in [0, 2**64), got {value!r:.60}")
+    return value
+
+# %% ../nbs/01a_pictures.ipynb #9b114a3f
+def _check_op(t: _Trace, index: int, op, dec) -> None:
+    "Refuse an op and decision `follow` cannot read, naming op `index`; change nothing."
+    if not isinstance(op, dict) or not isinstance(dec, dict):
+        raise TypeError(f"op {index}: ops and decisions must be dicts, got {type(op).__name__} and {type(dec).__name__}")
+    kind = op.get("op")
+    if dec.get("op") != kind: raise ValueError(f"op {index}: trace has {kind!r} but the decision is for {dec.get('op')!r}")
+    if kind not in _OPS: raise ValueError(f"op {index}: unknown op {kind!r:.40}")
+    if kind == "config": _count(index, op, "block_size", 1); return
+    if t.block_size is None: raise ValueError(f"op {index}: the trace must start with a config op, got {kind!r}")
+    if kind == "reset_prefix_cache": return
+    rid = op.get("id")
+    if type(rid) is not str: raise ValueError(f"op {index}: 'id' must be a string, got {rid!r:.40}")
+    if kind in ("add", "append"): _ints(index, "prompt" if kind == "add" else "tokens", op.get("prompt", op.get("tokens")))
+    if kind in ("append", "schedule") and rid not in t.reqs: raise ValueError(f"op {index}: request {rid!r} is not live")
+    if kind == "schedule": _check_schedule(t, index, rid, dec)
+
+# %% ../nbs/01a_pictures.ipynb #c3421b9d
+def _check_schedule(t: _Trace, index: int, rid: str, dec: dict) -> None:
+    "A schedule decision lists the request's whole table: the blocks it held, then its hits, then new ones."
+    if dec.get("allocated") not in (True, False): raise ValueError(f"op {index}: 'allocated' must be true or false")
+    if not dec["allocated"]: return
+    ids, old = _ints(index, "block_ids", dec.get("block_ids")), len(t.tables.get(rid, ()))
+    hit, _ = _count(index, dec, "hit_tokens"), _count(index, dec, "num_new_tokens")
+    if (hit % t.block_size or len(ids) < old + hit // t.block_size or ids[:old] != t.tables.get(rid, [])):
+        raise ValueError(f"op {index}: block_ids {ids!r:.60} do not extend request {rid!r}'s table by {hit} hit tokens")
+
+# %% ../nbs/01a_pictures.ipynb #86854df2
+def _evict(t: _Trace, new: list[int]) -> list[int]:
+    "Forget the hashes the new blocks held (vLLM evicts lazily, when a block is reused); return those blocks."
+    evicted = [b for b in new if b in t.cached]
+    for b in evicted:
+        k = t.cached.pop(b); t.cache_map[k].remove(b)
+        if not t.cache_map[k]: del t.cache_map[k]
+    return evicted
+
+# %% ../nbs/01a_pictures.ipynb #fe61eaff
+def _schedule(t: _Trace, rid: str, dec: dict) -> tuple[list[int], list[int], list[int]]:
+    "Take the decision's blocks for `rid`, evict the new ones that held a hash, hash what is now computed."
+    req, ids, old = t.reqs[rid], dec["block_ids"], len(t.tables.get(rid, ()))
+    nhit = dec["hit_tokens"] // t.block_size
+    hit, new = ids[old:old + nhit], ids[old + nhit:]
+    evicted = _evict(t, new)
+    t.tables[rid], req.computed = list(ids), req.computed + dec["hit_tokens"] + dec["num_new_tokens"]
+    for j in range(min(req.computed, len(req.tokens)) // t.block_size if t.caching else 0):
+        if ids[j] not in t.cached:
+            k = _key(t, req, j); t.cached[ids[j]] = k; t.cache_map.setdefault(k, []).append(ids[j])
+    return hit, new, evicted
+
+# %% ../nbs/01a_pictures.ipynb #2e3d81a6
+def _apply(t: _Trace, op: dict, dec: dict) -> tuple[list[int], list[int], list[int]]:
+    "Apply one checked op; return the blocks it hit, took new and evicted."
+    kind, rid = op["op"], op.get("id")
+    if kind == "config": t.block_size, t.caching = op["block_size"], op.get("enable_caching", True)
+    elif kind == "add":
+        lora = op.get("lora")
+        t.reqs[rid] = _Req(list(op["prompt"]), (op.get("cache_salt"), lora.get("name") if isinstance(lora, dict) else None))
+    elif kind == "append": t.reqs[rid].tokens.extend(op["tokens"])
+    elif kind in ("preempt", "free"):
+        t.tables.pop(rid, None)
+        if rid in t.reqs: t.reqs[rid].computed = 0
+        if kind == "free": t.reqs.pop(rid, None)
+    elif kind == "reset_prefix_cache" and dec.get("ok"): t.cached.clear(); t.cache_map.clear()
+    elif kind == "schedule" and dec["allocated"]: return _schedule(t, rid, dec)
+    return [], [], []
+
+# %% ../nbs/01a_pictures.ipynb #4c803c52
+def _copies(t: _Trace) -> tuple[dict, dict, dict]:
+    "The tables, hashed blocks and cache map as copies a later op cannot change."
+    return {r: list(b) for r, b in t.tables.items()}, dict(t.cached), {k: list(v) for k, v in t.cache_map.items()}
 
 # %% ../nbs/01a_pictures.ipynb #99931d37
 def follow(ops: Iterable[dict],  # trace ops, `config` first
@@ -54,41 +156,13 @@ def follow(ops: Iterable[dict],  # trace ops, `config` first
            snapshot: bool = True,  # False: steps share (and lose) state once the next is drawn; much faster
            ) -> Iterator[Step]:
     "Yield the state after each op: block tables, free queue, hashed blocks, hits, new and evicted blocks."
-    reqs, tables, cached, cache_map, interned, key_tokens = {}, {}, {}, {}, {}, {}
-    bs, caching = None, True
+    t = _Trace()
     for index, (op, dec) in enumerate(zip(ops, decisions, strict=True)):
-        kind, rid = op.get("op"), op.get("id")
-        if dec.get("op") != kind: raise ValueError(f"op {index}: trace has {kind!r} but the decision is for {dec.get('op')!r}")
-        hit, new, evicted = [], [], []
-        if kind == "config": bs, caching = op["block_size"], op.get("enable_caching", True)
-        elif bs is None: raise ValueError(f"op {index}: the trace must start with a config op, got {kind!r}")
-        elif kind == "add":
-            lora = op.get("lora")
-            reqs[rid] = _Req(list(op["prompt"]), (op.get("cache_salt"), lora["name"] if lora else None))
-        elif kind == "append": reqs[rid].tokens.extend(op["tokens"])
-        elif kind in ("preempt", "free"):
-            tables.pop(rid, None)
-            if rid in reqs: reqs[rid].computed = 0
-            if kind == "free": reqs.pop(rid, None)
-        elif kind == "reset_prefix_cache" and dec.get("ok"): cached.clear(); cache_map.clear()
-        elif kind == "schedule" and dec["allocated"]:
-            req, old = reqs[rid], tables.get(rid, [])
-            ids, nhit = dec["block_ids"], dec["hit_tokens"] // bs
-            hit, new = ids[len(old):len(old) + nhit], ids[len(old) + nhit:]
-            for b in new:
-                if b in cached:
-                    k = cached.pop(b); evicted.append(b); cache_map[k].remove(b)
-                    if not cache_map[k]: del cache_map[k]
-            tables[rid] = list(ids)
-            req.computed += dec["hit_tokens"] + dec["num_new_tokens"]
-            if caching:
-                for j in range(min(req.computed, len(req.tokens)) // bs):
-                    if ids[j] not in cached:
-                        k = _key(req, j, bs, interned, key_tokens)
-                        cached[ids[j]] = k; cache_map.setdefault(k, []).append(ids[j])
-        if not snapshot: yield Step(index, op, dec, tables, dec["free_queue"], cached, cache_map, key_tokens, hit, new, evicted)
-        else: yield Step(index, op, dec, {r: list(t) for r, t in tables.items()}, list(dec["free_queue"]), dict(cached),
-                         {k: list(v) for k, v in cache_map.items()}, key_tokens, hit, new, evicted)
+        _check_op(t, index, op, dec)
+        queue = _ints(index, "free_queue", dec.get("free_queue", []))
+        hit, new, evicted = _apply(t, op, dec)
+        tables, cached, cache_map = _copies(t) if snapshot else (t.tables, t.cached, t.cache_map)
+        yield Step(index, op, dec, tables, list(queue), cached, cache_map, t.key_tokens, hit, new, evicted)
 
 # %% ../nbs/01a_pictures.ipynb #b64e1e21
 CACHED, PLAIN, HIT, NEW, EVICTED = "#ffe680", "#ffffff", "#2e9e44", "#2f6fd6", "#d62f2f"
@@ -110,6 +184,7 @@ def _canvas(title: str):
     ax.text(0, 0.8, title, fontsize=FONT_SIZE + 2, fontweight="bold", va="center")
     return fig, ax
 
+# %% ../nbs/01a_pictures.ipynb #f8865e7b
 def _svg(fig, ax, y: float) -> str:
     "The figure, sized to what was drawn down to `y`, as an SVG document (deterministic: no date, fixed ids)."
     import matplotlib
@@ -135,6 +210,7 @@ def _blocks_row(ax, y: float, label: str, ids: list[int], cached: set[int], outl
     rows = max(1, -(-len(shown) // _ROW_BLOCKS)) + (len(ids) > len(shown))
     return y - rows * 1.2 - 0.4
 
+# %% ../nbs/01a_pictures.ipynb #9f671394
 def _legend(ax, y: float) -> float:
     "Draw the legend as one row of evenly spaced swatches, each beside its label; return the next free y."
     from matplotlib.patches import Rectangle
@@ -151,6 +227,7 @@ def rows_svg(rows: dict[str, list[int]],  # row label -> block ids, left to righ
              outline: dict[int, str] | None = None,  # block id -> HIT, NEW or EVICTED
             ) -> str:
     "Labelled rows of numbered blocks, with the legend, as an SVG document (a string)."
+    if not isinstance(rows, dict): raise TypeError(f"rows must be a dict of label -> block ids, got {type(rows).__name__}")
     fig, ax = _canvas(title)
     y, cached = -0.5, set(cached)
     for label, ids in rows.items(): y = _blocks_row(ax, y, label, ids, cached, outline or {})
@@ -166,6 +243,7 @@ def _title(step: Step) -> str:
     if op["op"] == "reset_prefix_cache": return f"{head}: {'ok' if dec.get('ok') else 'refused (blocks held)'}"
     return head
 
+# %% ../nbs/01a_pictures.ipynb #0bfe7aa2
 def _cache_map_lines(ax, y: float, step: Step, token_names: Callable[[int], str] | None) -> float:
     "List the first 12 cache map entries (key, tokens, blocks); return the next free y."
     keys = list(step.cache_map.items())[:12]

@@ -34,20 +34,36 @@ class MooncakeRequest:
     hash_ids: list[int]  # one id per `hash_block_size` tokens of the prompt; the last block may be partial
     line: int = 0  # line number in the file, from 1
 
+# %% ../nbs/06c_production_traces.ipynb #e5c18995
+def _check_positive(minimum: int = 1, **sizes) -> None:
+    "Refuse, by name, any of `sizes` that is not an int >= `minimum` (a bool is not a size)."
+    for name, value in sizes.items():
+        if type(value) is not int or value < minimum: raise ValueError(f"{name} must be an int >= {minimum}, got {value!r:.40}")
+
+def _check_mooncake(req, hash_block_size: int, block_size: int = 1) -> None:
+    "`req` is a `MooncakeRequest` whose hash ids cover its full blocks of `block_size` (in blocks of `hash_block_size`)."
+    if not isinstance(req, MooncakeRequest): raise TypeError(f"expected a MooncakeRequest, got {type(req).__name__}")
+    _check_positive(hash_block_size=hash_block_size, block_size=block_size)
+    if len(req.hash_ids) < cdiv(req.input_length // block_size * block_size, hash_block_size):
+        raise ValueError(f"line {req.line}: {len(req.hash_ids)} hash ids cannot cover {req.input_length} tokens "
+                         f"in blocks of {hash_block_size}")
+
 # %% ../nbs/06c_production_traces.ipynb #a82c84f1
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 def parse_mooncake_line(text: str, line: int, hash_block_size: int = 512) -> MooncakeRequest:
     "One checked `MooncakeRequest` from a line of JSON, or a `ValueError` naming the line and the field."
+    _check_positive(0, line=line); _check_positive(hash_block_size=hash_block_size)
     try: obj = json.loads(text)
     except json.JSONDecodeError as e: raise ValueError(f"line {line}: not JSON ({e.msg})") from None
+    except RecursionError: raise ValueError(f"line {line}: JSON nested too deeply") from None
     if not isinstance(obj, dict): raise ValueError(f"line {line}: expected a JSON object, got {type(obj).__name__}")
     for name in FIELDS:
         value = obj.get(name)
         if name not in obj: raise ValueError(f"line {line}: field {name!r} is missing")
-        ok = all(type(v) is int and v >= 0 for v in value) if name == "hash_ids" and type(value) is list else \
+        ok = all(type(v) is int and 0 <= v < (1 << 64) // hash_block_size for v in value) if name == "hash_ids" and type(value) is list else \
             name != "hash_ids" and type(value) is int and value >= 0
-        if not ok: raise ValueError(f"line {line}: field {name!r} must be {'a list of ints' if name == 'hash_ids' else 'an int'} >= 0, got {value!r:.60}")
+        if not ok: raise ValueError(f"line {line}: field {name!r} must be {'a list of ints' if name == 'hash_ids' else 'an int'} >= 0{' (ids times hash_block_size < 2**64)' if name == 'hash_ids' else ''}, got {value!r:.60}")
     need = cdiv(obj["input_length"], hash_block_size)
     if len(obj["hash_ids"]) != need:
         raise ValueError(f"line {line}: field 'hash_ids' has {len(obj['hash_ids'])} ids but input_length "
@@ -59,6 +75,7 @@ def read_mooncake(path: str | Path,  # a Mooncake JSONL trace
                   hash_block_size: int = 512,  # tokens per hash id (512 for Mooncake, 16 for bailian)
                   ) -> Iterator[MooncakeRequest]:
     "Stream the checked requests of a trace, a line at a time; blank lines are skipped."
+    if not isinstance(path, (str, os.PathLike)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     _check_positive(hash_block_size=hash_block_size)
     last = 0
     with open(path, encoding="utf-8") as f:
@@ -71,26 +88,27 @@ def read_mooncake(path: str | Path,  # a Mooncake JSONL trace
             last = req.timestamp
             yield req
 
-def _check_positive(**sizes) -> None:
-    for name, value in sizes.items():
-        if type(value) is not int or value < 1: raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
 # %% ../nbs/06c_production_traces.ipynb #838e78f3
 OUTPUT_BASE = 1 << 48  # output token ids start here, above every prompt token of a trace with ids < 2**39
 
 def synthesize_prompt(hash_ids: Sequence[int], input_length: int, hash_block_size: int = 512) -> list[int]:
     "The prompt's token ids: block `h` is `h * hash_block_size + range(hash_block_size)`, cut at `input_length`."
+    _check_positive(0, input_length=input_length); _check_positive(hash_block_size=hash_block_size)
+    if type(hash_ids) is not list or not all(type(h) is int and 0 <= h < (1 << 64) // hash_block_size for h in hash_ids):
+        raise ValueError(f"hash_ids must be a list of ints >= 0 (tokens below 2**64), got {hash_ids!r:.60}")
     spans = (range(h * hash_block_size, (h + 1) * hash_block_size) for h in hash_ids)
     return list(chain.from_iterable(spans))[:input_length]
 
 def synthesize_output(index: int, output_length: int) -> list[int]:
     "Request `index`'s output token ids: distinct from every prompt token and every other request's output."
+    _check_positive(0, index=index, output_length=output_length)
     if output_length >= 1 << 20: raise ValueError(f"output_length must be < 2**20, got {output_length}")
     return list(range(OUTPUT_BASE + (index << 20), OUTPUT_BASE + (index << 20) + output_length))
 
 # %% ../nbs/06c_production_traces.ipynb #943bd3ed
 def mooncake_to_spec(req: MooncakeRequest, index: int, hash_block_size: int = 512) -> RequestSpec:
     "A `RequestSpec` with the synthesized prompt and output (at least one token: a request always emits one)."
+    _check_mooncake(req, hash_block_size)
     return RequestSpec(f"r{index}", synthesize_prompt(req.hash_ids, req.input_length, hash_block_size),
                        synthesize_output(index, max(1, req.output_length)))
 
@@ -109,6 +127,7 @@ def convert_mooncake(path: str | Path, block_size: int = 16, num_blocks: int = 1
 # %% ../nbs/06c_production_traces.ipynb #4ced80d1
 def block_hashes(req: MooncakeRequest, block_size: int = 16, hash_block_size: int = 512) -> list[bytes]:
     "One key per full engine block of the prompt: (hash id of its last token's block, that token's offset)."
+    _check_mooncake(req, hash_block_size, block_size)
     ends = range(block_size - 1, req.input_length // block_size * block_size, block_size)
     return [(req.hash_ids[t // hash_block_size] * hash_block_size + t % hash_block_size).to_bytes(8, "little") for t in ends]
 
@@ -116,6 +135,7 @@ def block_hashes(req: MooncakeRequest, block_size: int = 16, hash_block_size: in
 class SyntheticTokenIds(Sequence):
     "A request's token ids: the prompt synthesized from hash ids when read, then the outputs appended."
     def __init__(self, req: MooncakeRequest, hash_block_size: int = 512):
+        _check_mooncake(req, hash_block_size, req.input_length + 1 if isinstance(req, MooncakeRequest) else 1)  # read lazily
         self.req, self.hash_block_size, self.output = req, hash_block_size, []
 
     def __len__(self) -> int: return self.req.input_length + len(self.output)
@@ -172,6 +192,18 @@ def _result(s: Scheduler, num_steps: int, num_preemptions: int, peak: int) -> Ca
                            num_preemptions, peak, num_steps)
 
 # %% ../nbs/06c_production_traces.ipynb #154e43e0
+def _check_pace(ms_per_step) -> None:
+    "`ms_per_step` is None (everything arrives at once) or a finite number of milliseconds > 0."
+    if ms_per_step is not None and (type(ms_per_step) not in (int, float) or not 0 < ms_per_step < float("inf")):
+        raise ValueError(f"ms_per_step must be a finite number > 0 or None, got {ms_per_step!r}")
+
+def _check_requests(requests, hash_block_size: int, block_size: int) -> None:
+    "A sequence of `MooncakeRequest`s, each one's full blocks covered by its hash ids: refused by name."
+    _check_positive(block_size=block_size)
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
+        raise TypeError(f"requests must be a sequence of MooncakeRequest, got {type(requests).__name__}")
+    for r in requests: _check_mooncake(r, hash_block_size, block_size)
+
 def _check_fits(requests: Sequence[MooncakeRequest], num_blocks: int, block_size: int) -> int:
     "`max_model_len` for the trace: its longest request; refuse a pool that cannot hold it (vLLM refuses to start)."
     if not requests: raise ValueError("the trace has no requests")
@@ -192,6 +224,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     fast: bool = True,  # False: full token lists, hashed by the manager
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
+    _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
     kv = KVCacheManager(num_blocks, block_size, max_model_len=_check_fits(requests, num_blocks, block_size))
     s = Scheduler(kv, max_num_batched_tokens, max_num_seqs, record_trace=False)
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
@@ -212,6 +245,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
 def ideal_hit_rate(requests: Sequence[MooncakeRequest], block_size: int = 16, hash_block_size: int = 512,
                    hashes: Sequence[list[bytes]] | None = None) -> float:
     "Hits / queries with an infinite cache, requests one after another in arrival order."
+    _check_requests(requests, hash_block_size, block_size=block_size)
     seen, hits, queries = set(), 0, 0
     for i, r in enumerate(requests):
         keys = hashes[i] if hashes is not None else block_hashes(r, block_size, hash_block_size)
@@ -238,6 +272,10 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
           jobs: int | None = None,  # processes (default: one per core, at most one per size)
           ) -> list[CacheSizeResult]:
     "Replay the trace at every size in `blocks`; results in the order of `blocks`."
+    _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
+    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
+        raise ValueError(f"blocks must be a non-empty list of cache sizes, got {blocks!r:.40}")
+    _check_positive(**{f"blocks[{i}]": n for i, n in enumerate(blocks)})
     for n in blocks: _check_fits(requests, n, block_size)
     settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                     ms_per_step=ms_per_step, hash_block_size=hash_block_size)

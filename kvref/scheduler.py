@@ -30,7 +30,10 @@ class FakeModel:
         self.seed, self.vocab_size = seed, vocab_size
 
     def next_token(self, token_ids: list[int]) -> int:
-        "The token this model emits after `token_ids`."
+        "The token this model emits after `token_ids` (it reads their count and the last eight)."
+        last = token_ids[-8:] if isinstance(token_ids, (list, tuple)) else None
+        if last is None or not all(type(t) is int and 0 <= t < 1 << 64 for t in last):
+            raise ValueError(f"token_ids must be a list of ints in [0, 2**64), got {token_ids!r:.60}")
         digest = hashlib.blake2b(repr((self.seed, len(token_ids), token_ids[-8:])).encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") % self.vocab_size
 
@@ -79,7 +82,10 @@ class PrefixCacheStats:
     preempted_hits: int = 0
 
     def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        "Count one admission."
+        "Count one admission (hits are at most the tokens queried)."
+        if type(num_tokens) is not int or type(num_hits) is not int or not 0 <= num_hits <= num_tokens:
+            raise ValueError(f"need ints 0 <= num_hits <= num_tokens, got num_hits={num_hits!r:.20}, num_tokens={num_tokens!r:.20}")
+        if type(preempted) is not bool: raise TypeError(f"preempted must be a bool, got {preempted!r:.20}")
         if preempted: self.preempted_requests += 1; self.preempted_queries += num_tokens; self.preempted_hits += num_hits
         else: self.requests += 1; self.queries += num_tokens; self.hits += num_hits
 

@@ -32,14 +32,14 @@ def _is_list(value) -> bool:
 
 # %% ../nbs/09_thinking_budget.ipynb #aee70ee3
 def _token_ids(name: str, ids) -> tuple[int, ...]:
-    "`ids` as a tuple after checking it is a list of ints >= 0 (None: empty); `name` goes in the error."
+    "`ids` as a tuple after checking it is a list of ints in [0, 2**64) (None: empty); `name` goes in the error."
     if ids is None: return ()
     if not _is_list(ids): raise TypeError(f"{name} must be a list of token ids, got {ids!r}")
     ids = tuple(ids)
-    if all(type(t) is int for t in ids) and min(ids, default=0) >= 0: return ids  # the common case, checked fast
+    if all(type(t) is int for t in ids) and min(ids, default=0) >= 0 and max(ids, default=0) >> 64 == 0: return ids  # fast
     for t in ids:
         if not isinstance(t, int) or isinstance(t, bool): raise TypeError(f"{name} must hold ints, got {t!r}")
-        if t < 0: raise ValueError(f"{name} must hold token ids >= 0, got {t}")
+        if not 0 <= t < 1 << 64: raise ValueError(f"{name} must hold token ids in [0, 2**64), got {t}")
     return ids
 
 # %% ../nbs/09_thinking_budget.ipynb #76f0c130
@@ -130,6 +130,7 @@ def think_state(tokens: Sequence[int],  # prompt and output, in order
                 state: ThinkState = ThinkState()) -> ThinkState:  # the state before `tokens`
     "The contract's state after reading `tokens`."
     if not _is_list(tokens): raise TypeError(f"tokens must be a list of token ids, got {tokens!r}")
+    tokens, budget = _token_ids("tokens", tokens), check_thinking_token_budget(budget)
     for token in tokens: state = advance(state, token, config, budget)
     return state
 
