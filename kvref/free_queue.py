@@ -25,6 +25,17 @@ class KVCacheBlock:
     is_null: bool = False                        # vLLM's placeholder block 0, never handed out
     free_queue: FreeKVCacheBlockQueue | None = None  # the queue linking it, if any (the queue's business only)
 
+    def __post_init__(self) -> None:
+        if type(self.block_id) is not int or self.block_id < 0:  # a bool is not an id
+            raise ValueError(f"block_id must be an int >= 0, got {self.block_id!r}")
+
+    @classmethod
+    def sentinel(cls) -> KVCacheBlock:
+        "A queue's fake head or tail: block id -1, which no real block may have."
+        block = cls(0)
+        block.block_id = -1
+        return block
+
     def __repr__(self) -> str:
         h = "" if self.block_hash is None else f", hash={self.block_hash.hex()[:8]}"
         return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}{h})"
@@ -72,7 +83,7 @@ def _checked_unqueued(blocks: Iterable[KVCacheBlock], queue: FreeKVCacheBlockQue
 class FreeKVCacheBlockQueue:
     "The free blocks in eviction order (head first), as a doubly linked list threaded through the blocks."
     def __init__(self, blocks: Iterable[KVCacheBlock]):  # every block starts free, in the order given
-        self.fake_head, self.fake_tail = KVCacheBlock(-1), KVCacheBlock(-1)
+        self.fake_head, self.fake_tail = KVCacheBlock.sentinel(), KVCacheBlock.sentinel()
         self.fake_head.next_free_block, self.fake_tail.prev_free_block = self.fake_tail, self.fake_head
         self.num_free_blocks = 0
         self._link(blocks, self.fake_head, self.fake_tail)

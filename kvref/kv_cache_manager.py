@@ -98,6 +98,9 @@ def _check_config(behavior, block_size, max_model_len, num_preallocate_tokens, h
 # %% ../nbs/04_kv_cache_manager.ipynb #d3772ad0
 def cdiv(a: int, b: int) -> int:
     "Ceiling division: blocks needed for `a` tokens at `b` tokens per block."
+    if type(a) is not int or type(b) is not int or b < 1:  # one cheap test on the hot path; a bool is not a count
+        if type(a) is not int: raise TypeError(f"cdiv: a must be an int, got {a!r}")
+        _check_count("cdiv: b", b, 1)
     return -(-a // b)
 
 # %% ../nbs/04_kv_cache_manager.ipynb #766aa1f5

@@ -1,4 +1,6 @@
 """Free queue: a stateful comparison against a plain Python list, link consistency, and misuse errors."""
+import re
+
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -128,3 +130,16 @@ def test_block_repr_does_not_walk_links():
     blocks[1].block_hash = bytes.fromhex("0123456789")
     assert repr(blocks[1]) == "KVCacheBlock(1, ref_cnt=0, hash=01234567)"
     assert blocks[0] != KVCacheBlock(0)  # identity, not value
+
+
+@pytest.mark.parametrize("block_id", [None, "3", 3.0, True, -1, [3]])
+def test_block_refuses_an_id_that_is_not_a_non_negative_int(block_id):
+    with pytest.raises(ValueError, match=re.escape(f"block_id must be an int >= 0, got {block_id!r}")):
+        KVCacheBlock(block_id)
+
+
+def test_queue_sentinels_are_the_only_blocks_with_id_minus_one():
+    q = FreeKVCacheBlockQueue([KVCacheBlock(0)])
+    assert (q.fake_head.block_id, q.fake_tail.block_id) == (-1, -1)
+    assert q.fake_head is not q.fake_tail
+    assert links_consistent(q) == [0]

@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvref.block_pool import BlockRemoved, BlockStored
 from kvref.free_queue import block_ids
 from kvref.hashing import LoRARequest, hash_request_tokens
-from kvref.kv_cache_manager import KVCacheManager, Request
+from kvref.kv_cache_manager import KVCacheManager, Request, cdiv
 from kvref.replay import replay
 
 
@@ -503,3 +503,25 @@ def test_differential_on_the_workload_generators(behavior):
         naive = NaiveReplayer(behavior)
         for i, (op, got) in enumerate(zip(ops, replay(ops, behavior))):
             assert got == naive.apply(op), f"{name}, op {i}: {op}"
+
+
+# ---------------------------------------------------------------- cdiv refuses what is not a token or block count
+
+@pytest.mark.parametrize("a, b, error, message", [
+    (7, 0, ValueError, "cdiv: b must be an int >= 1, got 0"),
+    (7, -2, ValueError, "cdiv: b must be an int >= 1, got -2"),
+    (7, True, ValueError, "cdiv: b must be an int >= 1, got True"),
+    (7, 2.0, ValueError, "cdiv: b must be an int >= 1, got 2.0"),
+    (True, 3.0, TypeError, "cdiv: a must be an int, got True"),
+    (7.0, 2, TypeError, "cdiv: a must be an int, got 7.0"),
+    ("7", 2, TypeError, "cdiv: a must be an int, got '7'"),
+    (None, 2, TypeError, "cdiv: a must be an int, got None"),
+])
+def test_cdiv_refuses_by_name(a, b, error, message):
+    with pytest.raises(error) as got:
+        cdiv(a, b)
+    assert str(got.value) == message
+
+
+def test_cdiv_rounds_up_for_any_int_numerator():
+    assert [cdiv(a, 4) for a in (-5, -4, 0, 1, 4, 5, 10**30)] == [-1, -1, 0, 1, 1, 2, 10**30 // 4]
