@@ -13,8 +13,6 @@ from fuzz_table import ENTRIES
 
 # Entry points that still fail, by owner (the lead routes them); strict: a fix makes the test fail until removed.
 KNOWN = {
-    "free_queue.KVCacheBlock": "bench helper: KVCacheBlock(None / '3' / -1 / True) is built (block_id unchecked)",
-    "kv_cache_manager.cdiv": "bench helper: cdiv(7, 0) raises ZeroDivisionError; cdiv(True, 3.0) accepted",
     "hashing.request_block_hashes": "hash helper: tokens 'abc', [1.0], [True], [-1], [2**64], [None] hashed; "
                                     "block_size True / -1 accepted (hash_request_tokens refuses them all)",
     "hashing.hash_block_tokens": "hash helper: tokens 'abc', [1.0], [True], [-1], [2**64], [None] hashed",
