@@ -115,7 +115,7 @@ def replayer():
 
 
 def driver():
-    d = conformance.Driver(conformance.kvref_factory())
+    d = replay.TraceDriver(replay.kvref_factory())
     d.apply(CONFIG_OP)
     return d
 
@@ -137,7 +137,7 @@ CONTRACT_ENTRIES = [
     Entry("TraceReplayer.apply", replayer, lambda t, o: t.apply(o), ({"op": "add", "id": "a", "prompt": [1, 2]},),
           ("any",), owner=CONTRACT),
     Entry("replay.load_trace", nothing, lambda _, p: replay.load_trace(p), (trace_file(),), ("path",), owner=CONTRACT),
-    Entry("Driver.apply", driver, lambda d, o: d.apply(o), ({"op": "add", "id": "a", "prompt": [1, 2]},), ("any",),
+    Entry("TraceDriver.apply", driver, lambda d, o: d.apply(o), ({"op": "add", "id": "a", "prompt": [1, 2]},), ("any",),
           owner=CONTRACT),
     Entry("conformance.check fields", nothing,
           lambda _, f: conformance.check(conformance.kvref_factory(), [CONFIG_OP], fields=f), (["num_free"],),
