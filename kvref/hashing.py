@@ -88,6 +88,35 @@ def init_none_hash(hash_fn_name: str,  # algorithm, see `HASH_FUNCTIONS`
     if not isinstance(seed, str): raise TypeError(f"seed must be a str or None, got {type(seed).__name__}")
     return hash_fn(seed)
 
+# %% ../nbs/01_hashing.ipynb #c1a00031
+def _check_int(name: str, value, low: int) -> None:
+    "Refuse `value` unless it is an int >= `low` (a bool is not one), naming `name`."
+    if type(value) is not int or value < low: raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+# %% ../nbs/01_hashing.ipynb #76a3e5f1
+def _checked_token(token, index: int) -> int:
+    "One token id as a Python int, or an error naming `token_ids[index]`."
+    value = token.tolist() if hasattr(token, "tolist") else token  # a numpy or torch scalar: the number it holds
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"token_ids[{index}] is {token!r} ({type(token).__name__}); token ids must be ints >= 0")
+    value = operator.index(value)
+    if not 0 <= value < 1 << 64:
+        raise ValueError(f"token_ids[{index}] is {value}; token ids must be ints in [0, 2**64)")
+    return value
+
+# %% ../nbs/01_hashing.ipynb #76a3e5f3
+def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[int, ...]:
+    "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
+    span = token_ids[start:stop]
+    if hasattr(span, "tolist"): span = span.tolist()  # numpy and torch arrays: the Python numbers they hold
+    tokens = tuple(span)
+    if list(map(type, tokens)).count(int) == len(tokens):  # exact ints: vLLM hashes Python ints, numpy ints differ
+        try:
+            array("Q", tokens)  # range check in one C pass, no per-token objects
+            return tokens
+        except OverflowError: pass
+    return tuple(_checked_token(token, i) for i, token in enumerate(tokens, start))
+
 # %% ../nbs/01_hashing.ipynb #78c910cc
 def hash_block_tokens(hash_fn: Callable[[Any], bytes],  # from `get_hash_fn_by_name`
                       parent_block_hash: bytes | None,  # previous block's hash; None for the first block
@@ -95,9 +124,9 @@ def hash_block_tokens(hash_fn: Callable[[Any], bytes],  # from `get_hash_fn_by_n
                       extra_keys: tuple | None = None,  # from `generate_block_hash_extra_keys`
                       none_hash: bytes | None = None,  # parent of the first block; default `init_none_hash`
                      ) -> bytes:
-    "The hash of one full block: `hash_fn((parent, tuple(token_ids), extra_keys))`."
+    "The hash of one full block: `hash_fn((parent, tuple(token_ids), extra_keys))`, token ids checked first."
     if not parent_block_hash: parent_block_hash = none_hash or _default_none_hash(hash_fn)
-    return hash_fn((parent_block_hash, tuple(curr_block_token_ids), extra_keys))
+    return hash_fn((parent_block_hash, _checked_tokens(curr_block_token_ids, 0, None), extra_keys))
 
 # %% ../nbs/01_hashing.ipynb #c37a65b0
 _NAME_OF_HASH_FN = {fn: name for name, fn in HASH_FUNCTIONS.items()}
@@ -131,10 +160,7 @@ class MultiModalItem:
     def __post_init__(self):
         if not isinstance(self.identifier, str):
             raise TypeError(f"MultiModalItem.identifier must be a str, got {type(self.identifier).__name__}")
-        for field, low in (("offset", 0), ("length", 1)):
-            value = getattr(self, field)
-            if type(value) is not int or value < low:
-                raise ValueError(f"MultiModalItem.{field} must be an int >= {low}, got {value!r}")
+        for field, low in (("offset", 0), ("length", 1)): _check_int(f"MultiModalItem.{field}", getattr(self, field), low)
 
     @property
     def end(self) -> int: return self.offset + self.length
@@ -163,6 +189,8 @@ def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the b
                                    prompt_embeds=None,  # [num_prompt_tokens, hidden] array or tensor
                                   ) -> tuple | None:
     "The tagged extra keys of the block `[start_token_idx, end_token_idx)`, in vLLM 0.33's order; None if none."
+    _check_int("start_token_idx", start_token_idx, 0)
+    _check_int("end_token_idx", end_token_idx, start_token_idx)
     keys: list[tuple] = []
     if lora is not None: keys.append(("lora", lora.name, lora.path))
     first = bisect.bisect_right(mm_items, start_token_idx, key=lambda item: item.end)  # first to end after start
@@ -175,42 +203,6 @@ def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the b
         keys.append(("prompt_embeds", hashlib.sha256(rows).digest()))
     return tuple(keys) or None
 
-# %% ../nbs/01_hashing.ipynb #d22197c5
-def request_block_hashes(token_ids: Sequence[int],  # all token ids so far: prompt, then generated
-                         block_size: int,  # tokens per block
-                         algo: str = "sha256",  # see `HASH_FUNCTIONS`
-                         *, cache_salt: str | None = None,  # tenant salt, goes into the first block
-                         lora: LoRARequest | None = None,
-                         mm_items: Sequence[MultiModalItem] = (),
-                         prompt_embeds=None,  # [num_prompt_tokens, hidden] array or tensor, if given instead of ids
-                         seed: str | None = None,  # NONE_HASH seed, see `init_none_hash`
-                         known_hashes: Sequence[bytes] = (),  # hashes of the first blocks, already computed
-                        ) -> list[bytes]:
-    "The definition: `known_hashes`, then the hash of each later full block of `token_ids`, chained."
-    hash_fn, hashes = get_hash_fn_by_name(algo), list(known_hashes)
-    mm_items = sorted(mm_items, key=lambda item: item.offset)
-    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
-        end = start + block_size
-        keys = generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt,
-                                              prompt_embeds=prompt_embeds)
-        parent = hashes[-1] if hashes else init_none_hash(algo, seed)
-        hashes.append(hash_block_tokens(hash_fn, parent, token_ids[start:end], keys))
-    return hashes
-
-# %% ../nbs/01_hashing.ipynb #d5c9aeed
-def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
-                       ) -> int:
-    "The 64-bit block id vLLM publishes in KV events: the digest's last 8 bytes, big-endian, unsigned."
-    if not isinstance(h, (bytes, bytearray)): raise TypeError(f"block hash must be bytes, got {type(h).__name__}")
-    if len(h) < 8: raise ValueError(f"block hash must have at least 8 bytes, got {len(h)}")
-    return int.from_bytes(h[-8:], "big")
-
-# %% ../nbs/01_hashing.ipynb #c1a00002
-def _check_block_size(block_size) -> None:
-    "A block size is an int >= 1 (not a bool, not a float)."
-    if type(block_size) is not int or block_size < 1:
-        raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
-
 # %% ../nbs/01_hashing.ipynb #c1a00013
 def _check_token_container(token_ids) -> None:
     "Token ids come as a sequence (list, tuple, range) or a 1-D numpy or torch array, never as a string."
@@ -220,30 +212,6 @@ def _check_token_container(token_ids) -> None:
                         f"got {type(token_ids).__name__}")
     if is_array and token_ids.ndim != 1:
         raise TypeError(f"token_ids must be one-dimensional, got shape {tuple(token_ids.shape)}")
-
-# %% ../nbs/01_hashing.ipynb #76a3e5f1
-def _checked_token(token, index: int) -> int:
-    "One token id as a Python int, or an error naming `token_ids[index]`."
-    value = token.tolist() if hasattr(token, "tolist") else token  # a numpy or torch scalar: the number it holds
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"token_ids[{index}] is {token!r} ({type(token).__name__}); token ids must be ints >= 0")
-    value = operator.index(value)
-    if not 0 <= value < 1 << 64:
-        raise ValueError(f"token_ids[{index}] is {value}; token ids must be ints in [0, 2**64)")
-    return value
-
-# %% ../nbs/01_hashing.ipynb #76a3e5f3
-def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[int, ...]:
-    "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
-    span = token_ids[start:stop]
-    if hasattr(span, "tolist"): span = span.tolist()  # numpy and torch arrays: the Python numbers they hold
-    tokens = tuple(span)
-    if list(map(type, tokens)).count(int) == len(tokens):  # exact ints: vLLM hashes Python ints, numpy ints differ
-        try:
-            array("Q", tokens)  # range check in one C pass, no per-token objects
-            return tokens
-        except OverflowError: pass
-    return tuple(_checked_token(token, i) for i, token in enumerate(tokens, start))
 
 # %% ../nbs/01_hashing.ipynb #c1a00007
 def _check_prompt_embeds(prompt_embeds) -> None:
@@ -279,7 +247,7 @@ def _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items,
     "Check everything about a request but its token values; return its multimodal items sorted by offset."
     _check_token_container(token_ids)
     get_hash_fn_by_name(algo)  # checks the name, and that xxhash is installed when asked for
-    _check_block_size(block_size)
+    _check_int("block_size", block_size, 1)
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
     if lora is not None and not isinstance(lora, LoRARequest):
@@ -296,6 +264,46 @@ def _check_known_hashes(known_hashes: Sequence[bytes], num_full_blocks: int, num
                          f"{num_full_blocks} blocks of {block_size}")
     if known_hashes and (not isinstance(known_hashes[-1], bytes) or not known_hashes[-1]):
         raise TypeError(f"known_hashes must hold non-empty bytes, got {known_hashes[-1]!r:.40}")
+
+# %% ../nbs/01_hashing.ipynb #c1a00040
+def _checked_hash_inputs(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds,
+                         known_hashes) -> list[MultiModalItem]:
+    "What both request hashers check first: the request, `known_hashes`, the partial block's tokens; sorted items."
+    items = _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds)
+    last = len(token_ids) // block_size
+    _check_known_hashes(known_hashes, last, len(token_ids), block_size)
+    _checked_tokens(token_ids, last * block_size, len(token_ids))  # the partial block: checked, hashed once full
+    return items
+
+# %% ../nbs/01_hashing.ipynb #d22197c5
+def request_block_hashes(token_ids: Sequence[int],  # all token ids so far: prompt, then generated
+                         block_size: int,  # tokens per block
+                         algo: str = "sha256",  # see `HASH_FUNCTIONS`
+                         *, cache_salt: str | None = None,  # tenant salt, goes into the first block
+                         lora: LoRARequest | None = None,
+                         mm_items: Sequence[MultiModalItem] = (),
+                         prompt_embeds=None,  # [num_prompt_tokens, hidden] array or tensor, if given instead of ids
+                         seed: str | None = None,  # NONE_HASH seed, see `init_none_hash`
+                         known_hashes: Sequence[bytes] = (),  # hashes of the first blocks, already computed
+                        ) -> list[bytes]:
+    "The definition: `known_hashes`, then the hash of each later full block of `token_ids`, chained."
+    mm_items = _checked_hash_inputs(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds, known_hashes)
+    hash_fn, hashes = get_hash_fn_by_name(algo), list(known_hashes)
+    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
+        end = start + block_size
+        keys = generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt,
+                                              prompt_embeds=prompt_embeds)
+        parent = hashes[-1] if hashes else init_none_hash(algo, seed)
+        hashes.append(hash_block_tokens(hash_fn, parent, _checked_tokens(token_ids, start, end), keys))
+    return hashes
+
+# %% ../nbs/01_hashing.ipynb #d5c9aeed
+def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
+                       ) -> int:
+    "The 64-bit block id vLLM publishes in KV events: the digest's last 8 bytes, big-endian, unsigned."
+    if not isinstance(h, (bytes, bytearray)): raise TypeError(f"block hash must be bytes, got {type(h).__name__}")
+    if len(h) < 8: raise ValueError(f"block hash must have at least 8 bytes, got {len(h)}")
+    return int.from_bytes(h[-8:], "big")
 
 # %% ../nbs/01_hashing.ipynb #74beb75d
 def _cbor_head(major: int, n: int) -> bytes:
@@ -394,10 +402,8 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
                         known_hashes: Sequence[bytes] = (),  # hashes of the first blocks, already computed
                        ) -> list[bytes]:
     "`request_block_hashes`, every input checked, fast: hashes of all full blocks, computed after `known_hashes`."
-    items = _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds)
+    items = _checked_hash_inputs(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds, known_hashes)
     first, last = len(known_hashes), len(token_ids) // block_size
-    _check_known_hashes(known_hashes, last, len(token_ids), block_size)
-    _checked_tokens(token_ids, last * block_size, len(token_ids))  # the partial block: checked, hashed once full
     if first == last:  # the common decode step: no block completed, nothing to hash, no copy
         return known_hashes if type(known_hashes) is list else list(known_hashes)
     hashes = list(known_hashes)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from fastcore.basics import patch
+from .free_queue import _check_count
+from .kv_cache_manager import _checked_token_ids
 
 # %% auto #0
 __all__ = ['NanoBlock', 'compute_hash', 'NanoBlockManager', 'NanoAdapter']
@@ -30,7 +32,7 @@ def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
 class NanoBlockManager:
     "Blocks handed out from a deque of free ids; full blocks found again through `hash_to_block_id`."
     def __init__(self, num_blocks: int, block_size: int):
-        if num_blocks < 1 or block_size < 1: raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+        _check_count("num_blocks", num_blocks, 1); _check_count("block_size", block_size, 1)  # kvref's checks, not nano's
         self.block_size = block_size
         self.blocks = [NanoBlock(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
@@ -88,12 +90,18 @@ class NanoAdapter:
 
 # %% ../nbs/07a_nano.ipynb #21d52fac
 @patch
+def _known(self: NanoAdapter, request_id: str) -> str:
+    "`request_id`, after checking that `add` gave it (kvref's check, not nano's)."
+    if request_id not in self.tokens: raise ValueError(f"request {request_id!r} is not known: add it first")
+    return request_id
+
+@patch
 def add(self: NanoAdapter, request_id, prompt, cache_salt=None, lora=None):
     self.tokens[request_id], self.tables[request_id], self.computed[request_id] = list(prompt), [], 0
 
 @patch
 def lookup(self: NanoAdapter, request_id):
-    tokens = self.tokens[request_id]
+    tokens = self.tokens[self._known(request_id)]
     if not self.caching: return 0
     n = len(tokens) - 1 if self.hit_cap else len(tokens)
     return self.manager.walk(tokens, n - n % self.manager.block_size, [], allocate=False)
@@ -101,6 +109,7 @@ def lookup(self: NanoAdapter, request_id):
 # %% ../nbs/07a_nano.ipynb #d227cea9
 @patch
 def allocate(self: NanoAdapter, request_id: str, num_new_tokens: int, num_hit_tokens: int) -> bool:
+    self._known(request_id); _check_count("num_new_tokens", num_new_tokens); _check_count("num_hit_tokens", num_hit_tokens)
     m, tokens, table = self.manager, self.tokens[request_id], self.tables[request_id]
     total = self.computed[request_id] + num_hit_tokens + num_new_tokens
     need = -(-total // m.block_size) - len(table)
@@ -138,7 +147,8 @@ def free(self: NanoAdapter, request_id: str) -> None:
     for d in (self.tokens, self.tables, self.computed): d.pop(request_id)
 
 @patch
-def append(self: NanoAdapter, request_id: str, tokens: list[int]) -> None: self.tokens[request_id].extend(tokens)
+def append(self: NanoAdapter, request_id: str, tokens: list[int]) -> None:
+    self.tokens[self._known(request_id)].extend(_checked_token_ids(tokens, "tokens"))
 
 # %% ../nbs/07a_nano.ipynb #f951e220
 @patch

@@ -256,3 +256,49 @@ def test_nano_leaks_across_salts_on_a_recorded_trace():
     d = check(capped, small, "design_doc", fields)
     assert d.fields == ["hit_tokens"] and d.expected["hit_tokens"] == 0 < d.got["hit_tokens"]
     assert {op.get("cache_salt") for op in small if op["op"] == "add"} == {"b", None}
+
+
+# ---------------------------------------------------------------- nano's adapter checks its input (and only that)
+
+def nano_with_a():
+    a = NanoAdapter({"num_blocks": 8, "block_size": 4})
+    a.add("a", [1, 2, 3, 4, 5])
+    return a
+
+def nano_state(a):
+    m = a.manager
+    return (repr(m.blocks), dict(m.hash_to_block_id), list(m.free_block_ids), set(m.used_block_ids),
+            repr(a.tokens), repr(a.tables), dict(a.computed), dict(a.hashed))
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda a: a.allocate("ghost", 4, 0), ValueError, "request 'ghost' is not known: add it first"),
+    (lambda a: a.allocate("a", True, 0), ValueError, "num_new_tokens must be an int >= 0, got True"),
+    (lambda a: a.allocate("a", -1, 0), ValueError, "num_new_tokens must be an int >= 0, got -1"),
+    (lambda a: a.allocate("a", 5, True), ValueError, "num_hit_tokens must be an int >= 0, got True"),
+    (lambda a: a.allocate("a", 5, -4), ValueError, "num_hit_tokens must be an int >= 0, got -4"),
+    (lambda a: a.allocate("a", 5.0, 0), ValueError, "num_new_tokens must be an int >= 0, got 5.0"),
+    (lambda a: a.append("ghost", [7]), ValueError, "request 'ghost' is not known: add it first"),
+    (lambda a: a.append("a", "abc"), TypeError, "tokens must be a list of ints, got str"),
+    (lambda a: a.append("a", [1.0]), TypeError, "token_ids[0] is 1.0 (float)"),
+    (lambda a: a.append("a", [7, -1]), ValueError, "token_ids[1] is -1"),
+    (lambda a: a.append("a", [True]), TypeError, "token_ids[0] is True (bool)"),
+    (lambda a: a.lookup("ghost"), ValueError, "request 'ghost' is not known"),
+])
+def test_nano_adapter_refuses_by_name_and_changes_nothing(call, error, message):
+    a = nano_with_a()
+    before = nano_state(a)
+    with pytest.raises(error) as got:
+        call(a)
+    assert message in str(got.value)
+    assert nano_state(a) == before
+
+@pytest.mark.parametrize("num_blocks, block_size, message", [
+    (True, 4, "num_blocks must be an int >= 1, got True"), (8, 3.0, "block_size must be an int >= 1, got 3.0"),
+    (0, 4, "num_blocks must be an int >= 1, got 0"), (8, "4", "block_size must be an int >= 1, got '4'"),
+    (None, 4, "num_blocks must be an int >= 1, got None"),
+])
+def test_nano_block_manager_refuses_bad_sizes(num_blocks, block_size, message):
+    from kvref.nano import NanoBlockManager
+    with pytest.raises(ValueError) as got:
+        NanoBlockManager(num_blocks, block_size)
+    assert str(got.value) == message

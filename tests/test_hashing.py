@@ -414,3 +414,50 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, argv, message):
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("kvref hash: error:"), err
     assert re.search(message, err), err
+
+# --- the lesson's definitions refuse what the fast path refuses ----------------------------------------------
+BAD_REQUESTS = [  # (token_ids, block_size, keyword arguments): each refused by name
+    ("abc", 2, {}), ([1.0], 1, {}), ([True], 1, {}), ([-1], 1, {}), ([2**64], 1, {}), ([None], 1, {}),
+    ([1, 2, 3, 4, 5.0], 4, {}), ([1, 2, -3, 4], 2, {}), ([1, 2, 3, 4, 2**64], 4, {}), (5, 2, {}),
+    ([1, 2], True, {}), ([1, 2], -1, {}), ([1, 2], 0, {}), ([1, 2], 2.0, {}), ([1, 2], None, {}),
+    ([1, 2], 1, {"algo": "md5"}), ([1, 2], 1, {"cache_salt": 7}), ([1, 2], 1, {"lora": ("a", "b")}),
+    ([1, 2], 1, {"mm_items": [MultiModalItem("i", 1, 5)]}), ([1, 2], 1, {"mm_items": [("i", 0, 1)]}),
+    ([1, 2], 1, {"known_hashes": [b"a", b"b", b"c"]}), ([1, 2], 1, {"known_hashes": ["ab"]}),
+    ([1, 2], 1, {"prompt_embeds": [[0.0]] * 2}), (np.zeros((2, 2), dtype=np.int64), 2, {}),
+]
+
+@pytest.mark.parametrize("token_ids, block_size, kwargs", BAD_REQUESTS)
+def test_definition_and_fast_path_refuse_alike(token_ids, block_size, kwargs):
+    "request_block_hashes (the lesson) and hash_request_tokens (the fast path): same error type, same message."
+    with pytest.raises((TypeError, ValueError)) as fast:
+        hash_request_tokens(token_ids, block_size, **kwargs)
+    with pytest.raises((TypeError, ValueError)) as lesson:
+        request_block_hashes(token_ids, block_size, **kwargs)
+    assert (type(lesson.value), str(lesson.value)) == (type(fast.value), str(fast.value))
+
+@pytest.mark.parametrize("tokens, error, message", [
+    ("abc", TypeError, "token_ids[0] is 'a' (str)"), ([1.0], TypeError, "token_ids[0] is 1.0 (float)"),
+    ([True], TypeError, "token_ids[0] is True (bool)"), ([None], TypeError, "token_ids[0] is None (NoneType)"),
+    ([-1], ValueError, "token_ids[0] is -1; token ids must be ints in [0, 2**64)"),
+    ([1, 2**64], ValueError, "token_ids[1] is 18446744073709551616"),
+])
+def test_hash_block_tokens_refuses_bad_tokens(tokens, error, message):
+    with pytest.raises(error) as got:
+        hash_block_tokens(H.sha256, None, tokens)
+    assert message in str(got.value)
+
+def test_hash_block_tokens_hashes_numpy_ints_as_ints():
+    assert hash_block_tokens(H.sha256, None, np.arange(4)) == hash_block_tokens(H.sha256, None, [0, 1, 2, 3])
+
+@pytest.mark.parametrize("start, end, message", [
+    (None, 4, "start_token_idx must be an int >= 0, got None"), ("3", 4, "start_token_idx must be an int >= 0, got '3'"),
+    (3.0, 4, "start_token_idx must be an int >= 0, got 3.0"), (True, 4, "start_token_idx must be an int >= 0, got True"),
+    (-1, 4, "start_token_idx must be an int >= 0, got -1"), (0, None, "end_token_idx must be an int >= 0, got None"),
+    (0, "3", "end_token_idx must be an int >= 0, got '3'"), (0, 3.0, "end_token_idx must be an int >= 0, got 3.0"),
+    (0, True, "end_token_idx must be an int >= 0, got True"), (0, -1, "end_token_idx must be an int >= 0, got -1"),
+    (8, 4, "end_token_idx must be an int >= 8, got 4"),
+])
+def test_extra_keys_refuse_a_bad_block_range(start, end, message):
+    with pytest.raises(ValueError) as got:
+        generate_block_hash_extra_keys(start, end, cache_salt="x")
+    assert str(got.value) == message
