@@ -51,6 +51,7 @@ def parse_int(text: str,                # the integer as typed
         raise ValueError(f"{name + ': ' if name else ''}invalid int value: {shown!r} (an integer{bounds})")
     return int(text)
 
+# %% ../nbs/12_cli.ipynb #9c91ccbb
 def int_arg(low: int = -(1 << 63), high: int = (1 << 63) - 1) -> Callable[[str], int]:
     "`parse_int` as an argparse `type`."
     def parse(text: str) -> int:
@@ -72,21 +73,25 @@ def read_text(path: str) -> str:
     if len(text) > MAX_JSON_CHARS: raise ValueError(f"{path}: longer than {MAX_JSON_CHARS} characters")
     return text
 
+# %% ../nbs/12_cli.ipynb #bf53bdb8
 def parse_json(text: str, path: str) -> object:
     "`text`, read from `path`, parsed as JSON; ValueError naming the file and line if it is not JSON or nests too deeply."
     try: return json.loads(text)
     except json.JSONDecodeError as e: raise ValueError(f"{path} is not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except RecursionError: raise ValueError(f"{path}: JSON nested too deeply") from None
 
+# %% ../nbs/12_cli.ipynb #97e76bd6
 def read_json(path: str) -> object:
     "The JSON value in file `path` ('-' is stdin); ValueError naming the file and line if it cannot be had."
     return parse_json(read_text(path), path)
 
 # %% ../nbs/12_cli.ipynb #aeb6e1dc
 def _one_line(e: Exception) -> str:
+    "The error as one line: an output that cannot be written named as such, whitespace runs collapsed."
     if isinstance(e, OSError): return f"{e.filename}: {e.strerror}" if e.filename else f"cannot write output: {e.strerror or e}"
     return " ".join(str(e).split())
 
+# %% ../nbs/12_cli.ipynb #1897cfa2
 def subcommand(prog: str  # the command's name in error lines: "kvref hash"
               ) -> Callable[[Callable[[list[str] | None], int]], Callable[[list[str] | None], int]]:
     "Decorate a command `run(argv) -> exit status` so that every way it can end is an exit status."
@@ -115,6 +120,7 @@ def token_id(text: str, index: int) -> int:
     if not 0 <= value <= TOKEN_ID_MAX: raise ValueError(f"token_ids[{index}] is {value}; token ids are integers from 0 to {TOKEN_ID_MAX}")
     return value
 
+# %% ../nbs/12_cli.ipynb #4ce7ed1e
 def read_token_ids(path: str) -> list[int]:
     "Token ids from a JSON list or whitespace/comma-separated integers in file `path` ('-' reads stdin)."
     try: text = read_text(path)
@@ -134,16 +140,21 @@ def read_token_ids(path: str) -> list[int]:
 
 # %% ../nbs/12_cli.ipynb #dfd7384b
 def _parse_mm(spec: str) -> MultiModalItem:
+    "`--mm ID:OFFSET:LENGTH` as a `MultiModalItem` (the id may itself hold colons)."
     parts = spec.rsplit(":", 2)
     if len(parts) != 3: raise ValueError(f"--mm {spec!r}: expected ID:OFFSET:LENGTH with integer OFFSET and LENGTH")
     return MultiModalItem(parts[0], parse_int(parts[1], "--mm OFFSET", 0), parse_int(parts[2], "--mm LENGTH", 0))
 
+# %% ../nbs/12_cli.ipynb #860a7d5c
 def _parse_lora(spec: str) -> LoRARequest:
+    "`--lora NAME:PATH` as a `LoRARequest`."
     name, sep, path = spec.partition(":")
     if not sep or not name: raise ValueError(f"--lora {spec!r}: expected NAME:PATH")
     return LoRARequest(name, path)
 
+# %% ../nbs/12_cli.ipynb #388fd360
 def _hash_parser() -> CommandParser:
+    "The options of `kvref hash`."
     parser = CommandParser(prog="kvref hash", description="Hash token ids into vLLM 0.33 block hashes, "
                            "one per full block, or verify vector files with --check.")
     parser.add_argument("tokens", nargs="*", help=f"token ids (integers from 0 to {TOKEN_ID_MAX})")
@@ -172,6 +183,7 @@ def _check_one_vector_file(path: str) -> tuple[int, str | None]:
     n, m = check_vectors([path])
     return n, m and f"{m.path}: vector {m.vector}, block {m.block}: expected {m.expected}, got {m.got}"
 
+# %% ../nbs/12_cli.ipynb #3d4e946d
 def check_vector_files(paths: Sequence[str]) -> int:
     "`kvref hash --check`: 0 if every vector of every file matches, 1 on the first mismatch; each file must hold one."
     count = 0
@@ -199,7 +211,9 @@ def _release_hashes(args, tokens: list[int]) -> list[int | bytes]:
                                 lora=_parse_lora(args.lora) if args.lora else None, lora_int_id=args.lora_int_id,
                                 mm_items=[_parse_mm(s) for s in args.mm], pythonhashseed=args.pythonhashseed)
 
+# %% ../nbs/12_cli.ipynb #96993aac
 def _print_hashes(hashes: list[int | bytes], event_ids: list[int], fmt: str) -> None:
+    "Print the hashes in `--format` hex, int64 (the KV events' ids) or json (both)."
     shown = [h if isinstance(h, int) else h.hex() for h in hashes]
     if fmt == "json": print(json.dumps({"block_hashes": shown, "block_ids_int64": event_ids}))
     else: print("\n".join(str(x) for x in (shown if fmt == "hex" else event_ids)))
@@ -240,6 +254,7 @@ def load_hybrid_trace(path: str) -> list[dict]:
     if not all(isinstance(op, dict) for op in ops): raise ValueError(f"{path}: every line must be a JSON object")
     return ops
 
+# %% ../nbs/12_cli.ipynb #214977b1
 def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace) -> list[dict]:
     "`load(path)` (a trace loader), refusing a pool larger than `MAX_NUM_BLOCKS`."
     ops = load(path)
@@ -258,7 +273,9 @@ def _is_hybrid(path: str) -> bool:
     except ValueError: return False  # not JSON, or nested too deeply: the trace loader names the problem
     return isinstance(config, dict) and "groups" in config
 
+# %% ../nbs/12_cli.ipynb #94f23a89
 def _replay_parser() -> CommandParser:
+    "The options of `kvref replay`."
     parser = CommandParser(prog="kvref replay", description="Replay an allocator trace (format version "
                            f"{TRACE_FORMAT_VERSION}) and print kvref's decision for each op as JSONL.")
     parser.add_argument("trace", metavar="TRACE.jsonl", help="the allocator trace to replay")
@@ -272,6 +289,7 @@ def _replay_parser() -> CommandParser:
     parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (needs matplotlib)")
     return parser
 
+# %% ../nbs/12_cli.ipynb #a8cf54ff
 def _decider(args, hybrid: bool) -> Callable[[dict], dict]:
     "What decides each op: kvref's allocator in `--behavior`, a hybrid trace's groups, or release `--vllm-version`'s."
     if hybrid:
@@ -316,6 +334,7 @@ def replay_main(argv: list[str] | None = None) -> int:
 
 # %% ../nbs/12_cli.ipynb #465bfe11
 def _check_parser() -> CommandParser:
+    "The options of `kvref check`."
     p = CommandParser(prog="kvref check", description="Check an engine's allocator against kvref, op by op.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="allocator traces (JSONL)")
     p.add_argument("--adapter", required=True, help="module:factory or path/to/file.py:factory; factory(config dict) -> AllocatorAdapter")
@@ -326,7 +345,9 @@ def _check_parser() -> CommandParser:
     p.add_argument("--traceback", action="store_true", help="show the traceback of an adapter module that fails to import")
     return p
 
+# %% ../nbs/12_cli.ipynb #17a33675
 def _out_folder(out: str) -> Path:
+    "`--out` as a folder that exists and can be written, or a ValueError naming it."
     if not Path(out).is_dir(): raise ValueError(f"--out {out}: not an existing folder")
     if not os.access(out, os.W_OK): raise ValueError(f"--out {out}: folder is not writable")
     return Path(out)
@@ -357,6 +378,7 @@ def check_main(argv: list[str] | None = None) -> int:
 MAX_CAPTURE_SIZE = 1 << 16  # the largest CUDA graph capture size `kvref cudagraph` accepts
 
 def _cudagraph_parser() -> CommandParser:
+    "The options of `kvref cudagraph`."
     from kvref.cudagraph import ATTENTION_CG_SUPPORT  # imports torch: only when the command runs
     p = CommandParser(prog="kvref cudagraph", description="Resolve a CUDA graph mode, build the dispatcher's keys, "
                       "and show which graph runs each batch (vLLM 0.33 rules).")
@@ -372,17 +394,22 @@ def _cudagraph_parser() -> CommandParser:
     p.add_argument("--no-piecewise-compilation", action="store_true", help="compilation mode is not VLLM_COMPILE")
     return p
 
+# %% ../nbs/12_cli.ipynb #1dd7a55e
 def _parse_batch(text: str) -> tuple[int, bool]:
+    "A batch as typed, `3` or `3u`: (tokens, whether it is a uniform decode batch)."
     uniform = text.endswith("u")
     try: return parse_int(text[:-1] if uniform else text, low=0), uniform
     except ValueError: raise ValueError(f"batch {text[:30]!r} is not a token count like 3 or 3u") from None
 
+# %% ../nbs/12_cli.ipynb #a619e75a
 def _parse_size(text: str) -> int:
+    "One capture size, at most `MAX_CAPTURE_SIZE`."
     try: return parse_int(text, low=0, high=MAX_CAPTURE_SIZE)
     except ValueError: raise ValueError(f"--capture-sizes takes comma-separated integers like 1,2,4,8; got {text[:30]!r} "
                                         f"(each at most {MAX_CAPTURE_SIZE})") from None
 
 def _parse_sizes(text: str) -> list[int]:
+    "`--capture-sizes 1,2,4,8` as a list."
     return [_parse_size(s.strip()) for s in text.split(",") if s.strip()]
 
 # %% ../nbs/12_cli.ipynb #09e35e4d
@@ -410,23 +437,29 @@ def cudagraph_main(argv: list[str] | None = None, # arguments after `kvref cudag
     return 0
 
 # %% ../nbs/12_cli.ipynb #9d1e331a
-MAX_RUN_TOKEN_ID = (1 << 20) - 1  # the largest token id in a run `--check` replays (logits are that wide)
-
 def _token_id(text: str, name: str) -> int:
+    "A token id given to option `name`."
     try: return parse_int(text, low=0)
     except ValueError: raise ValueError(f"{name} must be token ids (ints >= 0), got {text[:30]!r}") from None
 
 def _ints(values: list[str] | None, name: str) -> list[int]:
+    "The token ids given to option `name`, separated by spaces or commas."
     return [_token_id(v, name) for v in " ".join(values or []).replace(",", " ").split()]
 
+# %% ../nbs/12_cli.ipynb #70e3dd56
 def _budget_arg(v: str) -> int | None:
+    "`--budget`: an int >= -1, or none."
     from kvref.thinking_budget import check_thinking_token_budget
     if v.lower() == "none": return None
     try: budget = parse_int(v)
     except ValueError: raise ValueError(f"thinking_token_budget must be an int >= -1 or none, got {v[:30]!r}") from None
     return check_thinking_token_budget(budget)
 
+# %% ../nbs/12_cli.ipynb #b9232923
+MAX_RUN_TOKEN_ID = (1 << 20) - 1  # the largest token id in a run `--check` replays (logits are that wide)
+
 def _token_ids_field(run: dict, key: str, where: str) -> None:
+    "Refuse, naming `where` and `key`, a run field that is not a list of token ids up to `MAX_RUN_TOKEN_ID`."
     ids = run[key]
     if not (isinstance(ids, list) and all(type(t) is int and 0 <= t <= MAX_RUN_TOKEN_ID for t in ids)):
         raise ValueError(f"{where}: {key} must be a list of token ids from 0 to {MAX_RUN_TOKEN_ID}, got {json.dumps(ids)[:40]}")
@@ -468,10 +501,8 @@ def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | No
     return len(runs), None
 
 # %% ../nbs/12_cli.ipynb #59fff33c
-@subcommand("kvref thinking-budget")
-def thinking_budget_main(argv: list[str] | None = None) -> int:
-    "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
-    from kvref.thinking_budget import ReasoningConfig, contract_forcings  # imports torch
+def _thinking_budget_parser() -> CommandParser:
+    "The options of `kvref thinking-budget`."
     from kvref.thinking_budget_vllm import BEHAVIORS
     p = CommandParser(prog="kvref thinking-budget", description="Print the (row, token) forcings the thinking-budget "
                       "contract requires for one step, or replay recorded greedy runs with --check.")
@@ -484,15 +515,26 @@ def thinking_budget_main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafts", nargs="*", help="this step's draft token ids")
     p.add_argument("--check", nargs="+", metavar="FILE", help="replay recorded greedy runs instead")
     p.add_argument("--behavior", choices=BEHAVIORS, default="vllm_0_33_v1", help="behaviour for --check")
-    args = p.parse_args(argv)
-    if args.check:
-        total = 0
-        for path in args.check:
-            n, mismatch = check_runs(path, args.behavior)
-            if mismatch: print(mismatch); return 1
-            total += n
-        print(f"{total} runs, {total} match ({args.behavior})")
-        return 0
+    return p
+
+# %% ../nbs/12_cli.ipynb #af1dca1f
+def _check_run_files(paths: list[str], behavior: str) -> int:
+    "`kvref thinking-budget --check`: 0 if every recorded run matches under `behavior`, 1 at the first mismatch."
+    total = 0
+    for path in paths:
+        n, mismatch = check_runs(path, behavior)
+        if mismatch: print(mismatch); return 1
+        total += n
+    print(f"{total} runs, {total} match ({behavior})")
+    return 0
+
+# %% ../nbs/12_cli.ipynb #b0641dc0
+@subcommand("kvref thinking-budget")
+def thinking_budget_main(argv: list[str] | None = None) -> int:
+    "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
+    from kvref.thinking_budget import ReasoningConfig, contract_forcings  # imports torch
+    args = _thinking_budget_parser().parse_args(argv)
+    if args.check: return _check_run_files(args.check, args.behavior)
     start, end = _ints(args.start, "--start"), _ints(args.end, "--end")
     if not start or not end: raise ValueError("give --start and --end token ids, or --check FILE")
     cfg = ReasoningConfig(start, end, _ints(args.natural_end, "--natural-end") or None)
@@ -505,6 +547,7 @@ def thinking_budget_main(argv: list[str] | None = None) -> int:
 TRACE_FORMATS = ("mooncake",)  # the request-log formats `kvref convert` reads
 
 def _convert_parser() -> CommandParser:
+    "The options of `kvref convert`."
     p = CommandParser(prog="kvref convert", description="Convert a production trace to kvref's trace format "
                       "(JSONL on stdout).")
     p.add_argument("trace", metavar="TRACE.jsonl", help="the request log")
@@ -528,6 +571,7 @@ def convert_main(argv: list[str] | None = None) -> int:
 
 # %% ../nbs/12_cli.ipynb #5dce5f45
 def _sweep_parser() -> CommandParser:
+    "The options of `kvref sweep`."
     p = CommandParser(prog="kvref sweep", description="Replay a Mooncake trace at several KV cache sizes.")
     p.add_argument("trace", metavar="TRACE.jsonl", help="the request log (Mooncake format)")
     p.add_argument("--blocks", required=True, help="cache sizes in blocks, comma-separated: 1000,2000")
@@ -557,6 +601,7 @@ def sweep_main(argv: list[str] | None = None) -> int:
 
 # %% ../nbs/12_cli.ipynb #05345e5b
 def _events_parser() -> CommandParser:
+    "The options of `kvref events`."
     p = CommandParser(prog="kvref events", description="The KV events vLLM 0.33 emits for a trace, per op (JSONL).")
     p.add_argument("trace", metavar="TRACE.jsonl", help="an allocator trace")
     p.add_argument("--hash-form", choices=HASH_FORMS, default="int", help="64-bit ints (vLLM's default) or digests")
@@ -584,6 +629,7 @@ def events_main(argv: list[str] | None = None) -> int:
 
 # %% ../nbs/12_cli.ipynb #55abd94c
 def _check_router_parser() -> CommandParser:
+    "The options of `kvref check-router`."
     p = CommandParser(prog="kvref check-router", description="Check a router's index against kvref's KVIndex, batch by batch.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="one allocator trace per engine")
     p.add_argument("--adapter", required=True, help="module:factory or path/to/file.py:factory; factory(config) -> router")
@@ -591,6 +637,7 @@ def _check_router_parser() -> CommandParser:
     p.add_argument("--out", default=".", help="existing folder for the shrunk traces (default: .)")
     return p
 
+# %% ../nbs/12_cli.ipynb #6c2fa4ab
 @subcommand("kvref check-router")
 def check_router_main(argv: list[str] | None = None) -> int:
     "`kvref check-router`: 0 if the router agrees with `KVIndex` on every prompt, 1 on a divergence, 2 on bad input."
@@ -606,12 +653,17 @@ def check_router_main(argv: list[str] | None = None) -> int:
     print(found.report()); return 1
 
 # %% ../nbs/12_cli.ipynb #8c1c3465
+def _vectors_parser() -> CommandParser:
+    "The options of `kvref vectors`."
+    parser = CommandParser(prog="kvref vectors", description="List the recorded vectors shipped with kvref.")
+    parser.add_argument("name", nargs="?", help="print this vector file's path (names as listed)")
+    return parser
+
+# %% ../nbs/12_cli.ipynb #f9d31a65
 @subcommand("kvref vectors")
 def vectors_main(argv: list[str] | None = None) -> int:
     "`kvref vectors [NAME]`: list the shipped vector files, or print the path of one."
-    parser = CommandParser(prog="kvref vectors", description="List the recorded vectors shipped with kvref.")
-    parser.add_argument("name", nargs="?", help="print this vector file's path (names as listed)")
-    args = parser.parse_args(argv)
+    args = _vectors_parser().parse_args(argv)
     if args.name is not None: print(vector_path(args.name)); return 0
     found = list_vectors()
     width = max(len(v.name) for v in found)
@@ -634,6 +686,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
 
 # %% ../nbs/12_cli.ipynb #ebba3da6
 def _top_parser() -> CommandParser:
+    "`kvref` itself: its --version and the list of commands in --help."
     commands = "\n".join(f"  {name:<17}{help_}" for name, (_, help_) in SUBCOMMANDS.items())
     parser = CommandParser(prog="kvref", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="kvref: a reference implementation of vLLM V1's core, used as a correctness oracle.",

@@ -40,6 +40,7 @@ def _check_positive(minimum: int = 1, **sizes) -> None:
     for name, value in sizes.items():
         if type(value) is not int or value < minimum: raise ValueError(f"{name} must be an int >= {minimum}, got {value!r:.40}")
 
+# %% ../nbs/06c_production_traces.ipynb #3ee0fd99
 def _check_mooncake(req, hash_block_size: int, block_size: int = 1) -> None:
     "`req` is a `MooncakeRequest` whose hash ids cover its full blocks of `block_size` (in blocks of `hash_block_size`)."
     if not isinstance(req, MooncakeRequest): raise TypeError(f"expected a MooncakeRequest, got {type(req).__name__}")
@@ -51,6 +52,15 @@ def _check_mooncake(req, hash_block_size: int, block_size: int = 1) -> None:
 # %% ../nbs/06c_production_traces.ipynb #a82c84f1
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
+def _check_field(obj: dict, name: str, line: int, hash_block_size: int) -> None:
+    "Refuse, naming the line, a field that is missing or not an int >= 0 (`hash_ids`: a list of them)."
+    value = obj.get(name)
+    if name not in obj: raise ValueError(f"line {line}: field {name!r} is missing")
+    ok = all(type(v) is int and 0 <= v < (1 << 64) // hash_block_size for v in value) if name == "hash_ids" and type(value) is list else \
+        name != "hash_ids" and type(value) is int and value >= 0
+    if not ok: raise ValueError(f"line {line}: field {name!r} must be {'a list of ints' if name == 'hash_ids' else 'an int'} >= 0{' (ids times hash_block_size < 2**64)' if name == 'hash_ids' else ''}, got {value!r:.60}")
+
+# %% ../nbs/06c_production_traces.ipynb #1a246e03
 def parse_mooncake_line(text: str, line: int, hash_block_size: int = 512) -> MooncakeRequest:
     "One checked `MooncakeRequest` from a line of JSON, or a `ValueError` naming the line and the field."
     _check_positive(0, line=line); _check_positive(hash_block_size=hash_block_size)
@@ -58,12 +68,7 @@ def parse_mooncake_line(text: str, line: int, hash_block_size: int = 512) -> Moo
     except json.JSONDecodeError as e: raise ValueError(f"line {line}: not JSON ({e.msg})") from None
     except RecursionError: raise ValueError(f"line {line}: JSON nested too deeply") from None
     if not isinstance(obj, dict): raise ValueError(f"line {line}: expected a JSON object, got {type(obj).__name__}")
-    for name in FIELDS:
-        value = obj.get(name)
-        if name not in obj: raise ValueError(f"line {line}: field {name!r} is missing")
-        ok = all(type(v) is int and 0 <= v < (1 << 64) // hash_block_size for v in value) if name == "hash_ids" and type(value) is list else \
-            name != "hash_ids" and type(value) is int and value >= 0
-        if not ok: raise ValueError(f"line {line}: field {name!r} must be {'a list of ints' if name == 'hash_ids' else 'an int'} >= 0{' (ids times hash_block_size < 2**64)' if name == 'hash_ids' else ''}, got {value!r:.60}")
+    for name in FIELDS: _check_field(obj, name, line, hash_block_size)
     need = cdiv(obj["input_length"], hash_block_size)
     if len(obj["hash_ids"]) != need:
         raise ValueError(f"line {line}: field 'hash_ids' has {len(obj['hash_ids'])} ids but input_length "
@@ -89,8 +94,6 @@ def read_mooncake(path: str | Path,  # a Mooncake JSONL trace
             yield req
 
 # %% ../nbs/06c_production_traces.ipynb #838e78f3
-OUTPUT_BASE = 1 << 48  # output token ids start here, above every prompt token of a trace with ids < 2**39
-
 def synthesize_prompt(hash_ids: Sequence[int], input_length: int, hash_block_size: int = 512) -> list[int]:
     "The prompt's token ids: block `h` is `h * hash_block_size + range(hash_block_size)`, cut at `input_length`."
     _check_positive(0, input_length=input_length); _check_positive(hash_block_size=hash_block_size)
@@ -98,6 +101,9 @@ def synthesize_prompt(hash_ids: Sequence[int], input_length: int, hash_block_siz
         raise ValueError(f"hash_ids must be a list of ints >= 0 (tokens below 2**64), got {hash_ids!r:.60}")
     spans = (range(h * hash_block_size, (h + 1) * hash_block_size) for h in hash_ids)
     return list(chain.from_iterable(spans))[:input_length]
+
+# %% ../nbs/06c_production_traces.ipynb #c156e1a3
+OUTPUT_BASE = 1 << 48  # output token ids start here, above every prompt token of a trace with ids < 2**39
 
 def synthesize_output(index: int, output_length: int) -> list[int]:
     "Request `index`'s output token ids: distinct from every prompt token and every other request's output."
@@ -112,6 +118,7 @@ def mooncake_to_spec(req: MooncakeRequest, index: int, hash_block_size: int = 51
     return RequestSpec(f"r{index}", synthesize_prompt(req.hash_ids, req.input_length, hash_block_size),
                        synthesize_output(index, max(1, req.output_length)))
 
+# %% ../nbs/06c_production_traces.ipynb #10f95cea
 def convert_mooncake(path: str | Path, block_size: int = 16, num_blocks: int = 1 << 16, hash_block_size: int = 512,
                      max_live: int = 8) -> Iterator[dict]:
     "Stream a Mooncake trace as kvref trace ops (open loop, `max_live` requests in flight)."
@@ -158,6 +165,7 @@ class TraceRequest(Request):
     def __post_init__(self):  # the tokens are valid by construction (ints from checked hash ids)
         self.all_token_ids = self.prompt_token_ids
 
+# %% ../nbs/06c_production_traces.ipynb #501c756b
 def trace_request(req: MooncakeRequest, index: int, hashes: list[bytes], hash_block_size: int = 512) -> SchedulerRequest:
     "The scheduler's request for trace line `req`: synthetic tokens, derived block hashes, a scripted output."
     request = TraceRequest(f"r{index}", SyntheticTokenIds(req, hash_block_size))
@@ -197,6 +205,7 @@ def _check_pace(ms_per_step) -> None:
     if ms_per_step is not None and (type(ms_per_step) not in (int, float) or not 0 < ms_per_step < float("inf")):
         raise ValueError(f"ms_per_step must be a finite number > 0 or None, got {ms_per_step!r}")
 
+# %% ../nbs/06c_production_traces.ipynb #0a8290a3
 def _check_requests(requests, hash_block_size: int, block_size: int) -> None:
     "A sequence of `MooncakeRequest`s, each one's full blocks covered by its hash ids: refused by name."
     _check_positive(block_size=block_size)
@@ -204,6 +213,7 @@ def _check_requests(requests, hash_block_size: int, block_size: int) -> None:
         raise TypeError(f"requests must be a sequence of MooncakeRequest, got {type(requests).__name__}")
     for r in requests: _check_mooncake(r, hash_block_size, block_size)
 
+# %% ../nbs/06c_production_traces.ipynb #e853263e
 def _check_fits(requests: Sequence[MooncakeRequest], num_blocks: int, block_size: int) -> int:
     "`max_model_len` for the trace: its longest request; refuse a pool that cannot hold it (vLLM refuses to start)."
     if not requests: raise ValueError("the trace has no requests")
@@ -266,6 +276,14 @@ def _replay_one(num_blocks: int) -> CacheSizeResult:
     return replay_mooncake(_WORKER["requests"], num_blocks, hashes=_WORKER["hashes"], **_WORKER["settings"])
 
 # %% ../nbs/06c_production_traces.ipynb #d5640e8e
+def _check_blocks(requests: Sequence[MooncakeRequest], blocks, block_size: int) -> None:
+    "`blocks` is a non-empty list of cache sizes, each able to hold the trace's longest request."
+    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
+        raise ValueError(f"blocks must be a non-empty list of cache sizes, got {blocks!r:.40}")
+    _check_positive(**{f"blocks[{i}]": n for i, n in enumerate(blocks)})
+    for n in blocks: _check_fits(requests, n, block_size)
+
+# %% ../nbs/06c_production_traces.ipynb #cd5d11ff
 def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache sizes, in blocks
           block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
           ms_per_step: float | None = None, hash_block_size: int = 512,
@@ -273,10 +291,7 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
           ) -> list[CacheSizeResult]:
     "Replay the trace at every size in `blocks`; results in the order of `blocks`."
     _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
-    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
-        raise ValueError(f"blocks must be a non-empty list of cache sizes, got {blocks!r:.40}")
-    _check_positive(**{f"blocks[{i}]": n for i, n in enumerate(blocks)})
-    for n in blocks: _check_fits(requests, n, block_size)
+    _check_blocks(requests, blocks, block_size)
     settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                     ms_per_step=ms_per_step, hash_block_size=hash_block_size)
     jobs = min(jobs or os.cpu_count() or 1, len(blocks))

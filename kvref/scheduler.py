@@ -43,6 +43,7 @@ class RequestStatus(Enum):
     RUNNING = "running"
     FINISHED = "finished"
 
+# %% ../nbs/06_scheduler.ipynb #bb26a5b7
 @dataclass(eq=False)
 class SchedulerRequest:
     "A request in the scheduler: the allocator's `Request` and its stopping rule, priority and status."
@@ -81,16 +82,19 @@ class PrefixCacheStats:
     preempted_queries: int = 0
     preempted_hits: int = 0
 
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        "Count one admission (hits are at most the tokens queried)."
-        if type(num_tokens) is not int or type(num_hits) is not int or not 0 <= num_hits <= num_tokens:
-            raise ValueError(f"need ints 0 <= num_hits <= num_tokens, got num_hits={num_hits!r:.20}, num_tokens={num_tokens!r:.20}")
-        if type(preempted) is not bool: raise TypeError(f"preempted must be a bool, got {preempted!r:.20}")
-        if preempted: self.preempted_requests += 1; self.preempted_queries += num_tokens; self.preempted_hits += num_hits
-        else: self.requests += 1; self.queries += num_tokens; self.hits += num_hits
+# %% ../nbs/06_scheduler.ipynb #f20bdb9a
+@patch
+def record(self: PrefixCacheStats, num_tokens: int, num_hits: int, preempted: bool) -> None:
+    "Count one admission (hits are at most the tokens queried)."
+    if type(num_tokens) is not int or type(num_hits) is not int or not 0 <= num_hits <= num_tokens:
+        raise ValueError(f"need ints 0 <= num_hits <= num_tokens, got num_hits={num_hits!r:.20}, num_tokens={num_tokens!r:.20}")
+    if type(preempted) is not bool: raise TypeError(f"preempted must be a bool, got {preempted!r:.20}")
+    if preempted: self.preempted_requests += 1; self.preempted_queries += num_tokens; self.preempted_hits += num_hits
+    else: self.requests += 1; self.queries += num_tokens; self.hits += num_hits
 
-    @property
-    def hit_rate(self) -> float: return self.hits / self.queries if self.queries else 0.0
+# %% ../nbs/06_scheduler.ipynb #e70cac26
+@patch(as_prop=True)
+def hit_rate(self: PrefixCacheStats) -> float: return self.hits / self.queries if self.queries else 0.0
 
 # %% ../nbs/06_scheduler.ipynb #e98bee38
 def _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions,
@@ -108,6 +112,13 @@ def _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, mod
     if record_decisions and not record_trace: raise ValueError("record_decisions needs record_trace")
 
 # %% ../nbs/06_scheduler.ipynb #a8dd6bfc
+def _config_op(kv: KVCacheManager) -> dict:
+    "The trace's first op: the one that recreates `kv` on replay."
+    return {"op": "config", "num_blocks": kv.block_pool.num_blocks, "block_size": kv.block_size,
+            "enable_caching": kv.enable_caching, "hash_algo": kv.hash_algo,
+            **({"max_model_len": kv.max_model_len} if kv.max_model_len is not None else {})}
+
+# %% ../nbs/06_scheduler.ipynb #30ea4b55
 class Scheduler:
     "vLLM V1's scheduling loop in miniature, over a `KVCacheManager`; writes the allocator trace of what it does."
     def __init__(self, kv_cache_manager: KVCacheManager,
@@ -129,10 +140,7 @@ class Scheduler:
         self.num_blocks_cached = 0  # blocks given a hash over the run: evictions are those no longer cached
         self.trace: list[dict] = []
         self.outcomes: list[dict] = []  # per op, what the manager answered the scheduler (record_decisions)
-        kv = kv_cache_manager
-        self._emit({"op": "config", "num_blocks": kv.block_pool.num_blocks, "block_size": kv.block_size,
-                    "enable_caching": kv.enable_caching, "hash_algo": kv.hash_algo,
-                    **({"max_model_len": kv.max_model_len} if kv.max_model_len is not None else {})})
+        self._emit(_config_op(kv_cache_manager))
 
 # %% ../nbs/06_scheduler.ipynb #26aeefdd
 @patch
@@ -142,6 +150,7 @@ def _emit(self: Scheduler, op: dict, **outcome) -> None:
     self.trace.append(op)
     if self.record: self.outcomes.append(outcome)
 
+# %% ../nbs/06_scheduler.ipynb #f0f86e48
 @patch(as_prop=True)
 def decisions(self: Scheduler) -> list[dict]:
     "Each op's decision, made by the one trace driver: the replay of the recorded trace."
@@ -159,6 +168,7 @@ def _checked_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None)
     return SchedulerRequest(Request(spec.id, list(spec.prompt), cache_salt=spec.cache_salt, lora_request=lora),
                             num, list(spec.output) if max_tokens is None else None, spec.priority)
 
+# %% ../nbs/06_scheduler.ipynb #1ccf411b
 @patch
 def _check_new(self: Scheduler, req: SchedulerRequest) -> None:
     "Refuse, by name, a request that cannot be queued."
@@ -184,6 +194,7 @@ def queue(self: Scheduler, req: SchedulerRequest) -> SchedulerRequest:
                     "lora": {"name": lora.name, "path": lora.path} if lora else None})
     return req
 
+# %% ../nbs/06_scheduler.ipynb #eabcb153
 @patch
 def add_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None = None) -> SchedulerRequest:
     "Queue a request; it stops after `max_tokens` or its scripted output."
@@ -276,6 +287,14 @@ def _next_token(self: Scheduler, req: SchedulerRequest) -> int:
 
 # %% ../nbs/06_scheduler.ipynb #51b6dcd2
 @patch
+def _finish(self: Scheduler, req: SchedulerRequest, out: SchedulerOutput) -> None:
+    "Free a finished request's blocks and move it from `requests` to `finished`."
+    self.running.remove(req); self.kv.free(req.request); req.status = RequestStatus.FINISHED
+    self.finished[req.request_id] = self.requests.pop(req.request_id); out.finished.append(req.request_id)
+    self._emit({"op": "free", "id": req.request_id})
+
+# %% ../nbs/06_scheduler.ipynb #9ae407bb
+@patch
 def update_from_output(self: Scheduler, out: SchedulerOutput) -> SchedulerOutput:
     "Run the (fake) model on the requests whose tokens are all computed: append their tokens, finish the done ones."
     done = [r for r in self.running if r.request.num_computed_tokens == r.request.num_tokens]
@@ -284,10 +303,7 @@ def update_from_output(self: Scheduler, out: SchedulerOutput) -> SchedulerOutput
     for req, token in zip(done, tokens):
         req.output.append(token); req.request.append_output_token_ids(token)
         self._emit({"op": "append", "id": req.request_id, "tokens": [token]})
-        if len(req.output) >= req.max_tokens or (limit is not None and req.request.num_tokens >= limit):
-            self.running.remove(req); self.kv.free(req.request); req.status = RequestStatus.FINISHED
-            self.finished[req.request_id] = self.requests.pop(req.request_id); out.finished.append(req.request_id)
-            self._emit({"op": "free", "id": req.request_id})
+        if len(req.output) >= req.max_tokens or (limit is not None and req.request.num_tokens >= limit): self._finish(req, out)
     self.num_steps += 1
     return out
 
@@ -325,6 +341,15 @@ def _manager_for(workload: Workload, behavior: str) -> KVCacheManager:
                           hash_algo=c.get("hash_algo", "sha256"), max_model_len=c.get("max_model_len"))
 
 # %% ../nbs/06_scheduler.ipynb #129b7c0b
+def _queue_unblocked(s: Scheduler, workload: Workload) -> dict[str, list[RequestSpec]]:
+    "Queue the requests that wait for no other; return the rest, keyed by the request each waits for."
+    blocked = {}
+    for spec in workload.requests:
+        if spec.after is None: s.add_request(spec)
+        else: blocked.setdefault(spec.after, []).append(spec)
+    return blocked
+
+# %% ../nbs/06_scheduler.ipynb #0837d5c6
 def run_workload(workload: Workload,  # requests and allocator config
                  behavior: str = "vllm_0_33",  # allocator behaviour
                  max_num_batched_tokens: int = 256,  # token budget per step
@@ -334,11 +359,7 @@ def run_workload(workload: Workload,  # requests and allocator config
     "Schedule `workload` to completion over a fresh `KVCacheManager`."
     if type(max_steps) is not int or max_steps < 1: raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
     s = Scheduler(_manager_for(_checked(workload), behavior), max_num_batched_tokens, max_num_seqs)
-    blocked = {}
-    for spec in workload.requests:
-        if spec.after is None: s.add_request(spec)
-        else: blocked.setdefault(spec.after, []).append(spec)
-    steps = []
+    blocked, steps = _queue_unblocked(s, workload), []
     while s.requests:
         if len(steps) >= max_steps: raise ValueError(f"workload {workload.name!r} did not finish in {max_steps} steps")
         out = s.step(); steps.append(out)
