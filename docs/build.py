@@ -234,6 +234,7 @@ def stage(proc: Path) -> None:
 def build(out: Path) -> None:
     "Process, stage and render the site into `out`."
     stage(process_notebooks(execute()))
+    if out.exists(): shutil.rmtree(out)  # no page of a renamed or removed chapter lingers
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(SRC), str(out)]
     if subprocess.run(cmd).returncode: sys.exit("docs: sphinx-build failed")
     print(f"docs: built {out}")
