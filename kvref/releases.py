@@ -439,6 +439,7 @@ def _schedule(self: ReleaseTraceReplayer, op: dict) -> dict:
 # %% ../nbs/05a_vllm_releases.ipynb #19e2f818
 def load_release_trace(path: str | Path) -> list[dict]:
     "The ops of a release trace (`mm` items, as the release recordings write them, read as `mm_items`)."
+    if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")  # open(3) reads fd 3
     ops = []
     for lineno, op in _read_jsonl(path):
         if isinstance(op, dict) and "mm" in op: op = {**{k: v for k, v in op.items() if k != "mm"}, "mm_items": op["mm"] or []}
