@@ -638,6 +638,14 @@ HYBRID = [
 # ---------------------------------------------------------------- vLLM releases (05a)
 P033 = releases.profile_for_version("0.33.0")
 VECTORS = ROOT / "golden" / "versions" / "0.33.0" / "block-hashes.json"
+
+
+def release_trace_file():
+    "A release trace of its own (another entry rewrites `t.jsonl` with bad ops)."
+    TMP.mkdir(parents=True, exist_ok=True)
+    (TMP / "release.jsonl").write_text(json.dumps(CONFIG_OP) + "\n")
+
+
 RELEASES = [
     Entry("releases.parse_version", nothing, lambda _, v: releases.parse_version(v), ("0.19.1",), ("name",)),
     Entry("releases.profile_for_version", nothing, lambda _, v: releases.profile_for_version(v), ("0.19.1",), ("name",)),
@@ -665,7 +673,8 @@ RELEASES = [
     Entry("releases.check_release_vectors", nothing, lambda _, p: releases.check_release_vectors(p), (VECTORS,),
           ("path",)),
     Entry("releases.diagnose", nothing, lambda _, p: releases.diagnose(p), (VECTORS,), ("path",)),
-    Entry("releases.load_release_trace", nothing, lambda _, p: releases.load_release_trace(p), (trace_file(),), ("path",)),
+    Entry("releases.load_release_trace", release_trace_file, lambda _, p: releases.load_release_trace(p),
+          (TMP / "release.jsonl",), ("path",)),
 ]
 
 # ---------------------------------------------------------------- router conformance (07d)
