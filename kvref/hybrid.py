@@ -63,11 +63,14 @@ def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block siz
 # %% ../nbs/04a_hybrid.ipynb #b4fa6eb3
 def group_block_hashes(block_hashes: Sequence[bytes], hash_block_size: int, block_size: int) -> Sequence[bytes]:
     "The request's hashes as one group sees them: the fine hash that ends each of its blocks (vLLM's `BlockHashListWithBlockSize`)."
+    _check_count("hash_block_size", hash_block_size, 1); _check_count("block_size", block_size, 1)
+    if block_size % hash_block_size: raise ValueError(f"block_size {block_size} is not a multiple of hash_block_size {hash_block_size}")
     k = block_size // hash_block_size
     return block_hashes if k == 1 else block_hashes[k - 1::k]
 
 def hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     "The cache key of one group's block: its hash, then the group id in 4 big-endian bytes."
+    if type(group_id) is not int or not 0 <= group_id < 1 << 32: raise ValueError(f"group_id must be an int in [0, 2**32), got {group_id!r}")
     return block_hash + group_id.to_bytes(4, "big")
 
 # %% ../nbs/04a_hybrid.ipynb #fee8b730
@@ -298,6 +301,14 @@ MANAGER_FOR_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager, SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager}
 
+def _check_specs(specs) -> None:
+    "Refuse anything but a non-empty list of known KV cache specs, naming the bad one."
+    if not isinstance(specs, Sequence) or isinstance(specs, str) or not specs:
+        raise ValueError(f"specs must be a non-empty list of KV cache specs, got {specs!r}")
+    for i, spec in enumerate(specs):
+        if type(spec) not in MANAGER_FOR_SPEC:
+            raise TypeError(f"specs[{i}] must be one of {', '.join(t.__name__ for t in MANAGER_FOR_SPEC)}, got {type(spec).__name__}")
+
 # %% ../nbs/04a_hybrid.ipynb #d0c86a1e
 @dataclass(slots=True)
 class SpecGroup:
@@ -308,6 +319,7 @@ class SpecGroup:
 
 def split_spec_groups(specs: Sequence) -> list[SpecGroup]:
     "Groups with equal specs merged, full attention first, the rest in group order (vLLM's `verify_and_split_kv_cache_groups`)."
+    _check_specs(specs)
     spec_groups: list[SpecGroup] = []
     for group_id, spec in enumerate(specs):
         same = next((g for g in spec_groups if g.spec == spec), None)
@@ -318,6 +330,7 @@ def split_spec_groups(specs: Sequence) -> list[SpecGroup]:
 # %% ../nbs/04a_hybrid.ipynb #26f899c8
 def max_admission_blocks_per_request(spec, max_in_flight_tokens: int, max_model_len: int) -> int | None:
     "Most blocks a request of this spec holds at once, for the admission gate; None: no cap (full attention)."
+    _check_count("max_in_flight_tokens", max_in_flight_tokens, 1); _check_count("max_model_len", max_model_len, 1)
     if isinstance(spec, SlidingWindowSpec):
         return cdiv(min(spec.sliding_window - 1 + max_in_flight_tokens, max_model_len), spec.block_size) + 1
     if isinstance(spec, ChunkedLocalAttentionSpec):
@@ -506,10 +519,7 @@ def take_kv_cache_block_copies(self: HybridKVCacheManager) -> list[tuple[KVCache
 def _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_len, retention_interval,
                         max_in_flight_tokens, prefix_match_unit) -> None:
     "Refuse a configuration the coordinator could not run, naming the argument."
-    if not isinstance(specs, Sequence) or not specs: raise ValueError("specs must be a non-empty list of KV cache specs")
-    for i, spec in enumerate(specs):
-        if type(spec) not in MANAGER_FOR_SPEC:
-            raise TypeError(f"specs[{i}] must be one of {', '.join(t.__name__ for t in MANAGER_FOR_SPEC)}, got {type(spec).__name__}")
+    _check_specs(specs)
     _check_count("num_blocks", num_blocks, 2); _check_count("max_model_len", max_model_len, 1)
     _check_bool("enable_caching", enable_caching); get_hash_fn_by_name(hash_algo)
     for name, value, low in (("max_in_flight_tokens", max_in_flight_tokens, 1), ("prefix_match_unit", prefix_match_unit, 1),
@@ -580,6 +590,7 @@ def spec_from_group(group: dict, index: int):
 @patch(cls_method=True)
 def from_config(cls: HybridKVCacheManager, config: dict) -> HybridKVCacheManager:
     "The manager a hybrid trace's `config` op describes."
+    if not isinstance(config, dict): raise ValueError(f"config must be an object, got {config!r}")
     unknown = [k for k in config if k not in CONFIG_FIELDS]
     if unknown: raise ValueError(f"config has unknown field {unknown[0]!r}")
     groups = config.get("groups")

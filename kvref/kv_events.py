@@ -91,6 +91,7 @@ def event_extra_keys(keys: tuple | None  # one block's tagged hash extra keys, f
 def lora_id(lora_ids: dict[tuple[str, str], int],  # (name, path) -> id, kept per engine
             name: str, path: str) -> int:
     "The adapter's int id: the one it has in `lora_ids`, or the next free one, recorded."
+    if not isinstance(name, str) or not isinstance(path, str): raise TypeError(f"a LoRA's name and path must be strings, got {name!r}, {path!r}")
     return lora_ids.setdefault((name, path), len(lora_ids) + 1)
 
 # %% ../nbs/03a_kv_events.ipynb #cd6641ef
@@ -139,6 +140,9 @@ def event_to_json(event: KVCacheEvent) -> dict:
 # %% ../nbs/03a_kv_events.ipynb #a0be30a8
 def event_from_json(obj: dict, hash_form: str = "int") -> KVCacheEvent:
     "The event a recording's JSON object describes (hashes read as hex in the bytes form)."
+    _check_hash_form(hash_form)
+    if not isinstance(obj, dict) or obj.get("type") not in EVENT_TYPES:
+        raise ValueError(f"an event must be an object whose type is one of {', '.join(EVENT_TYPES)}, got {obj!r}")
     cls = EVENT_TYPES[obj["type"]]
     values = {f.name: obj.get(f.name) for f in fields(cls)}
     if hash_form == "bytes":
@@ -206,7 +210,10 @@ def _pack(out: bytearray, value) -> None:
 def encode_batch(batch: KVEventBatch) -> bytes:
     "The msgpack bytes vLLM's publisher sends for `batch`."
     if type(batch) is not KVEventBatch: raise TypeError(f"expected a KVEventBatch, got {type(batch).__name__}")
-    if type(batch.ts) is not float: raise TypeError(f"KVEventBatch.ts must be a float, got {batch.ts!r}")
+    if type(batch.ts) is not float or batch.ts != batch.ts: raise TypeError(f"KVEventBatch.ts must be a float, got {batch.ts!r}")
+    rank = batch.data_parallel_rank
+    if rank is not None and (type(rank) is not int or rank < 0):
+        raise ValueError(f"KVEventBatch.data_parallel_rank must be None or an int >= 0, got {rank!r}")
     out = bytearray()
     _pack(out, batch)
     return bytes(out)
@@ -382,6 +389,7 @@ class KVIndex:
                  hash_form: str = "int",            # see `HASH_FORMS`
                  seed: str | None = None):          # NONE_HASH seed (see `init_none_hash`)
         _check_hash_form(hash_form)
+        if seed is not None and not isinstance(seed, str): raise TypeError(f"seed must be a string or None, got {seed!r}")
         if type(block_size) is not int or block_size < 1: raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
         hash_request_tokens([], block_size, hash_algo, seed=seed)  # checks the algorithm and seed
         self.block_size, self.hash_algo, self.hash_form, self.seed = block_size, hash_algo, hash_form, seed

@@ -16,6 +16,7 @@ from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem
     get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, hash_request_tokens, block_hash_to_int64,
     _checked_request, _checked_tokens, _chunks, _hash_blocks, _lora_from_json, _mm_from_json)
 from .block_pool import BlockPool
+from .free_queue import _check_count
 from .kv_cache_manager import KVCacheManager, Request
 from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, _read_jsonl
 
@@ -104,6 +105,11 @@ def profile_for_version(version: str) -> VllmProfile:
                          f"(0.8.3-0.8.4 inverted the PYTHONHASHSEED test, fixed in 0.8.5 by #17088)")
     return PROFILES[name]
 
+def _check_profile(profile) -> None:
+    "Refuse anything but a `VllmProfile`, naming where one comes from."
+    if not isinstance(profile, VllmProfile):
+        raise TypeError(f"profile must be a VllmProfile (see profile_for_version), got {type(profile).__name__}")
+
 # %% ../nbs/05a_vllm_releases.ipynb #0d4a33c9
 _M64 = (1 << 64) - 1
 
@@ -120,6 +126,9 @@ def _sipround(v0: int, v1: int, v2: int, v3: int) -> tuple[int, int, int, int]:
 # %% ../nbs/05a_vllm_releases.ipynb #840adea1
 def siphash13(k0: int, k1: int, data: bytes) -> int:
     "SipHash-1-3 of `data` under the key (k0, k1): CPython 3.11's string hash."
+    for name, k in (("k0", k0), ("k1", k1)):
+        if type(k) is not int or not 0 <= k < 1 << 64: raise ValueError(f"{name} must be an int in [0, 2**64), got {k!r}")
+    if not isinstance(data, bytes): raise TypeError(f"data must be bytes, got {type(data).__name__}")
     v = (k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573)
     tail = len(data) - len(data) % 8
     words = [int.from_bytes(data[i:i + 8], "little") for i in range(0, tail, 8)]
@@ -176,6 +185,8 @@ _NATIVE_TUPLE_HASH = sys.implementation.name == "cpython" and sys.version_info >
 # %% ../nbs/05a_vllm_releases.ipynb #a56f5fcd
 def python_hash(obj: Any, pythonhashseed: int) -> int:
     "`hash(obj)` as CPython 3.11 computes it in a process started with PYTHONHASHSEED=`pythonhashseed`."
+    if type(pythonhashseed) is not int or not 0 <= pythonhashseed <= 0xFFFFFFFF:
+        raise ValueError(f"pythonhashseed must be an int in [0, 4294967295], got {pythonhashseed!r}")
     if type(obj) is str: return _str_hash(obj, pythonhashseed)
     if type(obj) is int: return _int_hash(obj)
     if type(obj) is tuple and _NATIVE_TUPLE_HASH and all(type(item) is int for item in obj): return hash(obj)  # seed-free
@@ -204,6 +215,8 @@ def _hash_value_fn(algo: str, pythonhashseed: str) -> Callable[[Any], int]:
 # %% ../nbs/05a_vllm_releases.ipynb #1879fc08
 def release_hash_fn(profile: VllmProfile, algo: str, pythonhashseed: str) -> Callable[[Any], int | bytes]:
     "The block hash function `algo` of `profile`'s releases, in a process with PYTHONHASHSEED=`pythonhashseed`."
+    _check_profile(profile)
+    if not isinstance(pythonhashseed, str): raise TypeError(f"pythonhashseed must be a str, got {type(pythonhashseed).__name__}")
     if algo not in profile.hash_algos:
         raise ValueError(f"{profile.name} (vLLM {profile.first}+) offers hash algorithms {', '.join(profile.hash_algos)}; "
                          f"got {algo!r}")
@@ -223,6 +236,7 @@ def _resolved_seed(profile: VllmProfile, algo: str, pythonhashseed: str | None) 
 # %% ../nbs/05a_vllm_releases.ipynb #e23c7dd7
 def release_none_hash(profile: VllmProfile, algo: str, pythonhashseed: str | None) -> int | bytes:
     "NONE_HASH, the parent of block 0, as `profile`'s releases compute it."
+    _check_profile(profile)
     seed, hash_fn = _resolved_seed(profile, algo, pythonhashseed), release_hash_fn(profile, algo, pythonhashseed or "0")
     if not profile.none_hash_from_algo: return int.from_bytes(sha256(seed), "big")  # pickle-SHA-256, any algo
     return hash_fn(seed)
@@ -241,6 +255,7 @@ def release_extra_keys(profile: VllmProfile, start: int, end: int, *, lora: LoRA
                        decode: bool = False,  # the block was completed by generated tokens
                       ) -> tuple | None:
     "The extra keys `profile`'s releases hash with the block `[start, end)`: LoRA, multimodal, salt, in that order."
+    _check_profile(profile); _check_count("start", start); _check_count("end", end, start)
     if profile.lora_key == "tagged":
         return generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt)
     keys: list = [] if lora is None else [lora_int_id if profile.lora_key == "lora_int_id" else lora.name]
@@ -291,6 +306,7 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
     none_hash = release_none_hash(profile, algo, pythonhashseed)
     items = _checked_request(token_ids, block_size, "sha256", cache_salt, lora, mm_items, None)
     _check_release_request(profile, lora, lora_int_id, cache_salt)
+    if num_prompt_tokens is not None: _check_count("num_prompt_tokens", num_prompt_tokens)
     if profile.lora_key == "tagged":  # 0.31+: kvref's own hashing, fast path and all
         return hash_request_tokens(token_ids, block_size, algo, cache_salt=cache_salt, lora=lora, mm_items=items,
                                    seed=_resolved_seed(profile, algo, pythonhashseed), known_hashes=known_hashes)
@@ -308,6 +324,7 @@ LORA_EVENT_ERROR = "AttributeError: 'LoRARequest' object has no attribute 'id'"
 
 def release_event_block_hashes(profile: VllmProfile, block_hashes: Sequence, lora: LoRARequest | None = None) -> list[int]:
     "What a `BlockStored` KV event of `profile`'s releases carries for `block_hashes`."
+    _check_profile(profile)
     if profile.kv_events is None: raise ValueError(f"{profile.name} has no KV events (they came in vLLM 0.9.0, #16750)")
     if lora is not None and profile.lora_event_raises:
         raise ValueError(f"{profile.name} raises {LORA_EVENT_ERROR} emitting a LoRA request's BlockStored (until 0.11.0)")
@@ -336,6 +353,7 @@ class ReleaseKVCacheManager(KVCacheManager):
     "vLLM 0.33's KV cache manager with a release's hashing, free order and hash lifetime."
     def __init__(self, num_blocks: int, block_size: int, profile: VllmProfile, *, enable_caching: bool = True,
                  hash_algo: str = "sha256", max_model_len: int | None = None, strict: bool = False):
+        _check_profile(profile)
         super().__init__(num_blocks, block_size, enable_caching=enable_caching, max_model_len=max_model_len, strict=strict)
         self.profile = profile
         self.hash_algo_used = hash_algo if hash_algo in profile.hash_algos else profile.default_hash_algo
@@ -421,6 +439,7 @@ def _schedule(self: ReleaseTraceReplayer, op: dict) -> dict:
 # %% ../nbs/05a_vllm_releases.ipynb #19e2f818
 def load_release_trace(path: str | Path) -> list[dict]:
     "The ops of a release trace (`mm` items, as the release recordings write them, read as `mm_items`)."
+    if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")  # open(3) reads fd 3
     ops = []
     for lineno, op in _read_jsonl(path):
         if isinstance(op, dict) and "mm" in op: op = {**{k: v for k, v in op.items() if k != "mm"}, "mm_items": op["mm"] or []}

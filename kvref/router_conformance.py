@@ -16,6 +16,7 @@ from .hashing import LoRARequest, MultiModalItem, hash_request_tokens
 from .kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventBatch, KVIndex, _check_hash_form,
                              decode_batch, encode_batch, encode_batch_fast, event_to_json, lora_id, wire_events)
 from .kv_cache_manager import KVCacheManager
+from .free_queue import _check_count
 from .replay import TraceDriver, kvref_factory, load_trace
 
 # %% auto #0
@@ -49,6 +50,7 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
               ) -> Iterator[OpBatch]:
     "Each op of the trace with the events kvref's allocator (vLLM 0.33 behaviour) emits for it."
     _check_hash_form(hash_form)
+    if data_parallel_rank is not None: _check_count("data_parallel_rank", data_parallel_rank)
     driver, lora_ids, seq = TraceDriver(kvref_factory("vllm_0_33", EventfulKVCacheManager)), {}, 0
     for i, op in enumerate(_trace_ops(trace)):
         try: driver.apply(op)
@@ -81,6 +83,8 @@ def _zmq():
 # %% ../nbs/07d_router_conformance.ipynb #ae350637
 def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
     "The endpoint of DP rank `data_parallel_rank`: tcp port + rank (0 and `*` left alone), inproc name + `_dp{rank}`."
+    _check_count("data_parallel_rank", data_parallel_rank)
+    if not isinstance(endpoint, str): raise TypeError(f"endpoint must be a str, got {type(endpoint).__name__}")
     if data_parallel_rank == 0 or not endpoint: return endpoint
     if "inproc" in endpoint: return f"{endpoint}_dp{data_parallel_rank}"
     base, _, port = endpoint.rpartition(":")
@@ -95,6 +99,9 @@ class EventPublisher:
                  replay_endpoint: str | None = None,        # ROUTER address for replays, or None
                  data_parallel_rank: int = 0,               # offsets the ports, fills the payload's rank
                  topic: str = "", buffer_steps: int = 10_000, hwm: int = 100_000):
+        for name, value in (("data_parallel_rank", data_parallel_rank), ("buffer_steps", buffer_steps), ("hwm", hwm)):
+            _check_count(name, value)
+        if not isinstance(topic, str): raise TypeError(f"topic must be a str, got {type(topic).__name__}")
         zmq = _zmq()
         ctx, self.data_parallel_rank, self.topic = zmq.Context.instance(), data_parallel_rank, topic.encode("utf-8")
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -236,6 +243,7 @@ class Prompt:
 # %% ../nbs/07d_router_conformance.ipynb #cc252f8e
 def trace_prompts(stream: str, ops: list[dict]) -> list[Prompt]:
     "The prompts a trace's requests add, and the longer token lists they grow to by `append`."
+    if not isinstance(stream, str): raise TypeError(f"stream must be a str, got {type(stream).__name__}")
     prompts, grown = {}, {}
     for op in ops:
         if op["op"] == "add":

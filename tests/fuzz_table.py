@@ -2,6 +2,7 @@
 fresh context per call. Modules other helpers own are marked with their owner."""
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -9,9 +10,9 @@ import numpy as np
 import torch
 
 from fuzz_support import Entry
-from kvref import (block_pool, conformance, cudagraph, free_queue, hashing, kv_cache_manager, logits_processors,
-                   nano, pictures, production_traces, replay, sampling_params, scheduler, thinking_budget,
-                   thinking_budget_vllm, workloads)
+from kvref import (block_pool, conformance, cudagraph, free_queue, hashing, hybrid, kv_cache_manager, kv_events,
+                   logits_processors, mamba, nano, pictures, production_traces, releases, replay, router_conformance,
+                   sampling_params, scheduler, thinking_budget, thinking_budget_vllm, workloads)
 
 ROOT = Path(__file__).resolve().parent.parent
 TMP = Path("/tmp/kvref-fuzz")
@@ -504,4 +505,211 @@ CUDAGRAPHS = [
           lambda _, d: cudagraph.capture_cudagraphs(lambda *a, **k: None, d), (dispatcher(),), ("any",)),
 ]
 
-ENTRIES = ALLOCATOR + HASHING + CONTRACT_ENTRIES + PICTURES + SCHEDULING + SAMPLING + THINKING + CUDAGRAPHS
+# ---------------------------------------------------------------- KV events (03a)
+STORED = kv_events.BlockStored([1, 2], None, [1, 2, 3, 4], 2, None, "GPU", None)
+BATCH = kv_events.KVEventBatch(0.0, [STORED], 0)
+PAYLOAD = kv_events.encode_batch(BATCH)
+
+
+def index():
+    i = kv_events.KVIndex(2)
+    i.apply("e", 0, PAYLOAD)
+    return i
+
+
+def stored(**kw):
+    return kv_events.BlockStored(**{"block_hashes": [3], "parent_block_hash": 2, "token_ids": [5, 6], "block_size": 2,
+                                    "lora_id": None, "medium": "GPU", "lora_name": None, **kw})
+
+
+EVENTS = [
+    Entry("kv_events.KVIndex", nothing, lambda _, bs, a, f, s: kv_events.KVIndex(bs, a, f, s),
+          (2, "sha256", "int", None), ("positive", "name", "name", "str"), skip={(0, "10**30"): "", (3, "None"): "unset"}),
+    Entry("KVIndex.apply", index, lambda i, st, sq, b: i.apply(st, sq, b), ("e", 1, kv_events.encode_batch(
+          kv_events.KVEventBatch(0.0, [stored()], 0))), ("str", "count", "any")),
+    Entry("KVIndex.apply event", index, lambda i, e: i.apply("e", 1, kv_events.KVEventBatch(0.0, [e], 0)), (stored(),),
+          ("any",)),
+    Entry("KVIndex.apply BlockStored.block_hashes", index, lambda i, v: i.apply("e", 1, kv_events.KVEventBatch(
+          0.0, [stored(block_hashes=v)], 0)), ([3],), ("seq",), skip={(0, "[10**30]"): "", (0, "[-1]"): ""}),
+    Entry("KVIndex.apply BlockStored.token_ids", index, lambda i, v: i.apply("e", 1, kv_events.KVEventBatch(
+          0.0, [stored(token_ids=v)], 0)), ([5, 6],), ("tokens",)),
+    Entry("KVIndex.apply BlockStored.block_size", index, lambda i, v: i.apply("e", 1, kv_events.KVEventBatch(
+          0.0, [stored(block_size=v)], 0)), (2,), ("positive",)),
+    Entry("KVIndex.apply BlockStored.lora_id", index, lambda i, v: i.apply("e", 1, kv_events.KVEventBatch(
+          0.0, [stored(lora_id=v)], 0)), (None,), ("any",)),
+    Entry("KVIndex.apply BlockRemoved", index, lambda i, v: i.apply("e", 1, kv_events.KVEventBatch(
+          0.0, [kv_events.BlockRemoved(v, "GPU")], 0)), ([1],), ("seq",)),
+    Entry("KVIndex.prompt_hashes", index, lambda i, p, s: i.prompt_hashes(p, cache_salt=s), ([1, 2, 3, 4], None),
+          ("tokens", "str"), skip={(1, "None"): "no salt"}),
+    Entry("KVIndex.cached_prefix", index, lambda i, h: i.cached_prefix(h), ([1, 2],), ("seq",)),
+    Entry("KVIndex.longest_prefix", index, lambda i, p: i.longest_prefix(p), ([1, 2, 3, 4],), ("tokens",)),
+    Entry("kv_events.decode_batch", nothing, lambda _, p, f: kv_events.decode_batch(p, f), (PAYLOAD, "int"),
+          ("any", "name")),
+    Entry("kv_events.encode_batch", nothing, lambda _, b: kv_events.encode_batch(b), (BATCH,), ("any",)),
+    Entry("kv_events.encode_batch event", nothing, lambda _, e: kv_events.encode_batch(kv_events.KVEventBatch(0.0, [e])),
+          (STORED,), ("any",)),
+    Entry("kv_events.encode_batch ts", nothing, lambda _, t: kv_events.encode_batch(kv_events.KVEventBatch(t, [])),
+          (0.0,), ("float",), skip={(0, "True"): "", (0, "-1.0"): "", (0, "inf"): "", (0, "1e+308"): ""}),
+    Entry("kv_events.encode_batch rank", nothing, lambda _, r: kv_events.encode_batch(kv_events.KVEventBatch(0.0, [], r)),
+          (0,), ("count",), skip={(0, "None"): "unset", (0, "10**30"): ""}),
+    Entry("kv_events.external_block_hash", nothing, lambda _, d, f: kv_events.external_block_hash(d, f),
+          (b"x" * 32, "int"), ("any", "name")),
+    Entry("kv_events.event_from_json", nothing, lambda _, o, f: kv_events.event_from_json(o, f),
+          (kv_events.event_to_json(STORED), "int"), ("any", "name")),
+    Entry("kv_events.event_to_json", nothing, lambda _, e: kv_events.event_to_json(e), (STORED,), ("any",)),
+    Entry("kv_events.wire_events", nothing, lambda _, e, f: kv_events.wire_events(e, f), ([], "int"), ("seq", "name")),
+    Entry("kv_events.lora_id", dict, lambda d, n, p: kv_events.lora_id(d, n, p), ("x", "p"), ("str", "str")),
+]
+
+# ---------------------------------------------------------------- hybrid groups, Mamba (04a, 04b)
+SPECS = [hybrid.FullAttentionSpec(4), hybrid.SlidingWindowSpec(4, 8)]
+
+
+def hybrid_manager(specs=SPECS):
+    def make():
+        m = hybrid.HybridKVCacheManager(specs, 16, max_model_len=64)
+        r = hybrid.HybridRequest("a", list(range(9)))
+        m.allocate_slots(r, 9)
+        return m, r
+    return make
+
+
+MAMBA_SPECS = [mamba.MambaSpec(4), hybrid.FullAttentionSpec(4)]
+HYBRID_CONFIG = {"op": "config", "num_blocks": 16, "groups": [{"kind": "full", "block_size": 4}, {"kind": "sliding_window", "block_size": 4, "sliding_window": 8}]}
+
+
+def hybrid_replayer():
+    t = hybrid.HybridTraceReplayer()
+    t.apply(HYBRID_CONFIG)
+    return t
+
+
+hreq = lambda: hybrid.HybridRequest("b", list(range(6)))
+HYBRID = [
+    Entry("hybrid.FullAttentionSpec", nothing, lambda _, b: hybrid.FullAttentionSpec(b), (4,), ("positive",),
+          skip={(0, "10**30"): ""}),
+    Entry("hybrid.SlidingWindowSpec", nothing, lambda _, b, w: hybrid.SlidingWindowSpec(b, w), (4, 8),
+          ("positive", "positive"), skip={(0, "10**30"): "", (1, "10**30"): ""}),
+    Entry("hybrid.ChunkedLocalAttentionSpec", nothing, lambda _, b, w: hybrid.ChunkedLocalAttentionSpec(b, w), (4, 8),
+          ("positive", "positive"), skip={(0, "10**30"): "", (1, "10**30"): ""}),
+    Entry("hybrid.HybridKVCacheManager", nothing, lambda _, s, n: hybrid.HybridKVCacheManager(s, n), (SPECS, 16),
+          ("seq", "positive"), skip={(1, "10**30"): "builds every block up front, like BlockPool"}),
+    Entry("HybridKVCacheManager.allocate_slots", hybrid_manager(),
+          lambda c, r, n: c[0].allocate_slots(hreq() if r == "ok" else r, n), ("ok", 6), ("any", "count")),
+    Entry("HybridKVCacheManager.allocate_slots computed", hybrid_manager(),
+          lambda c, n: c[0].allocate_slots(hreq(), 2, n), (0,), ("count",)),
+    Entry("HybridKVCacheManager.allocate_slots blocks", hybrid_manager(),
+          lambda c, b: c[0].allocate_slots(hreq(), 2, 0, b), ([[], []],), ("seq",), skip={(0, "None"): "none"}),
+    Entry("HybridKVCacheManager.get_computed_blocks", hybrid_manager(),
+          lambda c, r: c[0].get_computed_blocks(hreq() if r == "ok" else r), ("ok",), ("any",)),
+    Entry("HybridKVCacheManager.free", hybrid_manager(), lambda c, r: c[0].free(c[1] if r == "ok" else r), ("ok",),
+          ("any",)),
+    Entry("HybridKVCacheManager.get_block_ids", hybrid_manager(), lambda c, r: c[0].get_block_ids(r), ("a",), ("any",)),
+    Entry("HybridKVCacheManager.from_config", nothing, lambda _, c: hybrid.HybridKVCacheManager.from_config(c),
+          (HYBRID_CONFIG,), ("any",)),
+    Entry("hybrid.HybridRequest", nothing, lambda _, i, t: hybrid.HybridRequest(i, t), ("a", [1, 2]), ("str", "tokens")),
+    Entry("HybridTraceReplayer.apply", hybrid_replayer, lambda t, o: t.apply(o),
+          ({"op": "add", "id": "a", "prompt": [1, 2]},), ("any",)),
+    Entry("HybridTraceReplayer.apply config", hybrid.HybridTraceReplayer, lambda t, o: t.apply(o), (HYBRID_CONFIG,),
+          ("any",)),
+    Entry("hybrid.resolve_block_sizes", nothing, lambda _, b: hybrid.resolve_block_sizes(b), ([4, 8],), ("seq",)),
+    Entry("hybrid.group_block_hashes", nothing, lambda _, h, a, b: hybrid.group_block_hashes(h, a, b),
+          ([b"a" * 32, b"b" * 32], 4, 8), ("seq", "positive", "positive"), skip={(1, "10**30"): "", (2, "10**30"): ""}),
+    Entry("hybrid.hash_with_group_id", nothing, lambda _, h, g: hybrid.hash_with_group_id(h, g), (b"a" * 32, 1),
+          ("any", "count"), skip={(1, "10**30"): ""}),
+    Entry("hybrid.split_spec_groups", nothing, lambda _, s: hybrid.split_spec_groups(s), (SPECS,), ("seq",)),
+    Entry("hybrid.max_admission_blocks_per_request", nothing,
+          lambda _, s, t, m: hybrid.max_admission_blocks_per_request(s, t, m), (SPECS[1], 16, 64),
+          ("any", "positive", "positive"), skip={(1, "10**30"): "", (2, "10**30"): ""}),
+    Entry("hybrid.spec_from_group", nothing, lambda _, g: hybrid.spec_from_group(g, 0), (HYBRID_CONFIG["groups"][1],),
+          ("any",)),
+    Entry("hybrid.replay_hybrid", nothing, lambda _, o: list(hybrid.replay_hybrid(o)), ([HYBRID_CONFIG],), ("any",)),
+    Entry("mamba.MambaSpec", nothing, lambda _, b, a, m: mamba.MambaSpec(b, a, m), (4, None, "align"),
+          ("positive", "positive", "name"), skip={(0, "10**30"): "", (1, "10**30"): "", (1, "None"): "no checkpoint",
+                                                  (2, "None"): "unset: align"}),
+    Entry("HybridKVCacheManager(Mamba).allocate_slots", hybrid_manager(MAMBA_SPECS),
+          lambda c, r, n: c[0].allocate_slots(hreq() if r == "ok" else r, n), ("ok", 6), ("any", "count")),
+    Entry("HybridKVCacheManager(Mamba).get_computed_blocks", hybrid_manager(MAMBA_SPECS),
+          lambda c, r: c[0].get_computed_blocks(hreq() if r == "ok" else r), ("ok",), ("any",)),
+    Entry("HybridKVCacheManager(Mamba).free", hybrid_manager(MAMBA_SPECS), lambda c, r: c[0].free(c[1] if r == "ok" else r),
+          ("ok",), ("any",)),
+]
+
+# ---------------------------------------------------------------- vLLM releases (05a)
+P033 = releases.profile_for_version("0.33.0")
+VECTORS = ROOT / "golden" / "versions" / "0.33.0" / "block-hashes.json"
+
+
+def release_trace_file():
+    "A release trace of its own (another entry rewrites `t.jsonl` with bad ops)."
+    TMP.mkdir(parents=True, exist_ok=True)
+    (TMP / "release.jsonl").write_text(json.dumps(CONFIG_OP) + "\n")
+
+
+RELEASES = [
+    Entry("releases.parse_version", nothing, lambda _, v: releases.parse_version(v), ("0.19.1",), ("name",)),
+    Entry("releases.profile_for_version", nothing, lambda _, v: releases.profile_for_version(v), ("0.19.1",), ("name",)),
+    Entry("releases.siphash13", nothing, lambda _, a, b, d: releases.siphash13(a, b, d), (1, 2, b"x"),
+          ("count", "count", "any")),
+    Entry("releases.python_hash", nothing, lambda _, o, s: releases.python_hash(o, s), ((1, 2), 0), ("any", "count")),
+    Entry("releases.release_hash_fn", nothing, lambda _, p, a, s: releases.release_hash_fn(p, a, s), (P033, "sha256", "0"),
+          ("any", "name", "str")),
+    Entry("releases.release_none_hash", nothing, lambda _, p, a, s: releases.release_none_hash(p, a, s),
+          (P033, "sha256", None), ("any", "name", "str"), skip={(2, "None"): "unset"}),
+    Entry("releases.release_block_hashes", nothing, lambda _, p, t, b, a: releases.release_block_hashes(p, t, b, a),
+          (P033, list(range(8)), 4, "sha256"), ("any", "tokens", "positive", "name"),
+          skip={(2, "10**30"): "", (3, "None"): "the release default"}),
+    Entry("releases.release_block_hashes salt", nothing,
+          lambda _, s, n: releases.release_block_hashes(P033, list(range(8)), 4, cache_salt=s, num_prompt_tokens=n),
+          ("s", None), ("str", "count"), skip={(0, "None"): "no salt", (1, "None"): "all prompt", (1, "10**30"): ""}),
+    Entry("releases.release_extra_keys", nothing, lambda _, s, e: releases.release_extra_keys(P033, s, e, cache_salt="x"),
+          (0, 4), ("count", "count"), skip={(0, "10**30"): "", (1, "10**30"): ""}),
+    Entry("releases.release_event_block_hashes", nothing, lambda _, p, h: releases.release_event_block_hashes(p, h),
+          (P033, [b"a" * 32]), ("any", "seq")),
+    Entry("releases.ReleaseKVCacheManager", nothing, lambda _, n, b, p: releases.ReleaseKVCacheManager(n, b, p),
+          (8, 4, P033), ("positive", "positive", "any"), skip={(0, "10**30"): "", (1, "10**30"): ""}),
+    Entry("releases.replay_release", nothing, lambda _, o, v: list(releases.replay_release(o, v)), (TRACE, "0.19.1"),
+          ("any", "name")),
+    Entry("releases.check_release_vectors", nothing, lambda _, p: releases.check_release_vectors(p), (VECTORS,),
+          ("path",)),
+    Entry("releases.diagnose", nothing, lambda _, p: releases.diagnose(p), (VECTORS,), ("path",)),
+    Entry("releases.load_release_trace", release_trace_file, lambda _, p: releases.load_release_trace(p),
+          (TMP / "release.jsonl",), ("path",)),
+]
+
+# ---------------------------------------------------------------- router conformance (07d)
+ROUTER_TRACE = [CONFIG_OP, {"op": "add", "id": "a", "prompt": list(range(9))}, {"op": "schedule", "id": "a"}]
+ENDPOINTS = itertools.count()
+
+
+def publisher(rank, buffer_steps, hwm):
+    "An EventPublisher on a fresh in-process endpoint (no port bound), closed again."
+    router_conformance.EventPublisher(f"inproc://kvref-fuzz-{next(ENDPOINTS)}", None, rank, "", buffer_steps, hwm).close()
+
+
+ROUTER = [
+    Entry("router_conformance.op_batches", nothing, lambda _, t, f, r: list(router_conformance.op_batches(t, f, r)),
+          (ROUTER_TRACE, "int", None), ("any", "name", "count"), skip={(2, "None"): "unset", (2, "10**30"): ""}),
+    Entry("router_conformance.event_records", nothing, lambda _, t: list(router_conformance.event_records(t)),
+          (ROUTER_TRACE,), ("any",)),
+    Entry("router_conformance.offset_endpoint_port", nothing,
+          lambda _, e, r: router_conformance.offset_endpoint_port(e, r), ("tcp://*:5557", 1), ("str", "count"),
+          skip={(1, "10**30"): ""}),
+    Entry("router_conformance.EventPublisher", nothing,
+          lambda _, r, b, h: publisher(r, b, h),
+          (0, 10, 10), ("count", "count", "count"), skip={(0, "10**30"): "", (1, "10**30"): "", (2, "10**30"): ""}),
+    Entry("router_conformance.check_router", nothing, lambda _, f, t, fm: router_conformance.check_router(f, t, fm),
+          (router_conformance.ExampleRouter, [ROUTER_TRACE], "int"), ("any", "any", "name")),
+    Entry("router_conformance.check_router prompts", nothing,
+          lambda _, p: router_conformance.check_router(router_conformance.ExampleRouter, [ROUTER_TRACE], "int", p),
+          (None,), ("seq",), skip={(0, "None"): "every prompt"}),
+    Entry("router_conformance.trace_prompts", nothing, lambda _, s, o: router_conformance.trace_prompts(s, o),
+          ("e", ROUTER_TRACE), ("str", "any")),
+    Entry("router_conformance.reference_router", nothing, lambda _, c: router_conformance.reference_router(c),
+          ({"block_size": 4},), ("any",)),
+    Entry("router_conformance.ExampleRouter", nothing, lambda _, c: router_conformance.ExampleRouter(c),
+          ({"block_size": 4},), ("any",)),
+]
+
+ENTRIES = (ALLOCATOR + HASHING + CONTRACT_ENTRIES + PICTURES + SCHEDULING + SAMPLING + THINKING + CUDAGRAPHS + EVENTS
+           + HYBRID + RELEASES + ROUTER)
