@@ -410,6 +410,8 @@ MAX_LINE_CHARS = 1 << 24  # 16 Mi characters: a longer trace line is refused, no
 
 def _read_jsonl(path: str | Path) -> list[tuple[int, object]]:
     "The (line number, parsed JSON) pairs of a JSONL file; ValueError naming the line on bad JSON."
+    if not isinstance(path, (str, Path)):  # an int would be opened as a file descriptor
+        raise TypeError(f"a trace file is a str or Path, got {type(path).__name__}")
     out, lineno = [], 0
     with open(path, encoding="utf-8") as f:
         try:
