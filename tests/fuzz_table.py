@@ -257,7 +257,7 @@ SCHEDULING = [
     Entry("workloads.to_trace", nothing, lambda _, w, m: workloads.to_trace(w, m), (WORKLOAD, 2), ("any", "positive"),
           skip={(1, "10**30"): ""}),
     Entry("workloads.write_trace", nothing, lambda _, o, p: workloads.write_trace(o, p),
-          ([CONFIG_OP], TMP / "t.jsonl"), ("any", "path")),
+          ([CONFIG_OP], TMP / "written.jsonl"), ("any", "path")),  # its own file: t.jsonl is read by others
     Entry("workloads.replay_stats", nothing, lambda _, o, d: workloads.replay_stats(o, d),
           (TRACE, list(replay.replay(TRACE))), ("any", "any")),
     Entry("scheduler.FakeModel.next_token", nothing, lambda _, t: scheduler.FakeModel().next_token(t), ([1, 2],),
