@@ -31,6 +31,7 @@ class FullAttentionSpec:
     block_size: int  # tokens per block
     def __post_init__(self): _check_count("block_size", self.block_size, 1)
 
+# %% ../nbs/04a_hybrid.ipynb #65904d34
 @dataclass(frozen=True, slots=True)
 class SlidingWindowSpec:
     "Layers that attend to the last `sliding_window` tokens only (the new token included)."
@@ -39,6 +40,7 @@ class SlidingWindowSpec:
     def __post_init__(self):
         _check_count("block_size", self.block_size, 1); _check_count("sliding_window", self.sliding_window, 1)
 
+# %% ../nbs/04a_hybrid.ipynb #6c29eca2
 @dataclass(frozen=True, slots=True)
 class ChunkedLocalAttentionSpec:
     "Layers that attend only to the tokens of the current `attention_chunk_size`-token chunk."
@@ -68,6 +70,7 @@ def group_block_hashes(block_hashes: Sequence[bytes], hash_block_size: int, bloc
     k = block_size // hash_block_size
     return block_hashes if k == 1 else block_hashes[k - 1::k]
 
+# %% ../nbs/04a_hybrid.ipynb #5167a351
 def hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     "The cache key of one group's block: its hash, then the group id in 4 big-endian bytes."
     if type(group_id) is not int or not 0 <= group_id < 1 << 32: raise ValueError(f"group_id must be an int in [0, 2**32), got {group_id!r}")
@@ -111,17 +114,23 @@ class SingleTypeKVCacheManager:
         self.num_cached_block: dict[str, int] = {}  # only for requests that have allocated (running)
         self.pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []  # copy-on-write (src, dst) until the step ends
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        "Leading tokens no later token attends to: none, for full attention."
-        return 0
+# %% ../nbs/04a_hybrid.ipynb #489aa5aa
+@patch
+def get_num_skipped_tokens(self: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
+    "Leading tokens no later token attends to: none, for full attention."
+    return 0
 
-    def reachable_block_mask(self, start_block: int, end_block: int, retention_interval: int | None,
-                             reachable_boundaries: Sequence[int]) -> list[bool] | None:
-        "Which of the blocks `[start_block, end_block)` to cache; None caches them all."
-        return None
+# %% ../nbs/04a_hybrid.ipynb #3add44b4
+@patch
+def reachable_block_mask(self: SingleTypeKVCacheManager, start_block: int, end_block: int, retention_interval: int | None,
+                         reachable_boundaries: Sequence[int]) -> list[bool] | None:
+    "Which of the blocks `[start_block, end_block)` to cache; None caches them all."
+    return None
 
-    def cache_partial_tail(self, request, num_tokens: int, fine_hashes: Sequence[bytes], hash_block_size: int) -> None:
-        "With sub-block hits on: cache a block that holds a reachable boundary inside it (none, by default)."
+# %% ../nbs/04a_hybrid.ipynb #30ec83c3
+@patch
+def cache_partial_tail(self: SingleTypeKVCacheManager, request, num_tokens: int, fine_hashes: Sequence[bytes], hash_block_size: int) -> None:
+    "With sub-block hits on: cache a block that holds a reachable boundary inside it (none, by default)."
 
 # %% ../nbs/04a_hybrid.ipynb #8e2415fd
 @patch
@@ -153,6 +162,7 @@ def add_local_computed_blocks(self: SingleTypeKVCacheManager, request_id: str,
     self.num_cached_block[request_id] = len(table)
     if kept and num_computed_tokens % self.block_size: self.copy_sub_block_hit(request_id)
 
+# %% ../nbs/04a_hybrid.ipynb #91f0f166
 @patch
 def copy_sub_block_hit(self: SingleTypeKVCacheManager, request_id: str) -> None:
     "A hit ends inside its last block: a fresh copy replaces it, both held until the step ends, the copy cached when full."
@@ -161,6 +171,7 @@ def copy_sub_block_hit(self: SingleTypeKVCacheManager, request_id: str) -> None:
     self.block_pool.touch([dst]); table[-1] = dst
     self.pending_copies.append((src, dst)); self.num_cached_block[request_id] -= 1
 
+# %% ../nbs/04a_hybrid.ipynb #0d1e3e63
 @patch
 def allocate_new_blocks(self: SingleTypeKVCacheManager, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
     "Grow the table to hold `num_tokens` slots; the new blocks."
@@ -200,6 +211,7 @@ def remove_skipped_blocks(self: SingleTypeKVCacheManager, request_id: str, num_c
         removed.append(table[i]); table[i] = null
     if removed: self.block_pool.free_blocks(removed, unhashed_first=True)
 
+# %% ../nbs/04a_hybrid.ipynb #2b98bc98
 @patch
 def free(self: SingleTypeKVCacheManager, request_id: str) -> None:
     "Release the request's table, last block first."
@@ -212,53 +224,55 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     "Full attention: hits from the start, every block kept and cached."
     supports_fine_grained_hash_lookup: ClassVar[bool] = True
 
-    @classmethod
-    def find_longest_cache_hit(cls, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int],
-                               block_pool: BlockPool, spec, alignment_tokens: int,
-                               fine_hashes: Sequence[bytes] | None = None  # hashes every `alignment_tokens`: sub-block hits on
-                              ) -> tuple[list[list[KVCacheBlock]], int]:
-        "Per group, the cached blocks of the longest cached prefix of at most `max_length` tokens; and its length."
-        hits, bs = [[] for _ in group_ids], spec.block_size
-        for block_hash in block_hashes[:max_length // bs]:
-            cached = get_cached_blocks(block_pool, block_hash, group_ids)
-            if cached is None: break
-            for blocks, block in zip(hits, cached): blocks.append(block)
-        hit_length = len(hits[0]) * bs // alignment_tokens * alignment_tokens
-        for blocks in hits: del blocks[cdiv(hit_length, bs):]
-        if fine_hashes is None: return hits, hit_length
-        for end in range(min(max_length, hit_length + bs - 1) // alignment_tokens * alignment_tokens, hit_length, -alignment_tokens):
-            cached = get_cached_blocks(block_pool, fine_hashes[end // alignment_tokens - 1], group_ids)
-            if cached is None: continue  # probe inside the first missing block, highest boundary first
-            for blocks, block in zip(hits, cached): blocks.append(block)
-            return hits, end
-        return hits, hit_length
-
+# %% ../nbs/04a_hybrid.ipynb #4bfa1e38
+@patch(cls_method=True)
+def find_longest_cache_hit(cls: FullAttentionManager, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int],
+                           block_pool: BlockPool, spec, alignment_tokens: int,
+                           fine_hashes: Sequence[bytes] | None = None  # hashes every `alignment_tokens`: sub-block hits on
+                          ) -> tuple[list[list[KVCacheBlock]], int]:
+    "Per group, the cached blocks of the longest cached prefix of at most `max_length` tokens; and its length."
+    hits, bs = [[] for _ in group_ids], spec.block_size
+    for block_hash in block_hashes[:max_length // bs]:
+        cached = get_cached_blocks(block_pool, block_hash, group_ids)
+        if cached is None: break
+        for blocks, block in zip(hits, cached): blocks.append(block)
+    hit_length = len(hits[0]) * bs // alignment_tokens * alignment_tokens
+    for blocks in hits: del blocks[cdiv(hit_length, bs):]
+    if fine_hashes is None: return hits, hit_length
+    for end in range(min(max_length, hit_length + bs - 1) // alignment_tokens * alignment_tokens, hit_length, -alignment_tokens):
+        cached = get_cached_blocks(block_pool, fine_hashes[end // alignment_tokens - 1], group_ids)
+        if cached is None: continue  # probe inside the first missing block, highest boundary first
+        for blocks, block in zip(hits, cached): blocks.append(block)
+        return hits, end
+    return hits, hit_length
 
 # %% ../nbs/04a_hybrid.ipynb #d874ea71
 class SlidingWindowManager(SingleTypeKVCacheManager):
     "Sliding window: hits are the last window's blocks, older blocks go back to the pool as the window slides."
-    @classmethod
-    def find_longest_cache_hit(cls, block_hashes, max_length, group_ids, block_pool, spec, alignment_tokens):
-        "Per group, nulls then the last `cdiv(W - 1, B)` cached blocks before `max_length`; and the hit length."
-        bs, need = spec.block_size, cdiv(spec.sliding_window - 1, spec.block_size)
-        hits = [[block_pool.null_block] * (max_length // bs) for _ in group_ids]
-        run = 0
-        for i in range(max_length // bs - 1, -1, -1):
-            cached = get_cached_blocks(block_pool, block_hashes[i], group_ids)
-            if cached is None: run = 0; continue
-            if run == 0 and (i + 1) * bs % alignment_tokens: continue  # a run must end on an aligned boundary
-            for blocks, block in zip(hits, cached): blocks[i] = block
-            run += 1
-            if run >= need:
-                for blocks in hits: del blocks[i + run:]
-                return hits, (i + run) * bs
-        num_blocks = run * bs // alignment_tokens * alignment_tokens // bs  # the prefix shorter than the window
-        for blocks in hits: del blocks[num_blocks:]
-        return hits, num_blocks * bs
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         "Tokens before the window of the next token: `n - W + 1`."
         return max(0, num_computed_tokens - self.spec.sliding_window + 1)
+
+# %% ../nbs/04a_hybrid.ipynb #22ac18eb
+@patch(cls_method=True)
+def find_longest_cache_hit(cls: SlidingWindowManager, block_hashes, max_length, group_ids, block_pool, spec, alignment_tokens):
+    "Per group, nulls then the last `cdiv(W - 1, B)` cached blocks before `max_length`; and the hit length."
+    bs, need = spec.block_size, cdiv(spec.sliding_window - 1, spec.block_size)
+    hits = [[block_pool.null_block] * (max_length // bs) for _ in group_ids]
+    run = 0
+    for i in range(max_length // bs - 1, -1, -1):
+        cached = get_cached_blocks(block_pool, block_hashes[i], group_ids)
+        if cached is None: run = 0; continue
+        if run == 0 and (i + 1) * bs % alignment_tokens: continue  # a run must end on an aligned boundary
+        for blocks, block in zip(hits, cached): blocks[i] = block
+        run += 1
+        if run >= need:
+            for blocks in hits: del blocks[i + run:]
+            return hits, (i + run) * bs
+    num_blocks = run * bs // alignment_tokens * alignment_tokens // bs  # the prefix shorter than the window
+    for blocks in hits: del blocks[num_blocks:]
+    return hits, num_blocks * bs
 
 # %% ../nbs/04a_hybrid.ipynb #93f13b0a
 @patch
@@ -280,27 +294,30 @@ def reachable_block_mask(self: SlidingWindowManager, start_block, end_block, ret
 # %% ../nbs/04a_hybrid.ipynb #8f7692fd
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     "Chunked local attention: a request holds only its current chunk's blocks."
-    @classmethod
-    def find_longest_cache_hit(cls, block_hashes, max_length, group_ids, block_pool, spec, alignment_tokens):
-        "Per group, nulls up to the chunk of `max_length`, then cached blocks left to right; and the hit length."
-        bs = spec.block_size
-        chunk_start = max_length // spec.attention_chunk_size * spec.attention_chunk_size // bs
-        hits = [[block_pool.null_block] * chunk_start for _ in group_ids]
-        for i in range(chunk_start, max_length // bs):
-            cached = get_cached_blocks(block_pool, block_hashes[i], group_ids)
-            if cached is None: break
-            for blocks, block in zip(hits, cached): blocks.append(block)
-        return hits, len(hits[0]) * bs
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         "Tokens before the current chunk."
         return num_computed_tokens // self.spec.attention_chunk_size * self.spec.attention_chunk_size
+
+# %% ../nbs/04a_hybrid.ipynb #636dcf33
+@patch(cls_method=True)
+def find_longest_cache_hit(cls: ChunkedLocalAttentionManager, block_hashes, max_length, group_ids, block_pool, spec, alignment_tokens):
+    "Per group, nulls up to the chunk of `max_length`, then cached blocks left to right; and the hit length."
+    bs = spec.block_size
+    chunk_start = max_length // spec.attention_chunk_size * spec.attention_chunk_size // bs
+    hits = [[block_pool.null_block] * chunk_start for _ in group_ids]
+    for i in range(chunk_start, max_length // bs):
+        cached = get_cached_blocks(block_pool, block_hashes[i], group_ids)
+        if cached is None: break
+        for blocks, block in zip(hits, cached): blocks.append(block)
+    return hits, len(hits[0]) * bs
 
 # %% ../nbs/04a_hybrid.ipynb #f305b318
 MANAGER_FOR_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager, SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager}
 
+# %% ../nbs/04a_hybrid.ipynb #2ac54dc4
 def _check_specs(specs) -> None:
     "Refuse anything but a non-empty list of known KV cache specs, naming the bad one."
     if not isinstance(specs, Sequence) or isinstance(specs, str) or not specs:
@@ -317,6 +334,7 @@ class SpecGroup:
     group_ids: list[int]  # the groups, in group order
     manager_cls: type[SingleTypeKVCacheManager]
 
+# %% ../nbs/04a_hybrid.ipynb #af5a8fcf
 def split_spec_groups(specs: Sequence) -> list[SpecGroup]:
     "Groups with equal specs merged, full attention first, the rest in group order (vLLM's `verify_and_split_kv_cache_groups`)."
     _check_specs(specs)
@@ -337,6 +355,7 @@ def max_admission_blocks_per_request(spec, max_in_flight_tokens: int, max_model_
         return cdiv(min(spec.attention_chunk_size + max_in_flight_tokens, max_model_len), spec.block_size)
     return None
 
+# %% ../nbs/04a_hybrid.ipynb #d3e6514d
 def partial_hash_hits_enabled(managers: Sequence[SingleTypeKVCacheManager], hash_block_size: int) -> bool:
     "Hits may end inside a block (vLLM's `partial_hash_hits_enabled`): a Mamba group's block exceeds the hash unit, and every group can look up at it."
     return (any(m.enables_partial_hash_hits and m.block_size > hash_block_size for m in managers) and
@@ -396,6 +415,7 @@ def get_num_blocks_to_allocate(self: HybridKVCacheCoordinator, request_id: str, 
     return sum(m.get_num_blocks_to_allocate(request_id, num_tokens, hits, total_computed_tokens, apply_admission_cap)
                for m, hits in zip(self.single_type_managers, new_computed_blocks))
 
+# %% ../nbs/04a_hybrid.ipynb #89ac3062
 @patch
 def cache_blocks(self: HybridKVCacheCoordinator, request: HybridRequest, num_tokens: int) -> None:
     "Cache every group's newly full blocks, up to a multiple of the hit alignment (and partial tails, with sub-block hits)."
@@ -405,10 +425,44 @@ def cache_blocks(self: HybridKVCacheCoordinator, request: HybridRequest, num_tok
         m.cache_blocks(request, view, aligned, self.retention_interval)
         if self.partial_hash_hits: m.cache_partial_tail(request, num_tokens, request.block_hashes, self.hash_block_size)
 
+# %% ../nbs/04a_hybrid.ipynb #0a66c0dc
 @patch
 def free(self: HybridKVCacheCoordinator, request_id: str) -> None:
     "Free the request's table in every group, group by group."
     for m in self.single_type_managers: m.free(request_id)
+
+# %% ../nbs/04a_hybrid.ipynb #dbedfd40
+def _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_len, retention_interval,
+                        max_in_flight_tokens, prefix_match_unit) -> None:
+    "Refuse a configuration the coordinator could not run, naming the argument."
+    _check_specs(specs)
+    _check_count("num_blocks", num_blocks, 2); _check_count("max_model_len", max_model_len, 1)
+    _check_bool("enable_caching", enable_caching); get_hash_fn_by_name(hash_algo)
+    for name, value, low in (("max_in_flight_tokens", max_in_flight_tokens, 1), ("prefix_match_unit", prefix_match_unit, 1),
+                             ("retention_interval", retention_interval, 0)):
+        if value is not None: _check_count(name, value, low)
+    scheduler_block_size, _ = resolve_block_sizes([s.block_size for s in specs], enable_caching, prefix_match_unit)
+    if scheduler_block_size > max_model_len:
+        raise ValueError(f"the block sizes {[s.block_size for s in specs]} have lcm {scheduler_block_size} "
+                         f"(the scheduler block size) but max_model_len is {max_model_len}")
+    _check_retention(specs, retention_interval, scheduler_block_size)
+    for i, spec in enumerate(specs):
+        if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != scheduler_block_size and len(specs) > 1:
+            raise ValueError(f"specs[{i}]: a chunked local attention group needs block_size = the lcm of all block "
+                             f"sizes ({scheduler_block_size}), got {spec.block_size} (vLLM asserts this at lookup)")
+
+# %% ../nbs/04a_hybrid.ipynb #2c9b8f64
+def _check_retention(specs, retention_interval, scheduler_block_size) -> None:
+    "A positive retention interval must be a multiple of the scheduler block size, on a model it can affect."
+    if not retention_interval: return
+    if not any(isinstance(s, SlidingWindowSpec) for s in specs) and not any(type(s).__name__ == "MambaSpec" for s in specs):
+        raise ValueError(f"retention_interval={retention_interval} only affects sliding-window and Mamba groups; this model has none")
+    if retention_interval % scheduler_block_size:
+        raise ValueError(f"retention_interval={retention_interval} must be a multiple of the scheduler block size {scheduler_block_size}")
+
+# %% ../nbs/04a_hybrid.ipynb #fe11343f
+def _check_request(request) -> None:
+    if not isinstance(request, HybridRequest): raise TypeError(f"request must be a HybridRequest, got {type(request).__name__}")
 
 # %% ../nbs/04a_hybrid.ipynb #aa7e0a64
 class HybridKVCacheManager:
@@ -434,13 +488,17 @@ class HybridKVCacheManager:
     @property
     def num_free_blocks(self) -> int: return self.block_pool.get_num_free_blocks()
 
-    def get_block_ids(self, request_id: str) -> list[list[int]]:
-        "The request's block table in each group (0: the null block)."
-        return [block_ids(m.req_to_blocks.get(request_id, ())) for m in self.coordinator.single_type_managers]
+# %% ../nbs/04a_hybrid.ipynb #f9ea9780
+@patch
+def get_block_ids(self: HybridKVCacheManager, request_id: str) -> list[list[int]]:
+    "The request's block table in each group (0: the null block)."
+    return [block_ids(m.req_to_blocks.get(request_id, ())) for m in self.coordinator.single_type_managers]
 
-    def get_free_queue_ids(self) -> list[int]:
-        "Free block ids, head (reused first) to tail."
-        return block_ids(self.block_pool.free_block_queue.get_all_free_blocks())
+# %% ../nbs/04a_hybrid.ipynb #6bdc923e
+@patch
+def get_free_queue_ids(self: HybridKVCacheManager) -> list[int]:
+    "Free block ids, head (reused first) to tail."
+    return block_ids(self.block_pool.free_block_queue.get_all_free_blocks())
 
 # %% ../nbs/04a_hybrid.ipynb #af566d5e
 @patch
@@ -453,6 +511,7 @@ def _block_hashes(self: HybridKVCacheManager, request: HybridRequest) -> list[by
             lora=request.lora_request, mm_items=request.mm_items, known_hashes=request.block_hashes)
     return request.block_hashes
 
+# %% ../nbs/04a_hybrid.ipynb #4d78590d
 @patch
 def get_computed_blocks(self: HybridKVCacheManager, request: HybridRequest
                        ) -> tuple[list[list[KVCacheBlock]], int, int]:
@@ -461,6 +520,26 @@ def get_computed_blocks(self: HybridKVCacheManager, request: HybridRequest
     if not self.enable_caching: return [[] for _ in range(self.num_groups)], 0, 0
     hits, hit_length, uncached = self.coordinator.find_longest_cache_hit(self._block_hashes(request), request.num_tokens - 1)
     return hits, hit_length, hit_length + uncached if uncached else 0
+
+# %% ../nbs/04a_hybrid.ipynb #e82ebf9e
+@patch
+def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                  full_sequence_must_fit) -> list[list[KVCacheBlock]]:
+    "Validate one `allocate_slots` call; the hit blocks, one list per group."
+    _check_request(request); rid = request.request_id
+    _check_count(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
+    _check_count(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
+    _check_bool("full_sequence_must_fit", full_sequence_must_fit)
+    hits = [list(h) for h in new_computed_blocks] if new_computed_blocks is not None else [[] for _ in range(self.num_groups)]
+    if len(hits) != self.num_groups: raise ValueError(f"request {rid!r}: new_computed_blocks needs one list per group ({self.num_groups}), got {len(hits)}")
+    for g, group_hits in enumerate(hits): self.block_pool._checked_own(group_hits, f"new_computed_blocks[{g}]")
+    held = any(rid in m.req_to_blocks and m.req_to_blocks[rid] for m in self.coordinator.single_type_managers)
+    if (any(hits) or num_new_computed_tokens) and (held or request.num_computed_tokens):
+        raise ValueError(f"request {rid!r} already has computed tokens; prefix hits are only adopted by a new request")
+    total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+    if total > request.num_tokens: raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {request.num_tokens}")
+    if total > self.max_model_len: raise ValueError(f"request {rid!r} needs {total} tokens but max_model_len is {self.max_model_len}")
+    return hits
 
 # %% ../nbs/04a_hybrid.ipynb #82a7e4cf
 @patch
@@ -494,19 +573,24 @@ def free(self: HybridKVCacheManager, request: HybridRequest | str) -> None:
     "Release the request's blocks in every group, group by group, each last block first."
     self.coordinator.free(request.request_id if isinstance(request, Request) else request)
 
+# %% ../nbs/04a_hybrid.ipynb #33c1834b
 @patch
 def reset_prefix_cache(self: HybridKVCacheManager) -> bool:
     "Forget every cached block, if no request holds one; return whether it did."
     return self.block_pool.reset_prefix_cache()
+
+# %% ../nbs/04a_hybrid.ipynb #97e23b6a
 @patch
 def new_step_starts(self: SingleTypeKVCacheManager) -> None:
     "A scheduler step begins: attention groups have nothing to forget."
 
+# %% ../nbs/04a_hybrid.ipynb #36c049ec
 @patch
 def new_step_starts(self: HybridKVCacheManager) -> None:
     "A scheduler step begins (vLLM's `KVCacheManager.new_step_starts`); Mamba groups forget this step's new states."
     for m in self.coordinator.single_type_managers: m.new_step_starts()
 
+# %% ../nbs/04a_hybrid.ipynb #c4d14714
 @patch
 def take_kv_cache_block_copies(self: HybridKVCacheManager) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
     "The copy-on-write (src, dst) pairs queued since the last call, group by group; the caller frees both ends after the copy."
@@ -514,64 +598,13 @@ def take_kv_cache_block_copies(self: HybridKVCacheManager) -> list[tuple[KVCache
     for m in self.coordinator.single_type_managers: m.pending_copies = []
     return copies
 
-
-# %% ../nbs/04a_hybrid.ipynb #dbedfd40
-def _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_len, retention_interval,
-                        max_in_flight_tokens, prefix_match_unit) -> None:
-    "Refuse a configuration the coordinator could not run, naming the argument."
-    _check_specs(specs)
-    _check_count("num_blocks", num_blocks, 2); _check_count("max_model_len", max_model_len, 1)
-    _check_bool("enable_caching", enable_caching); get_hash_fn_by_name(hash_algo)
-    for name, value, low in (("max_in_flight_tokens", max_in_flight_tokens, 1), ("prefix_match_unit", prefix_match_unit, 1),
-                             ("retention_interval", retention_interval, 0)):
-        if value is not None: _check_count(name, value, low)
-    scheduler_block_size, _ = resolve_block_sizes([s.block_size for s in specs], enable_caching, prefix_match_unit)
-    if scheduler_block_size > max_model_len:
-        raise ValueError(f"the block sizes {[s.block_size for s in specs]} have lcm {scheduler_block_size} "
-                         f"(the scheduler block size) but max_model_len is {max_model_len}")
-    _check_retention(specs, retention_interval, scheduler_block_size)
-    for i, spec in enumerate(specs):
-        if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != scheduler_block_size and len(specs) > 1:
-            raise ValueError(f"specs[{i}]: a chunked local attention group needs block_size = the lcm of all block "
-                             f"sizes ({scheduler_block_size}), got {spec.block_size} (vLLM asserts this at lookup)")
-
-def _check_retention(specs, retention_interval, scheduler_block_size) -> None:
-    "A positive retention interval must be a multiple of the scheduler block size, on a model it can affect."
-    if not retention_interval: return
-    if not any(isinstance(s, SlidingWindowSpec) for s in specs) and not any(type(s).__name__ == "MambaSpec" for s in specs):
-        raise ValueError(f"retention_interval={retention_interval} only affects sliding-window and Mamba groups; this model has none")
-    if retention_interval % scheduler_block_size:
-        raise ValueError(f"retention_interval={retention_interval} must be a multiple of the scheduler block size {scheduler_block_size}")
-
-# %% ../nbs/04a_hybrid.ipynb #fe11343f
-def _check_request(request) -> None:
-    if not isinstance(request, HybridRequest): raise TypeError(f"request must be a HybridRequest, got {type(request).__name__}")
-
-@patch
-def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                  full_sequence_must_fit) -> list[list[KVCacheBlock]]:
-    "Validate one `allocate_slots` call; the hit blocks, one list per group."
-    _check_request(request); rid = request.request_id
-    _check_count(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
-    _check_count(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
-    _check_bool("full_sequence_must_fit", full_sequence_must_fit)
-    hits = [list(h) for h in new_computed_blocks] if new_computed_blocks is not None else [[] for _ in range(self.num_groups)]
-    if len(hits) != self.num_groups: raise ValueError(f"request {rid!r}: new_computed_blocks needs one list per group ({self.num_groups}), got {len(hits)}")
-    for g, group_hits in enumerate(hits): self.block_pool._checked_own(group_hits, f"new_computed_blocks[{g}]")
-    held = any(rid in m.req_to_blocks and m.req_to_blocks[rid] for m in self.coordinator.single_type_managers)
-    if (any(hits) or num_new_computed_tokens) and (held or request.num_computed_tokens):
-        raise ValueError(f"request {rid!r} already has computed tokens; prefix hits are only adopted by a new request")
-    total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-    if total > request.num_tokens: raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {request.num_tokens}")
-    if total > self.max_model_len: raise ValueError(f"request {rid!r} needs {total} tokens but max_model_len is {self.max_model_len}")
-    return hits
-
 # %% ../nbs/04a_hybrid.ipynb #2f862ca9
 GROUP_KINDS = {"full": (FullAttentionSpec, ()), "sliding_window": (SlidingWindowSpec, ("sliding_window",)),
                "chunked_local": (ChunkedLocalAttentionSpec, ("attention_chunk_size",))}
 CONFIG_FIELDS = ("op", "groups", "num_blocks", "hash_algo", "max_model_len", "enable_caching", "retention_interval",
                  "full_sequence_must_fit", "max_in_flight_tokens", "prefix_match_unit", "model", "version")
 
+# %% ../nbs/04a_hybrid.ipynb #a4decb4b
 def spec_from_group(group: dict, index: int):
     "The spec of `config.groups[index]`; ValueError naming the field."
     where = f"groups[{index}]"
@@ -609,20 +642,24 @@ class HybridTraceReplayer:
         self.running: set[str] = set()
         self.full_sequence_must_fit = False
 
-    def apply(self, op: dict) -> dict:
-        "Apply one op; its decision."
-        name = op.get("op") if isinstance(op, dict) else None
-        if not hasattr(self, f"_{name}"): raise ValueError(f"unknown op {name!r}")
-        if (name == "config") != (self.manager is None): raise ValueError("the first op must be 'config', and only the first")
-        decision = {"op": name, **({"id": op["id"]} if "id" in op else {})}
-        decision.update(getattr(self, f"_{name}")(op) or {})
-        decision["free_queue"] = self.manager.get_free_queue_ids()
-        decision["num_free"] = self.manager.num_free_blocks
-        return decision
+# %% ../nbs/04a_hybrid.ipynb #e4fdc342
+@patch
+def apply(self: HybridTraceReplayer, op: dict) -> dict:
+    "Apply one op; its decision."
+    name = op.get("op") if isinstance(op, dict) else None
+    if not hasattr(self, f"_{name}"): raise ValueError(f"unknown op {name!r}")
+    if (name == "config") != (self.manager is None): raise ValueError("the first op must be 'config', and only the first")
+    decision = {"op": name, **({"id": op["id"]} if "id" in op else {})}
+    decision.update(getattr(self, f"_{name}")(op) or {})
+    decision["free_queue"] = self.manager.get_free_queue_ids()
+    decision["num_free"] = self.manager.num_free_blocks
+    return decision
 
-    def _request(self, op: dict) -> HybridRequest:
-        if op.get("id") not in self.requests: raise ValueError(f"op {op['op']!r}: unknown request {op.get('id')!r}")
-        return self.requests[op["id"]]
+# %% ../nbs/04a_hybrid.ipynb #8c08f944
+@patch
+def _request(self: HybridTraceReplayer, op: dict) -> HybridRequest:
+    if op.get("id") not in self.requests: raise ValueError(f"op {op['op']!r}: unknown request {op.get('id')!r}")
+    return self.requests[op["id"]]
 
 # %% ../nbs/04a_hybrid.ipynb #8cbccaae
 @patch
@@ -630,6 +667,7 @@ def _config(self: HybridTraceReplayer, op: dict) -> None:
     self.manager = HybridKVCacheManager.from_config(op)
     self.full_sequence_must_fit = op.get("full_sequence_must_fit", False)
 
+# %% ../nbs/04a_hybrid.ipynb #5ab5a0d6
 @patch
 def _add(self: HybridTraceReplayer, op: dict) -> None:
     if op.get("id") in self.requests: raise ValueError(f"op 'add': request {op.get('id')!r} is already live")
@@ -638,6 +676,7 @@ def _add(self: HybridTraceReplayer, op: dict) -> None:
     self.requests[op["id"]] = HybridRequest(op["id"], op["prompt"], cache_salt=op.get("cache_salt"),
                                             lora_request=lora, mm_items=mm_items)
 
+# %% ../nbs/04a_hybrid.ipynb #c14531a9
 @patch
 def _schedule(self: HybridTraceReplayer, op: dict) -> dict:
     request, manager, waiting = self._request(op), self.manager, op["id"] not in self.running
@@ -654,15 +693,18 @@ def _schedule(self: HybridTraceReplayer, op: dict) -> dict:
 @patch
 def _append(self: HybridTraceReplayer, op: dict) -> None: self._request(op).append_output_token_ids(op["tokens"])
 
+# %% ../nbs/04a_hybrid.ipynb #c7a02f9f
 @patch
 def _preempt(self: HybridTraceReplayer, op: dict) -> None:
     request = self._request(op)
     self.manager.free(request); request.num_computed_tokens = 0; self.running.discard(request.request_id)
 
+# %% ../nbs/04a_hybrid.ipynb #724bf66c
 @patch
 def _free(self: HybridTraceReplayer, op: dict) -> None:
     self.requests.pop(op["id"], None); self.running.discard(op["id"]); self.manager.free(op["id"])
 
+# %% ../nbs/04a_hybrid.ipynb #ebfa51b5
 @patch
 def _new_step(self: HybridTraceReplayer, op: dict) -> dict:
     copies = self.manager.take_kv_cache_block_copies()
@@ -670,9 +712,11 @@ def _new_step(self: HybridTraceReplayer, op: dict) -> dict:
     self.manager.new_step_starts()
     return {"copies": [[src.block_id, dst.block_id] for src, dst in copies]}
 
+# %% ../nbs/04a_hybrid.ipynb #55f13258
 @patch
 def _reset_prefix_cache(self: HybridTraceReplayer, op: dict) -> dict: return {"ok": self.manager.reset_prefix_cache()}
 
+# %% ../nbs/04a_hybrid.ipynb #c58fbad1
 def replay_hybrid(ops) -> list[dict]:
     "The decision for each op of a hybrid trace."
     replayer = HybridTraceReplayer()
