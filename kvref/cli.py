@@ -14,8 +14,8 @@ import kvref
 from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens)
 from .kv_cache_manager import BEHAVIORS
-from .replay import (MAX_LINE_CHARS, TRACE_FORMAT_VERSION, Divergence, _read_jsonl, Lockstep, TraceReplayer, list_vectors, load_decisions,
-                          load_trace, recorded, vector_path)
+from .replay import (MAX_LINE_CHARS, TRACE_FORMAT_VERSION, Divergence, TraceReplayer, list_vectors,
+                          load_decisions, load_trace, read_jsonl, replay_lockstep, vector_path)
 from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, load_release_trace,
                             profile_for_version, release_block_hashes, release_event_block_hashes)
 from .conformance import FIELDS, check, load_adapter, shrink
@@ -248,7 +248,7 @@ MAX_NUM_BLOCKS = 1 << 20  # the largest pool `replay` and `check` build: kvref a
 
 def load_hybrid_trace(path: str) -> list[dict]:
     "The ops of a hybrid trace file (its config's `groups` checked by the hybrid replayer when applied)."
-    ops = [op for _, op in _read_jsonl(path)]
+    ops = [op for _, op in read_jsonl(path)]
     if not ops or not isinstance(ops[0], dict) or ops[0].get("op") != "config":
         raise ValueError(f"{path}: the first line must be a 'config' op")
     if not all(isinstance(op, dict) for op in ops): raise ValueError(f"{path}: every line must be a JSON object")
@@ -314,7 +314,7 @@ def replay_main(argv: list[str] | None = None) -> int:
     ops = load_trace_for_cli(args.trace, load)
     expected = load_decisions(args.expect) if args.expect else None
     if expected == []: raise ValueError(f"{args.expect}: no decisions, nothing to compare")
-    lock = Lockstep(recorded(expected), decide, catch=()) if expected is not None else None
+    lock = replay_lockstep(expected, decide=decide) if expected is not None else None
     quiet, decisions = keep or lock is not None, []  # quiet: decisions are not printed, so show progress
     for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ops):
         try: divergence, got = (lock.apply(op), lock.last) if lock else (None, decide(op))

@@ -18,7 +18,7 @@ from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem
 from .block_pool import BlockPool
 from .free_queue import _check_count
 from .kv_cache_manager import KVCacheManager, Request
-from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, _read_jsonl
+from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, read_jsonl
 
 # %% auto #0
 __all__ = ['PROFILES', 'RELEASE_RANGES', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile',
@@ -441,7 +441,7 @@ def load_release_trace(path: str | Path) -> list[dict]:
     "The ops of a release trace (`mm` items, as the release recordings write them, read as `mm_items`)."
     if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")  # open(3) reads fd 3
     ops = []
-    for lineno, op in _read_jsonl(path):
+    for lineno, op in read_jsonl(path):
         if isinstance(op, dict) and "mm" in op: op = {**{k: v for k, v in op.items() if k != "mm"}, "mm_items": op["mm"] or []}
         try: ops.append(validate_op(op))
         except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None

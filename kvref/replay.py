@@ -20,8 +20,8 @@ from .kv_cache_manager import BEHAVIORS, KVCacheManager, Request
 __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'MAX_LINE_CHARS', 'FIELDS',
            'validate_op', 'trace_config', 'AllocatorAdapter', 'Protocol1', 'as_protocol2', 'KVRefAdapter',
            'RequestState', 'step', 'decision', 'TraceDriver', 'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter',
-           'load_trace', 'load_decisions', 'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep',
-           'Vector', 'golden_dir', 'list_vectors', 'vector_path']
+           'read_jsonl', 'load_trace', 'load_decisions', 'apply_changes', 'Divergence', 'Lockstep', 'recorded',
+           'replay_lockstep', 'Vector', 'golden_dir', 'list_vectors', 'vector_path']
 
 # %% ../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
@@ -408,7 +408,7 @@ def run_adapter(factory: Callable[[dict], AllocatorAdapter], ops: Iterable[dict]
 # %% ../nbs/05_replay.ipynb #03922ab3
 MAX_LINE_CHARS = 1 << 24  # 16 Mi characters: a longer trace line is refused, not read whole
 
-def _read_jsonl(path: str | Path) -> list[tuple[int, object]]:
+def read_jsonl(path: str | Path) -> list[tuple[int, object]]:
     "The (line number, parsed JSON) pairs of a JSONL file; ValueError naming the line on bad JSON."
     if not isinstance(path, (str, Path)):  # an int would be opened as a file descriptor
         raise TypeError(f"a trace file is a str or Path, got {type(path).__name__}")
@@ -428,7 +428,7 @@ def _read_jsonl(path: str | Path) -> list[tuple[int, object]]:
 def load_trace(path: str | Path) -> list[dict]:
     "The validated ops of a trace file: a `config` op first, then the others."
     ops, version = [], 1
-    for lineno, op in _read_jsonl(path):
+    for lineno, op in read_jsonl(path):
         try:
             validate_op(op, version)
             if (op["op"] == "config") != (not ops):
@@ -443,7 +443,7 @@ def load_trace(path: str | Path) -> list[dict]:
 def load_decisions(path: str | Path) -> list[dict]:
     "The decisions of a decisions file, one JSON object with an `op` per line."
     out = []
-    for lineno, d in _read_jsonl(path):
+    for lineno, d in read_jsonl(path):
         if not isinstance(d, dict) or "op" not in d:
             raise ValueError(f"{path}, line {lineno}: a decision must be a JSON object with an 'op' field")
         out.append(d)
@@ -518,9 +518,11 @@ def recorded(decisions: Iterable[dict]) -> Callable[[dict], dict | None]:
     it = iter(decisions)
     return lambda op: next(it, None)
 
-def replay_lockstep(decisions: Iterable[dict], behavior: str = "vllm_0_33", strict: bool = False) -> Lockstep:
-    "Recorded decisions against kvref's replay, as `kvref replay --expect` runs them (kvref's errors raise)."
-    return Lockstep(recorded(decisions), TraceReplayer(behavior, strict).apply, catch=())
+def replay_lockstep(decisions: Iterable[dict], behavior: str = "vllm_0_33", strict: bool = False,
+                    decide: Callable[[dict], dict] | None = None,  # op -> decision (None: kvref's replay in `behavior`)
+                   ) -> Lockstep:
+    "Recorded decisions against a replay, as `kvref replay --expect` runs them (the replay's errors raise)."
+    return Lockstep(recorded(decisions), decide or TraceReplayer(behavior, strict).apply, catch=())
 
 # %% ../nbs/05_replay.ipynb #81a0f042
 @patch
