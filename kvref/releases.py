@@ -8,6 +8,7 @@ Docs: https://kvref.github.io/kvref/vllm_releases.html.md"""
 from __future__ import annotations
 import json, re, sys
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Sequence
 from weakref import WeakKeyDictionary
@@ -155,6 +156,7 @@ def _signed(x: int) -> int:
     return -2 if x == -1 else x  # -1 is CPython's error value, never a hash
 
 # %% ../nbs/05a_vllm_releases.ipynb #bb127e3f
+@lru_cache(maxsize=4096)  # SipHash in Python takes microseconds, and salts and identifiers recur
 def _str_hash(s: str, pythonhashseed: int) -> int:
     "CPython 3.11's hash of a str: SipHash-1-3 of its PEP 393 storage bytes."
     if not s: return 0
@@ -179,9 +181,6 @@ def _tuple_hash(item_hashes: Sequence[int]) -> int:
     acc = (acc + (len(item_hashes) ^ (_XXPRIME_5 ^ 3527539))) & _M64
     return 1546275796 if acc == _M64 else _signed(acc)
 
-# %% ../nbs/05a_vllm_releases.ipynb #b7e1a002
-_NATIVE_TUPLE_HASH = sys.implementation.name == "cpython" and sys.version_info >= (3, 8) and sys.hash_info.width == 64
-
 # %% ../nbs/05a_vllm_releases.ipynb #a56f5fcd
 def python_hash(obj: Any, pythonhashseed: int) -> int:
     "`hash(obj)` as CPython 3.11 computes it in a process started with PYTHONHASHSEED=`pythonhashseed`."
@@ -189,7 +188,6 @@ def python_hash(obj: Any, pythonhashseed: int) -> int:
         raise ValueError(f"pythonhashseed must be an int in [0, 4294967295], got {pythonhashseed!r}")
     if type(obj) is str: return _str_hash(obj, pythonhashseed)
     if type(obj) is int: return _int_hash(obj)
-    if type(obj) is tuple and _NATIVE_TUPLE_HASH and all(type(item) is int for item in obj): return hash(obj)  # seed-free
     if type(obj) is tuple: return _tuple_hash([python_hash(item, pythonhashseed) for item in obj])
     if obj is None:
         raise ValueError("hash(None) on CPython 3.11 is derived from None's memory address, different in every "
@@ -293,6 +291,28 @@ def _hash_value_chain(hash_fn: Callable, none_hash: int, parent: int | None, tok
         hashes.append(parent)
     return hashes
 
+# %% ../nbs/05a_vllm_releases.ipynb #b7e1a002
+_NATIVE_TUPLE_HASH = sys.implementation.name == "cpython" and sys.version_info >= (3, 8) and sys.hash_info.width == 64
+
+# %% ../nbs/05a_vllm_releases.ipynb #b7e1a005
+class _Hashed:
+    "Stands in a tuple for an item whose hash `h` is known: CPython's tuple hash reads only its items' hashes."
+    __slots__ = ("h",)
+    def __init__(self, h: int): self.h = h
+    def __hash__(self) -> int: return self.h
+
+# %% ../nbs/05a_vllm_releases.ipynb #b7e1a008
+def _builtin_chain(hash_fn: Callable, none_hash: int, parent: Any, tokens: tuple[int, ...], block_size: int,
+                   keys: list) -> list[int]:
+    "`_hash_value_chain` for `builtin`: each distinct keys tuple hashed by `hash_fn` once, every block by `hash()`."
+    if not (_NATIVE_TUPLE_HASH and tokens): return _hash_value_chain(hash_fn, none_hash, parent, tokens, block_size, keys)
+    first, stand_ins, block_keys = _Hashed(hash_fn(parent or none_hash)), {}, []
+    for _, k in zip(range(0, len(tokens), block_size), keys):
+        name = tuple(map(id, k)) if type(k) is tuple else id(k)  # by its items: same items, same hash
+        if name not in stand_ins: stand_ins[name] = (k, _Hashed(hash_fn(k)))  # k kept alive: its ids stay its own
+        block_keys.append(stand_ins[name][1])
+    return _hash_value_chain(hash, none_hash, first, tokens, block_size, block_keys)
+
 # %% ../nbs/05a_vllm_releases.ipynb #9e07abcd
 def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_size: int, algo: str | None = None, *,
                          cache_salt: str | None = None, lora: LoRARequest | None = None, lora_int_id: int | None = None,
@@ -303,6 +323,7 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
     "Hashes of all full blocks of `token_ids` as `profile`'s releases compute them (ints up to 0.10.1, else bytes)."
     algo = algo or profile.default_hash_algo
     hash_fn = release_hash_fn(profile, algo, pythonhashseed or "0")
+    chain = _builtin_chain if algo == "builtin" else _hash_value_chain  # int hash values, up to 0.10.1
     none_hash = release_none_hash(profile, algo, pythonhashseed)
     items = _checked_request(token_ids, block_size, "sha256", cache_salt, lora, mm_items, None)
     _check_release_request(profile, lora, lora_int_id, cache_salt)
@@ -315,7 +336,7 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
     for lo, hi in _chunks(len(known_hashes) * block_size, len(token_ids) // block_size * block_size, block_size):
         keys = _block_keys(profile, block_size, lo // block_size, hi // block_size, prompt_end, **request)
         tokens, parent = _checked_tokens(token_ids, lo, hi), hashes[-1] if hashes else None
-        if profile.int_hash_value: hashes += _hash_value_chain(hash_fn, none_hash, parent, tokens, block_size, keys)
+        if profile.int_hash_value: hashes += chain(hash_fn, none_hash, parent, tokens, block_size, keys)
         else: hashes += _hash_blocks(algo, none_hash if parent is None else parent, tokens, block_size, keys)
     return hashes
 

@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given, strategies as st
 from kvref.hashing import LoRARequest, MultiModalItem, hash_request_tokens
 from kvref.replay import TraceDriver, load_decisions
+from kvref import releases
 from kvref.releases import (PROFILES, profile_for_version, release_block_hashes, check_release_vectors, python_hash,
-                            load_release_trace, replay_release, ReleaseKVCacheManager, ReleaseTraceReplayer)
+                            load_release_trace, replay_release, ReleaseKVCacheManager, ReleaseTraceReplayer,
+                            _builtin_chain, _hash_value_chain, _hash_value_fn)
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "versions"
 RELEASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
@@ -90,10 +92,60 @@ def test_python_hash_is_cpython(seed):
                           env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout
     assert [python_hash(o, int(seed)) for o in objs] == json.loads(real)
 
-@given(st.lists(st.integers(-2**70, 2**70), max_size=20), st.integers(0, 2**32 - 1))
-def test_python_hash_native_tuples_are_the_plain_definition(items, seed):
-    from kvref.releases import _int_hash, _tuple_hash
-    assert python_hash(tuple(items), seed) == _tuple_hash([_int_hash(i) for i in items])
+seeds = st.one_of(st.just(0), st.integers(1, 2**32 - 1))
+key_atoms = st.lists(st.recursive(st.one_of(st.text(max_size=6), st.integers(-2**70, 2**70)),
+                              lambda inner: st.lists(inner, max_size=3).map(tuple), max_leaves=4), min_size=1, max_size=5)
+
+def outcome(f):
+    "What `f()` returns, or the type and message of the refusal it raises."
+    try: return f()
+    except (TypeError, ValueError) as e: return type(e), str(e)
+
+def fresh(x):
+    "An equal object sharing no part with `x` (small ints and 1-character strings excepted: CPython shares them)."
+    return tuple(map(fresh, x)) if type(x) is tuple else "".join(list(x)) if type(x) is str else -(-x)
+
+def both_chains(seed, none_hash, parent, tokens, size, make_keys):
+    "The fast `builtin` chain and the plain definition (`_hash_value_chain` with `python_hash`) on the same input."
+    fn = _hash_value_fn("builtin", str(seed))
+    return [outcome(lambda: chain(fn, none_hash, parent, tokens, size, make_keys()))
+            for chain in (_builtin_chain, _hash_value_chain)]
+
+@given(seeds, st.integers(-2**63, 2**63 - 1), st.one_of(st.none(), st.integers(-2**300, 2**300), st.text(max_size=4)),
+       st.lists(st.integers(0, 2**64 - 1), max_size=40).map(tuple), st.integers(1, 8), key_atoms,
+       st.lists(st.lists(st.integers(0, 4), max_size=4), min_size=1, max_size=4), st.lists(st.integers(0, 3), max_size=40),
+       st.sampled_from(["shared", "copies", "fresh"]))
+def test_builtin_chain_is_the_plain_definition(seed, none_hash, parent, tokens, size, atoms, shapes, picks, how):
+    pool = [tuple(atoms[i % len(atoms)] for i in shape) for shape in shapes]  # keys tuples sharing items
+    keys = [pool[i % len(pool)] for i in picks]  # and tuples shared by blocks, as `_block_keys` shares them
+    make_keys = {"shared": lambda: keys, "copies": lambda: [tuple(list(k)) for k in keys],  # equal, distinct tuples
+                 "fresh": lambda: (fresh(k) for k in keys)}[how]  # made as consumed: each freed once hashed
+    fast, plain = both_chains(seed, none_hash, parent, tokens, size, make_keys)
+    assert fast == plain
+
+@given(seeds, st.sampled_from([None, True, 1.5, b"x", [1]]), st.sampled_from(["parent", "keys", "nested"]),
+       st.lists(st.integers(0, 2**64 - 1), max_size=12).map(tuple), st.integers(1, 4))
+def test_builtin_chain_refuses_what_the_definition_refuses(seed, bad, where, tokens, size):
+    keys = [("salt", 1), (1, ("img", bad)) if where == "nested" else bad if where == "keys" else (1,), (1,)] * 4
+    fast, plain = both_chains(seed, 7, bad if where == "parent" else None, tokens, size, lambda: keys)
+    assert fast == plain
+    reached = len(tokens) > size if where != "parent" else bool(tokens) and bad is not None  # None: NONE_HASH
+    assert (type(plain) is tuple) == reached  # refused exactly when the bad item is hashed
+
+@pytest.mark.parametrize("seed", ["0", "7", "4294967295"])
+def test_builtin_chain_is_cpython(seed):
+    tokens, keys = tuple(range(100, 120)), [("sålt-ü", 1), (1,), (1,), (1, "img-0"), (1, ("img-0", -2), "日本")]
+    code = f"h = 5\nfor i, k in enumerate({keys!r}): h = hash((h, {tokens!r}[4 * i:4 * i + 4], k)); print(h)"
+    real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout
+    assert _builtin_chain(_hash_value_fn("builtin", seed), 5, None, tokens, 4, keys) == [int(h) for h in real.split()]
+
+def test_builtin_without_the_native_hash_is_the_plain_chain(monkeypatch):
+    request = dict(pythonhashseed="3", cache_salt="s", lora=LoRARequest("a", "/a"), lora_int_id=2,
+                   mm_items=[MultiModalItem("img", 5, 9)])
+    fast = release_block_hashes(PROFILES["vllm_0_10_1"], range(40), 4, "builtin", **request)
+    monkeypatch.setattr(releases, "_NATIVE_TUPLE_HASH", False)
+    assert release_block_hashes(PROFILES["vllm_0_10_1"], range(40), 4, "builtin", **request) == fast
 
 @given(st.sampled_from(list(PROFILES)), st.integers(1, 6), st.integers(0, 40), st.integers(0, 40), st.booleans(), loras,
        st.lists(st.tuples(st.integers(0, 30), st.integers(1, 8)), max_size=3))
