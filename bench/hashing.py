@@ -16,7 +16,7 @@ Then the release profiles (`kvref.releases`): the same prompts hashed with `rele
 that offers the algorithm (`builtin` too, for the profiles up to 0.10.1, against 0.33's `sha256`), the profiles timed
 interleaved in a rotating order within each repetition, `PYTHONHASHSEED=0` given to every profile. Reported: the
 0.33 path's ns per token and, per profile, profile / 0.33 per repetition, median (above 1: slower than the 0.33 path).
-`--profiles-only` prints the profile table alone.
+`--profiles-only` prints the profile table alone; `--profile-algos builtin` keeps only its `builtin` rows.
 """
 from __future__ import annotations
 import argparse, datetime, gc, os, platform, random, statistics, time
@@ -25,6 +25,7 @@ from kvref.hashing import LoRARequest, MultiModalItem, hash_request_tokens
 from kvref.releases import PROFILES, release_block_hashes
 
 ALGOS = ("sha256", "sha256_cbor")
+PROFILE_ALGOS = ("sha256", "sha256_cbor", "builtin")
 BLOCK_SIZES = (16, 64)
 PROMPT_TOKENS = (1024, 65536)
 TOKENS_PER_REPETITION = 1 << 17
@@ -96,17 +97,18 @@ def profile_side(profile, prompts, block_size, algo, extra):
     return lambda: [release_block_hashes(profile, p, block_size, algo, mm_items=m, **kwargs) for p, m in zip(prompts, images)]
 
 
-def profile_table(repeats: int, rng: random.Random) -> None:
+def profile_table(repeats: int, rng: random.Random, algos=PROFILE_ALGOS) -> None:
     "A column per release profile: its time over the 0.33 path's, per repetition, median."
     names = list(PROFILES)
     print("\n| algo | block size | prompt tokens | extra keys | 0.33 ns/token | "
           + " | ".join(n.removeprefix("vllm_") for n in names) + " |")
     print("|---|---:|---:|---|---:|" + "---:|" * len(names))
-    for algo in ("sha256", "sha256_cbor", "builtin"):
+    for algo in PROFILE_ALGOS:
         for block_size in BLOCK_SIZES:
             for num_tokens in PROMPT_TOKENS:
                 prompts = [[rng.randrange(200_000) for _ in range(num_tokens)]
                            for _ in range(TOKENS_PER_REPETITION // num_tokens)]
+                if algo not in algos: continue  # the prompts are drawn all the same: every row keeps its prompts
                 for extra in ("", "lora+salt", "lora+salt+mm"):
                     if algo == "builtin" and not extra: continue  # hash(None): not reproducible, refused
                     base = profile_side(PROFILES["vllm_0_33"], prompts, block_size, "sha256" if algo == "builtin" else algo, extra)
@@ -126,10 +128,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9, help="interleaved repetitions per case (default 9)")
     parser.add_argument("--profiles-only", action="store_true", help="only the table of release profiles")
+    parser.add_argument("--profile-algos", nargs="+", choices=PROFILE_ALGOS, default=PROFILE_ALGOS,
+                        help="the algorithms of the profile table's rows (default: all)")
     args = parser.parse_args()
     if os.environ.get("PYTHONHASHSEED") is not None: raise SystemExit("unset PYTHONHASHSEED: it changes NONE_HASH")
     rng = random.Random(0)
-    if args.profiles_only: return profile_table(args.repeats, rng)
+    if args.profiles_only: return profile_table(args.repeats, rng, args.profile_algos)
     v, why = load_vllm()
     print(f"# Request hashing: kvref vs vLLM {v['version'] if v else '(absent)'}\n")
     print(f"{platform.machine()}, Python {platform.python_version()}, load average "
@@ -160,7 +164,7 @@ def main() -> None:
                         ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
                     print(f"| {algo} | {block_size} | {num_tokens} | {extra or 'none'} | {ns['kvref']} | "
                           f"{ns.get('vLLM', '')} | {ratio} |", flush=True)
-    profile_table(args.repeats, rng)
+    profile_table(args.repeats, rng, args.profile_algos)
 
 
 if __name__ == "__main__":
