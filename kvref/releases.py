@@ -292,7 +292,8 @@ def _hash_value_chain(hash_fn: Callable, none_hash: int, parent: int | None, tok
     return hashes
 
 # %% ../nbs/05a_vllm_releases.ipynb #b7e1a002
-_NATIVE_TUPLE_HASH = sys.implementation.name == "cpython" and sys.version_info >= (3, 8) and sys.hash_info.width == 64
+_NATIVE_TUPLE_HASH = (sys.implementation.name == "cpython" and sys.version_info >= (3, 8) and sys.hash_info.width == 64
+                      and hash((-1, (2**61, 7))) == _tuple_hash([-2, _tuple_hash([1, 7])]))  # probe: 3.11's tuple hash
 
 # %% ../nbs/05a_vllm_releases.ipynb #b7e1a005
 class _Hashed:
