@@ -13,8 +13,8 @@ from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
 from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count
 from .block_pool import BlockPool
-from .hashing import LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens
-from .kv_cache_manager import Request, cdiv
+from .hashing import LoRARequest, MultiModalItem, get_hash_fn_by_name
+from .kv_cache_manager import Request, cdiv, longest_cache_hit, update_block_hashes
 
 # %% auto #0
 __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'FullAttentionSpec', 'SlidingWindowSpec',
@@ -79,11 +79,11 @@ def hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
 # %% ../nbs/04a_hybrid.ipynb #fee8b730
 def get_cached_blocks(block_pool: BlockPool, block_hash: bytes, group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
     "One cached block per group for `block_hash`, or None if any group misses (vLLM's `BlockPool.get_cached_block`)."
-    found = []
+    get_one_block, found = block_pool.cached_block_hash_to_block.get_one_block, []
     for group_id in group_ids:
-        holders = block_pool.cached_block_hash_to_block.get(hash_with_group_id(block_hash, group_id))
-        if not holders: return None
-        found.append(next(iter(holders.values())))
+        block = get_one_block(hash_with_group_id(block_hash, group_id))
+        if block is None: return None
+        found.append(block)
     return found
 
 # %% ../nbs/04a_hybrid.ipynb #e3e1010f
@@ -231,13 +231,11 @@ def find_longest_cache_hit(cls: FullAttentionManager, block_hashes: Sequence[byt
                            fine_hashes: Sequence[bytes] | None = None  # hashes every `alignment_tokens`: sub-block hits on
                           ) -> tuple[list[list[KVCacheBlock]], int]:
     "Per group, the cached blocks of the longest cached prefix of at most `max_length` tokens; and its length."
-    hits, bs = [[] for _ in group_ids], spec.block_size
-    for block_hash in block_hashes[:max_length // bs]:
-        cached = get_cached_blocks(block_pool, block_hash, group_ids)
-        if cached is None: break
-        for blocks, block in zip(hits, cached): blocks.append(block)
-    hit_length = len(hits[0]) * bs // alignment_tokens * alignment_tokens
-    for blocks in hits: del blocks[cdiv(hit_length, bs):]
+    bs = spec.block_size
+    found = longest_cache_hit(lambda block_hash: get_cached_blocks(block_pool, block_hash, group_ids),
+                              block_hashes[:max_length // bs])  # the single-group manager's walk
+    hit_length = len(found) * bs // alignment_tokens * alignment_tokens
+    hits = [[blocks[g] for blocks in found[:cdiv(hit_length, bs)]] for g in range(len(group_ids))]
     if fine_hashes is None: return hits, hit_length
     for end in range(min(max_length, hit_length + bs - 1) // alignment_tokens * alignment_tokens, hit_length, -alignment_tokens):
         cached = get_cached_blocks(block_pool, fine_hashes[end // alignment_tokens - 1], group_ids)
@@ -305,12 +303,10 @@ def find_longest_cache_hit(cls: ChunkedLocalAttentionManager, block_hashes, max_
     "Per group, nulls up to the chunk of `max_length`, then cached blocks left to right; and the hit length."
     bs = spec.block_size
     chunk_start = max_length // spec.attention_chunk_size * spec.attention_chunk_size // bs
-    hits = [[block_pool.null_block] * chunk_start for _ in group_ids]
-    for i in range(chunk_start, max_length // bs):
-        cached = get_cached_blocks(block_pool, block_hashes[i], group_ids)
-        if cached is None: break
-        for blocks, block in zip(hits, cached): blocks.append(block)
-    return hits, len(hits[0]) * bs
+    found = longest_cache_hit(lambda block_hash: get_cached_blocks(block_pool, block_hash, group_ids),
+                              block_hashes[chunk_start:max_length // bs])
+    hits = [[block_pool.null_block] * chunk_start + [blocks[g] for blocks in found] for g in range(len(group_ids))]
+    return hits, (chunk_start + len(found)) * bs
 
 # %% ../nbs/04a_hybrid.ipynb #f305b318
 MANAGER_FOR_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
@@ -412,8 +408,10 @@ def get_num_blocks_to_allocate(self: HybridKVCacheCoordinator, request_id: str, 
                                new_computed_blocks: Sequence[Sequence[KVCacheBlock]], total_computed_tokens: int,
                                apply_admission_cap: bool = False) -> int:
     "Blocks all groups together must take from the pool."
-    return sum(m.get_num_blocks_to_allocate(request_id, num_tokens, hits, total_computed_tokens, apply_admission_cap)
-               for m, hits in zip(self.single_type_managers, new_computed_blocks))
+    total = 0
+    for m, hits in zip(self.single_type_managers, new_computed_blocks):
+        total += m.get_num_blocks_to_allocate(request_id, num_tokens, hits, total_computed_tokens, apply_admission_cap)
+    return total
 
 # %% ../nbs/04a_hybrid.ipynb #89ac3062
 @patch
@@ -504,12 +502,7 @@ def get_free_queue_ids(self: HybridKVCacheManager) -> list[int]:
 @patch
 def _block_hashes(self: HybridKVCacheManager, request: HybridRequest) -> list[bytes]:
     "The request's hashes every `hash_block_size` tokens, brought up to date."
-    size = self.coordinator.hash_block_size
-    if len(request.block_hashes) < request.num_tokens // size:
-        request.block_hashes = hash_request_tokens(
-            request.all_token_ids, size, self.hash_algo, cache_salt=request.cache_salt,
-            lora=request.lora_request, mm_items=request.mm_items, known_hashes=request.block_hashes)
-    return request.block_hashes
+    return update_block_hashes(request, self.coordinator.hash_block_size, self.hash_algo)
 
 # %% ../nbs/04a_hybrid.ipynb #4d78590d
 @patch
@@ -552,19 +545,20 @@ def allocate_slots(self: HybridKVCacheManager, request: HybridRequest,
     "Grow every group's table for this step; the new blocks per group, or None if they do not fit."
     hits = self._checked_step(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, full_sequence_must_fit)
     coordinator, rid, free = self.coordinator, request.request_id, self.block_pool.get_num_free_blocks
-    total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
+    total_computed = request.num_computed_tokens + num_new_computed_tokens
     if full_sequence_must_fit and coordinator.get_num_blocks_to_allocate(
             rid, min(request.num_tokens, self.max_model_len), hits, total_computed, apply_admission_cap=True) > free():
         return None
-    num_tokens = min(total_computed + num_new_tokens, self.max_model_len)
+    num_tokens = total_computed + num_new_tokens  # at most the request's tokens and max_model_len (checked)
     for m in coordinator.single_type_managers: m.remove_skipped_blocks(rid, total_computed)
     if coordinator.get_num_blocks_to_allocate(rid, num_tokens, hits, total_computed) > free(): return None
     if any(hits):  # only a new request brings hits (checked above)
         for m, group_hits in zip(coordinator.single_type_managers, hits): m.add_local_computed_blocks(rid, group_hits, total_computed)
-    new_blocks = [m.allocate_new_blocks(rid, num_tokens) for m in coordinator.single_type_managers]
+    new_blocks = []  # plain loops here and in the count: no comprehension frame built every step
+    for m in coordinator.single_type_managers: new_blocks.append(m.allocate_new_blocks(rid, num_tokens))
     if self.enable_caching:
         self._block_hashes(request)
-        coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        coordinator.cache_blocks(request, num_tokens)
     return new_blocks
 
 # %% ../nbs/04a_hybrid.ipynb #78271ff9
@@ -597,6 +591,44 @@ def take_kv_cache_block_copies(self: HybridKVCacheManager) -> list[tuple[KVCache
     copies = [pair for m in self.coordinator.single_type_managers for pair in m.pending_copies]
     for m in self.coordinator.single_type_managers: m.pending_copies = []
     return copies
+
+# %% ../nbs/04a_hybrid.ipynb #5e7d2c21
+_checked_step_plain = HybridKVCacheManager._checked_step  # the definition above
+
+@patch
+def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                  full_sequence_must_fit) -> Sequence[Sequence[KVCacheBlock]]:
+    "Shortcut: a step that adopts no hits and fits the request and the model passes in one test; any other, as above."
+    if (new_computed_blocks is None and type(num_new_tokens) is type(num_new_computed_tokens) is int
+            and num_new_tokens >= 1 and num_new_computed_tokens == 0 and type(full_sequence_must_fit) is bool
+            and isinstance(request, HybridRequest)
+            and request.num_computed_tokens + num_new_tokens <= min(len(request.all_token_ids), self.max_model_len)):
+        return ((),) * self.num_groups  # no hit in any group
+    return _checked_step_plain(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, full_sequence_must_fit)
+
+# %% ../nbs/04a_hybrid.ipynb #5e7d2c24
+_remove_skipped_blocks_plain = SingleTypeKVCacheManager.remove_skipped_blocks  # the definition above
+
+@patch
+def remove_skipped_blocks(self: SingleTypeKVCacheManager, request_id: str, num_computed_tokens: int) -> None:
+    "Shortcut: no skipped position, or the last one already null (the walk back would stop at once): nothing to free."
+    table = self.req_to_blocks.get(request_id)
+    num_skipped_blocks = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+    if not table or num_skipped_blocks <= 0 or table[min(num_skipped_blocks, len(table)) - 1].is_null: return
+    _remove_skipped_blocks_plain(self, request_id, num_computed_tokens)
+
+# %% ../nbs/04a_hybrid.ipynb #5e7d2c27
+_coordinator_cache_blocks_plain = HybridKVCacheCoordinator.cache_blocks  # the definition above
+
+@patch
+def cache_blocks(self: HybridKVCacheCoordinator, request: HybridRequest, num_tokens: int) -> None:
+    "Shortcut: no group has a newly full block (and no partial tail is kept): nothing to cache; otherwise as above."
+    aligned, rid = num_tokens // self.alignment_tokens * self.alignment_tokens, request.request_id
+    if not self.partial_hash_hits:
+        for m in self.single_type_managers:
+            if aligned // m.block_size > m.num_cached_block.get(rid, 0): break  # a block newly full here
+        else: return
+    _coordinator_cache_blocks_plain(self, request, num_tokens)
 
 # %% ../nbs/04a_hybrid.ipynb #2f862ca9
 GROUP_KINDS = {"full": (FullAttentionSpec, ()), "sliding_window": (SlidingWindowSpec, ("sliding_window",)),

@@ -7,7 +7,7 @@ Docs: https://kvref.github.io/kvref/kv_cache_manager.html.md"""
 # %% ../nbs/04_kv_cache_manager.ipynb #3378ef3b
 from __future__ import annotations
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 from fastcore.basics import patch
 from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count, _checked_blocks
 from .block_pool import BlockPool, KVCacheEvent
@@ -15,7 +15,7 @@ from .hashing import (LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_req
                            _checked_mm_items, _checked_tokens, _extra_keys_per_block)
 
 # %% auto #0
-__all__ = ['BEHAVIORS', 'Request', 'cdiv', 'KVCacheManager']
+__all__ = ['BEHAVIORS', 'Request', 'cdiv', 'KVCacheManager', 'update_block_hashes', 'longest_cache_hit']
 
 # %% ../nbs/04_kv_cache_manager.ipynb #85d3d1b3
 class _naming_request:
@@ -166,14 +166,29 @@ def _checked_request(self: KVCacheManager, request: Request) -> Request:
     return request
 
 # %% ../nbs/04_kv_cache_manager.ipynb #fd774a60
-@patch
-def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
-    "The request's full-block hashes, brought up to date (only new full blocks are hashed)."
-    if len(request.block_hashes) < len(request.all_token_ids) // self.block_size:
+def update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
+    "The request's hashes every `block_size` tokens, brought up to date (only newly full blocks are hashed)."
+    if len(request.block_hashes) < len(request.all_token_ids) // block_size:
         request.block_hashes = hash_request_tokens(
-            request.all_token_ids, self.block_size, self.hash_algo, cache_salt=request.cache_salt,
+            request.all_token_ids, block_size, hash_algo, cache_salt=request.cache_salt,
             lora=request.lora_request, mm_items=request.mm_items, known_hashes=request.block_hashes)
     return request.block_hashes
+
+@patch
+def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
+    "The request's full-block hashes, brought up to date."
+    return update_block_hashes(request, self.block_size, self.hash_algo)
+
+# %% ../nbs/04_kv_cache_manager.ipynb #5e7d2c01
+def longest_cache_hit(get_cached: Callable[[bytes], object | None],  # a block hash -> what is cached for it, or None
+                      block_hashes: Sequence[bytes]) -> list:
+    "What `get_cached` finds for each hash in turn, up to the first miss: the longest cached prefix, left to right."
+    hits = []
+    for block_hash in block_hashes:
+        found = get_cached(block_hash)
+        if found is None: break
+        hits.append(found)
+    return hits
 
 # %% ../nbs/04_kv_cache_manager.ipynb #4c07ee93
 @patch
@@ -182,11 +197,8 @@ def get_computed_blocks(self: KVCacheManager, request: Request) -> tuple[list[KV
     self._checked_request(request)
     if not self.enable_caching: return [], 0
     max_hit_blocks = (len(request.all_token_ids) - 1) // self.block_size
-    hits, get_one_block = [], self.block_pool.cached_block_hash_to_block.get_one_block  # the pool's map, read directly
-    for block_hash in self._block_hashes(request)[:max_hit_blocks]:
-        block = get_one_block(block_hash)
-        if block is None: break
-        hits.append(block)
+    get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block  # the pool's map, read directly
+    hits = longest_cache_hit(get_one_block, self._block_hashes(request)[:max_hit_blocks])
     return hits, len(hits) * self.block_size
 
 # %% ../nbs/04_kv_cache_manager.ipynb #7af1a3ce

@@ -1,11 +1,15 @@
 """Hybrid KV cache groups: every recorded vLLM 0.33 hybrid trace decision by decision, and the single-group case of
-the hybrid machinery against the KV cache manager on every single-group trace."""
+the hybrid machinery against the KV cache manager on every single-group trace and on random workloads."""
 import json
+import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridTraceReplayer, replay_hybrid
+from kvref.free_queue import block_ids
+from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, HybridTraceReplayer, replay_hybrid
+from kvref.kv_cache_manager import KVCacheManager, Request
 
 ROOT = Path(__file__).resolve().parent.parent / "golden"
 ATTENTION = sorted(p for p in (ROOT / "hybrid").glob("*.jsonl") if not p.name.endswith(".vllm.jsonl"))
@@ -51,3 +55,53 @@ def test_one_full_attention_group_is_the_kv_cache_manager(trace):
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         g = {k: (v[0] if k == "block_ids" else v) for k, v in g.items() if k != "shared_prefix_boundary"}
         assert g == w, f"op {i}: {ops[i]}"
+
+
+def random_ops(seed: int, n: int = 150) -> list[tuple[str, int, int]]:
+    "A random workload: mostly adds and schedules, with appends, preemptions, frees and the odd prefix-cache reset."
+    rng = random.Random(seed)
+    kinds = rng.choices(["add", "schedule", "append", "preempt", "free", "reset"], [3, 8, 4, 1, 2, 0.2], k=n)
+    return [(kind, rng.randrange(60), rng.randrange(1, 25)) for kind in kinds]
+
+
+@settings(max_examples=150)
+@given(seed=st.integers(0, 2**32 - 1), num_blocks=st.integers(2, 40), block_size=st.sampled_from([1, 2, 4, 8]))
+def test_one_full_attention_group_decides_like_the_kv_cache_manager(seed, num_blocks, block_size):
+    "Random workloads in lockstep: every hit, refusal, new block, block table and the free queue after every op agree."
+    single = KVCacheManager(num_blocks, block_size, max_model_len=65536)
+    one = HybridKVCacheManager([FullAttentionSpec(block_size)], num_blocks)
+    requests, running = {}, set()  # request id -> (single's Request, the hybrid manager's HybridRequest)
+    for n, (kind, a, b) in enumerate(random_ops(seed)):
+        live = sorted(requests)
+        if kind == "add":
+            rid = f"r{n}"
+            prompt = [a % 4 * 7 + i % 5 for i in range(b + a % 17)]  # four stems, so lookups hit
+            requests[rid] = (Request(rid, prompt), HybridRequest(rid, prompt))
+        elif kind == "schedule" and live:
+            rid = live[a % len(live)]
+            (r1, r2), waiting = requests[rid], rid not in running
+            h1, n1 = single.get_computed_blocks(r1) if waiting else ([], 0)
+            h2, n2, _ = one.get_computed_blocks(r2) if waiting else ([[]], 0, 0)
+            assert n1 == n2 and block_ids(h1) == block_ids(h2[0]), f"{rid}: hits"
+            num_new = min(r1.num_tokens - r1.num_computed_tokens - n1, b)
+            if num_new <= 0: continue
+            new1, new2 = single.allocate_slots(r1, num_new, n1, h1), one.allocate_slots(r2, num_new, n2, h2)
+            assert (new1 is None) == (new2 is None), f"{rid}: refusal"
+            if new1 is not None:
+                assert block_ids(new1) == block_ids(new2[0]), f"{rid}: new blocks"
+                for r in (r1, r2): r.num_computed_tokens += n1 + num_new
+                running.add(rid)
+        elif kind == "append" and running:
+            rid = sorted(running)[a % len(running)]
+            for r in requests[rid]:
+                if r.num_computed_tokens == r.num_tokens: r.append_output_token_ids(b)
+        elif kind in ("preempt", "free") and live:
+            rid = live[a % len(live)]
+            single.free(requests[rid][0]); one.free(requests[rid][1]); running.discard(rid)
+            if kind == "free": del requests[rid]
+            else:
+                for r in requests[rid]: r.num_computed_tokens = 0
+        elif kind == "reset":
+            assert single.reset_prefix_cache() == one.reset_prefix_cache()
+        for rid in requests: assert [single.get_block_ids(rid)] == one.get_block_ids(rid), f"{rid}: table"
+        assert single.get_free_queue_ids() == one.get_free_queue_ids(), f"after {kind}: free queue"
