@@ -14,13 +14,13 @@ import kvref
 from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens)
 from .kv_cache_manager import BEHAVIORS
-from .replay import (MAX_LINE_CHARS, TRACE_FORMAT_VERSION, Divergence, TraceReplayer, list_vectors,
-                          load_decisions, load_trace, read_jsonl, replay_lockstep, vector_path)
+from .replay import (TRACE_FORMAT_VERSION, Divergence, TraceReplayer, list_vectors, load_decisions, load_trace,
+                          replay_lockstep, vector_path)
 from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, load_release_trace,
                             profile_for_version, release_block_hashes, release_event_block_hashes)
-from .conformance import FIELDS, check, load_adapter, shrink
-from .hybrid import HybridTraceReplayer
-import kvref.mamba  # registers the Mamba group kind with the hybrid manager
+from .conformance import check, check_recorded, load_adapter, shrink
+from .hybrid_replay import (HybridReference, hybrid_replay_stats, is_hybrid_file, load_hybrid_trace,
+                                 write_hybrid_svgs)
 from .kv_events import HASH_FORMS
 from .pictures import progress, write_svgs
 from .workloads import replay_stats
@@ -28,10 +28,9 @@ from .workloads import replay_stats
 # %% auto #0
 __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
            'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
-           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_hybrid_trace',
-           'load_trace_for_cli', 'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs',
-           'thinking_budget_main', 'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'vectors_main',
-           'main']
+           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
+           'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
+           'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -246,14 +245,6 @@ def hash_main(argv: list[str] | None = None) -> int:
 # %% ../nbs/12_cli.ipynb #e6a376bd
 MAX_NUM_BLOCKS = 1 << 20  # the largest pool `replay` and `check` build: kvref allocates every block up front
 
-def load_hybrid_trace(path: str) -> list[dict]:
-    "The ops of a hybrid trace file (its config's `groups` checked by the hybrid replayer when applied)."
-    ops = [op for _, op in read_jsonl(path)]
-    if not ops or not isinstance(ops[0], dict) or ops[0].get("op") != "config":
-        raise ValueError(f"{path}: the first line must be a 'config' op")
-    if not all(isinstance(op, dict) for op in ops): raise ValueError(f"{path}: every line must be a JSON object")
-    return ops
-
 # %% ../nbs/12_cli.ipynb #214977b1
 def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace) -> list[dict]:
     "`load(path)` (a trace loader), refusing a pool larger than `MAX_NUM_BLOCKS`."
@@ -264,14 +255,6 @@ def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace
         raise ValueError(f"{path}: config: num_blocks {ops[0]['num_blocks']} is above the command line's limit of "
                          f"{MAX_NUM_BLOCKS} (kvref builds every block up front)")
     return ops
-
-# %% ../nbs/12_cli.ipynb #81387204
-def _is_hybrid(path: str) -> bool:
-    "Whether a trace file's config op describes KV cache groups (the hybrid format) rather than one block size."
-    with open(path, encoding="utf-8") as f: first = f.readline(MAX_LINE_CHARS + 1)
-    try: config = parse_json(first, path)
-    except ValueError: return False  # not JSON, or nested too deeply: the trace loader names the problem
-    return isinstance(config, dict) and "groups" in config
 
 # %% ../nbs/12_cli.ipynb #94f23a89
 def _replay_parser() -> CommandParser:
@@ -285,17 +268,20 @@ def _replay_parser() -> CommandParser:
     parser.add_argument("--strict", action="store_true", help="freeing an unknown or already freed request is an error")
     parser.add_argument("--format", type=int, choices=(1, 2), help="decisions' format (default: the trace's)")
     parser.add_argument("--free-queue-every", type=int_arg(1), metavar="K", help="format 2: the whole free queue every K ops")
-    parser.add_argument("--stats", action="store_true", help="print hit rates, evictions, refusals, preemptions, peak usage")
-    parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (needs matplotlib)")
+    parser.add_argument("--stats", action="store_true", help="print hit rates, evictions, refusals, preemptions, peak usage "
+                        "(and each KV cache group's blocks, for a hybrid trace)")
+    parser.add_argument("--svg", metavar="OUTDIR", help="draw every op as an SVG picture in OUTDIR (single-group traces "
+                        "need matplotlib; a hybrid trace's pictures show each group's table)")
     return parser
 
 # %% ../nbs/12_cli.ipynb #a8cf54ff
 def _decider(args, hybrid: bool) -> Callable[[dict], dict]:
     "What decides each op: kvref's allocator in `--behavior`, a hybrid trace's groups, or release `--vllm-version`'s."
     if hybrid:
-        if args.behavior != "vllm_0_33" or args.vllm_version or args.format or args.free_queue_every or args.stats or args.svg:
-            raise ValueError("a hybrid trace (config with 'groups') replays as vLLM 0.33 does, in format 1, without --stats or --svg")
-        return HybridTraceReplayer().apply
+        given = [name for name, on in (("--behavior", args.behavior != "vllm_0_33"), ("--vllm-version", args.vllm_version),
+                 ("--format", args.format == 2), ("--free-queue-every", args.free_queue_every), ("--strict", args.strict)) if on]
+        if given: raise ValueError(f"{given[0]} does not apply to a hybrid trace (config with 'groups'): it replays as vLLM 0.33 does, in format 1")
+        return HybridReference().apply
     if args.vllm_version is None:
         return TraceReplayer(args.behavior, args.strict, version=args.format, free_queue_every=args.free_queue_every).apply
     if args.behavior != "vllm_0_33" or args.format or args.free_queue_every:
@@ -307,7 +293,7 @@ def _decider(args, hybrid: bool) -> Callable[[dict], dict]:
 def replay_main(argv: list[str] | None = None) -> int:
     "`kvref replay TRACE.jsonl [--behavior B | --vllm-version V] [--expect D.jsonl] [--stats] [--svg DIR]`; the exit status."
     args = _replay_parser().parse_args(argv)
-    hybrid = _is_hybrid(args.trace)
+    hybrid = is_hybrid_file(args.trace)
     decide, keep = _decider(args, hybrid), args.stats or args.svg
     if keep and args.format == 2: raise ValueError("--stats and --svg read format 1 decisions: drop --format 2")
     load = load_hybrid_trace if hybrid else load_release_trace if args.vllm_version else load_trace
@@ -325,9 +311,9 @@ def replay_main(argv: list[str] | None = None) -> int:
     if lock is not None:
         if len(expected) > len(ops): print(Divergence(len(ops), None, expected[len(ops)], None, [], ops).report()); return 1
         print(f"kvref replay: all {len(ops)} decisions match ({args.vllm_version or args.behavior})")
-    if args.stats: print(replay_stats(ops, decisions).report())
+    if args.stats: print((hybrid_replay_stats(ops) if hybrid else replay_stats(ops, decisions)).report())
     if args.svg:
-        try: written = write_svgs(ops, decisions, args.svg)
+        try: written = write_hybrid_svgs(ops, args.svg) if hybrid else write_svgs(ops, decisions, args.svg)
         except ImportError: raise ValueError("--svg needs matplotlib (pip install 'kvref[pictures]')") from None
         print(f"kvref replay: wrote {len(written)} pictures to {args.svg}")
     return 0
@@ -335,12 +321,13 @@ def replay_main(argv: list[str] | None = None) -> int:
 # %% ../nbs/12_cli.ipynb #465bfe11
 def _check_parser() -> CommandParser:
     "The options of `kvref check`."
-    p = CommandParser(prog="kvref check", description="Check an engine's allocator against kvref, op by op.")
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="allocator traces (JSONL)")
-    p.add_argument("--adapter", required=True, help="module:factory or path/to/file.py:factory; factory(config dict) -> AllocatorAdapter")
+    p = CommandParser(prog="kvref check", description="Check an engine's allocator, or recorded decisions, against kvref, op by op.")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="allocator traces (JSONL; single-group or hybrid)")
+    p.add_argument("--adapter", help="module:factory or path/to/file.py:factory; factory(config dict) -> AllocatorAdapter")
+    p.add_argument("--expect", action="append", metavar="DECISIONS.jsonl", help="recorded decisions instead of an adapter (one per trace, in order)")
     p.add_argument("--behavior", default="vllm_0_33", choices=["vllm_0_33", "design_doc"])
-    p.add_argument("--fields", default=",".join(FIELDS), help="comma-separated decision fields to compare")
-    p.add_argument("--out", default=".", help="existing folder for minimal diverging traces (default: .)")
+    p.add_argument("--fields", help="comma-separated decision fields to compare (default: all)")
+    p.add_argument("--out", help="existing folder for minimal diverging traces (default: .)")
     p.add_argument("--free-queue-every", type=int_arg(1), metavar="K", help="compare whole free queues every K ops")
     p.add_argument("--traceback", action="store_true", help="show the traceback of an adapter module that fails to import")
     return p
@@ -353,25 +340,47 @@ def _out_folder(out: str) -> Path:
     return Path(out)
 
 # %% ../nbs/12_cli.ipynb #bd08abb1
+def _fields_arg(text: str | None) -> list[str] | None:
+    "`--fields a,b` as a list (None: not given, compare every field)."
+    if text is None: return None
+    fields = [f.strip() for f in text.split(",") if f.strip()]
+    if not fields: raise ValueError(f"--fields {text!r} names no field: nothing would be compared")
+    return fields
+
+def _check_runs(ns) -> list[tuple[str, list[dict], list[dict] | None]]:
+    "Each trace with its `--expect` decisions (None: checked against the adapter), all read before any runs."
+    if (ns.adapter is None) == (not ns.expect): raise ValueError("give --adapter (an engine to check) or --expect (recorded decisions), one of the two")
+    if ns.expect and len(ns.expect) != len(ns.traces):
+        raise ValueError(f"--expect gives {len(ns.expect)} decisions files for {len(ns.traces)} traces: give one per trace, in order")
+    if ns.expect and (ns.out or ns.free_queue_every): raise ValueError("--out and --free-queue-every go with --adapter, not --expect")
+    expected = [load_decisions(path) for path in ns.expect or ()]
+    if empty := next((path for path, d in zip(ns.expect or (), expected) if not d), None): raise ValueError(f"{empty}: no decisions, nothing to compare")
+    ops = [load_trace_for_cli(t, load_hybrid_trace if is_hybrid_file(t) else load_trace) for t in ns.traces]
+    return list(zip(ns.traces, ops, expected or [None] * len(ops)))
+
+# %% ../nbs/12_cli.ipynb #6ecf92d5
 @subcommand("kvref check")
 def check_main(argv: list[str] | None = None) -> int:
     "`kvref check`: 0 if every trace conforms, 1 if one diverged (minimal traces written), 2 on bad input."
     ns = _check_parser().parse_args(argv)
-    fields = [f.strip() for f in ns.fields.split(",") if f.strip()]
-    if not fields: raise ValueError(f"--fields {ns.fields!r} names no field: nothing would be compared")
-    if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
-    out, traces = _out_folder(ns.out), {t: load_trace_for_cli(t) for t in ns.traces}
-    try: factory, status = load_adapter(ns.adapter), 0
+    fields, runs = _fields_arg(ns.fields), _check_runs(ns)
+    out = _out_folder(ns.out or ".") if ns.adapter else None
+    try: factory, status = (load_adapter(ns.adapter) if ns.adapter else None), 0
     except ValueError as e:
         if ns.traceback and e.__cause__ is not None: traceback.print_exception(e.__cause__)
         raise
-    for path, ops in traces.items():
-        try: d = check(factory, ops, ns.behavior, fields, ns.free_queue_every)
+    found = []
+    for path, ops, expected in runs:  # every check first: a refused one (exit 2) writes nothing
+        try: found.append(check(factory, ops, ns.behavior, fields, ns.free_queue_every) if expected is None
+                          else check_recorded(expected, ops, ns.behavior, fields))
         except ValueError as e: raise ValueError(f"{path}: {e}") from None
+    for (path, ops, expected), d in zip(runs, found):
         if d is None: print(f"{path}: conforms ({len(ops)} ops)"); continue
+        status = 1
+        if expected is not None: print(f"{path}: {d.report()}"); continue
         minimal, target = shrink(factory, ops, ns.behavior, fields), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
         target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
-        print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}"); status = 1
+        print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}")
     return status
 
 # %% ../nbs/12_cli.ipynb #022a7511
@@ -674,7 +683,7 @@ def vectors_main(argv: list[str] | None = None) -> int:
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "hash":      (hash_main, "hash token ids into vLLM block hashes; verify vector files"),
     "replay":    (replay_main, "replay an allocator trace and print kvref's decisions"),
-    "check":     (check_main, "check another engine's allocator against kvref in lockstep"),
+    "check":     (check_main, "check another engine's allocator, or recorded decisions, against kvref in lockstep"),
     "cudagraph": (cudagraph_main, "resolve a CUDA graph mode and show which graph runs each batch"),
     "thinking-budget": (thinking_budget_main, "thinking-budget forcings for one step; --check recorded greedy runs"),
     "convert":   (convert_main, "convert a production request log (Mooncake format) to a kvref trace"),

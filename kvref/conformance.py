@@ -14,10 +14,13 @@ from fastcore.basics import patch
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from .kv_cache_manager import KVCacheManager
 from .replay import (FIELDS, AllocatorAdapter, Divergence, KVRefAdapter, Lockstep, Protocol1, TraceDriver,
-                          TraceReplayer, kvref_factory, load_trace)
+                          TraceReplayer, kvref_factory, load_decisions, load_trace, replay_lockstep)
+from .hybrid_replay import (HYBRID_FIELDS, HybridReference, HybridTraceDriver, KVRefHybridAdapter, is_hybrid,
+                                 is_hybrid_file, load_hybrid_trace)
 
 # %% auto #0
-__all__ = ['OP_MIX', 'check', 'shrink', 'ConformanceMachine', 'conformance_machine', 'load_adapter']
+__all__ = ['OP_MIX', 'decision_fields', 'check', 'check_recorded', 'shrink', 'ConformanceMachine', 'conformance_machine',
+           'load_adapter']
 
 # %% ../nbs/07_conformance.ipynb #0dc05355
 def _as_factory(adapter) -> Callable[[dict], AllocatorAdapter]:
@@ -26,7 +29,16 @@ def _as_factory(adapter) -> Callable[[dict], AllocatorAdapter]:
     raise TypeError(f"adapter must be a factory (config dict -> AllocatorAdapter), got {type(adapter).__name__}")
 
 def _ops(trace) -> list[dict]:
-    return load_trace(trace) if isinstance(trace, (str, Path)) else list(trace)
+    "A trace's ops: a list as given, or a file read by its format's reader (single-group or hybrid)."
+    if not isinstance(trace, (str, Path)): return list(trace)
+    return load_hybrid_trace(trace) if is_hybrid_file(trace) else load_trace(trace)
+
+def decision_fields(fields: Iterable[str] | None, hybrid: bool) -> list[str]:
+    "The decision fields to compare (None: every field of the trace's format); a field the format lacks is refused."
+    known = HYBRID_FIELDS if hybrid else FIELDS
+    fields = list(known if fields is None else fields)
+    if unknown := set(fields) - set(known): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {known}")
+    return fields
 
 # %% ../nbs/07_conformance.ipynb #f867e38e
 def _queue_every(ops: list[dict], free_queue_every: int | None) -> int:
@@ -34,16 +46,18 @@ def _queue_every(ops: list[dict], free_queue_every: int | None) -> int:
     num_blocks = ops[0].get("num_blocks", 1) if ops else 1
     return free_queue_every or (1 if num_blocks <= 64 else num_blocks)
 
-def _sides(factory, behavior: str, fields, every: int) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
-    "kvref and the engine, each a format 2 driver, stepped in lockstep."
-    ref = TraceReplayer(behavior, version=2, free_queue_every=every)
-    engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
+def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
+    "kvref and the engine stepped in lockstep: format 2 drivers, or a hybrid trace's reference and driver (format 1)."
+    if hybrid: ref, engine = HybridReference(behavior), HybridTraceDriver(factory, validate=False)
+    else:
+        ref = TraceReplayer(behavior, version=2, free_queue_every=every)
+        engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
     return ref, engine, Lockstep(ref.apply, engine.apply, fields)
 
 # %% ../nbs/07_conformance.ipynb #8bd32e23
-def _tables_before(ops: list[dict], behavior: str) -> dict[str, list[int]]:
-    "kvref's block tables after `ops` (replayed again, only to report a divergence)."
-    ref = TraceReplayer(behavior, version=2)
+def _tables_before(ops: list[dict], behavior: str, hybrid: bool = False) -> dict[str, list]:
+    "kvref's block tables after `ops` (replayed again, only to report a divergence; a hybrid trace's: one per group)."
+    ref = HybridReference(behavior) if hybrid else TraceReplayer(behavior, version=2)
     for op in ops: ref.apply(op)
     return {r: ref.manager.get_block_ids(r) for r in ref.requests} if ref.manager else {}
 
@@ -54,22 +68,43 @@ def _queues_differ(ref: TraceReplayer, engine: TraceDriver, fields: list[str]) -
 
 # %% ../nbs/07_conformance.ipynb #e3da2eec
 def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -> the engine's adapter
-          trace: Iterable[dict] | str | Path,  # ops, or a JSONL trace file
+          trace: Iterable[dict] | str | Path,  # ops, or a JSONL trace file (single-group or hybrid)
           behavior: str = "vllm_0_33",  # kvref behaviour to hold the adapter to
-          fields: Iterable[str] = FIELDS,  # decision fields to compare
+          fields: Iterable[str] | None = None,  # decision fields to compare (None: all of the trace's format)
           free_queue_every: int | None = None,  # compare whole free queues every this many ops (None: see above)
           ) -> Divergence | None:
     "Run kvref and `adapter` over `trace` in lockstep; the first divergence, or None if every decision matches."
-    factory, ops, fields = _as_factory(adapter), _ops(trace), list(fields)
-    if unknown := set(fields) - set(FIELDS): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
-    every = _queue_every(ops, free_queue_every)
-    ref, engine, lock = _sides(factory, behavior, fields, every)
+    factory, ops = _as_factory(adapter), _ops(trace)
+    hybrid = bool(ops) and is_hybrid(ops[0])
+    fields = decision_fields(fields, hybrid)
+    if hybrid and free_queue_every not in (None, 1):
+        raise ValueError("free_queue_every does not apply to a hybrid trace: its decisions carry the whole free queue every op")
+    every = 1 if hybrid else _queue_every(ops, free_queue_every)
+    ref, engine, lock = _sides(factory, behavior, fields, every, hybrid)
     for op in ops:
         if (d := lock.apply(op)) is None: continue
         if every > 1 and "free_queue" in d.fields: return check(factory, d.trace, behavior, fields, 1)
-        d.tables = _tables_before(d.trace[:-1], behavior)
+        d.tables = _tables_before(d.trace[:-1], behavior, hybrid)
         return d
     return check(factory, ops, behavior, fields, 1) if every > 1 and _queues_differ(ref, engine, fields) else None
+
+# %% ../nbs/07_conformance.ipynb #2a4bd0ca
+def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions, or their JSONL file
+                   trace: Iterable[dict] | str | Path,  # ops, or a JSONL trace file (single-group or hybrid)
+                   behavior: str = "vllm_0_33",  # kvref behaviour to replay in
+                   fields: Iterable[str] | None = None,  # decision fields to compare (None: whole decisions)
+                  ) -> Divergence | None:
+    "Recorded `decisions` against kvref's replay of `trace`; the first divergence, or None if every decision matches."
+    ops = _ops(trace)
+    decisions = load_decisions(decisions) if isinstance(decisions, (str, Path)) else list(decisions)
+    if (bad := next((i for i, d in enumerate(decisions) if not isinstance(d, dict) or "op" not in d), None)) is not None:
+        raise ValueError(f"decision {bad} must be a JSON object with an 'op' field, got {decisions[bad]!r:.60}")
+    hybrid = bool(ops) and is_hybrid(ops[0])
+    ref = HybridReference(behavior) if hybrid else TraceReplayer(behavior)
+    lock = replay_lockstep(decisions, decide=ref.apply, fields=None if fields is None else decision_fields(fields, hybrid))
+    for op in ops:
+        if (d := lock.apply(op)) is not None: d.tables = _tables_before(d.trace[:-1], behavior, hybrid); return d
+    return Divergence(len(ops), None, decisions[len(ops)], None, [], ops) if len(decisions) > len(ops) else None
 
 # %% ../nbs/07_conformance.ipynb #1a2bb6d9
 def _signature(d: Divergence | None):
@@ -104,10 +139,11 @@ def _without_runs(ops: list[dict], attempt: Callable) -> list[dict]:
 def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `check`
            trace: Iterable[dict] | str | Path,  # a trace on which `adapter` diverges
            behavior: str = "vllm_0_33",  # as for `check`
-           fields: Iterable[str] = FIELDS,  # as for `check`
+           fields: Iterable[str] | None = None,  # as for `check`
            ) -> list[dict]:
     "A short trace (config first) on which `adapter` still diverges from kvref the same way as on `trace`."
-    fields, first = list(fields), check(adapter, trace, behavior, list(fields))
+    fields = None if fields is None else list(fields)
+    first = check(adapter, trace, behavior, fields)
     if first is None: raise ValueError("the adapter does not diverge on this trace: nothing to shrink")
     target = _signature(first)
     def attempt(candidate):

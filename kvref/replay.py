@@ -425,12 +425,14 @@ def read_jsonl(path: str | Path) -> list[tuple[int, object]]:
     return out
 
 # %% ../nbs/05_replay.ipynb #98c76e9b
-def load_trace(path: str | Path) -> list[dict]:
+def load_trace(path: str | Path,
+               validate: Callable[[object, int], dict] = validate_op,  # checks one op (a format's own checker)
+              ) -> list[dict]:
     "The validated ops of a trace file: a `config` op first, then the others."
     ops, version = [], 1
     for lineno, op in read_jsonl(path):
         try:
-            validate_op(op, version)
+            validate(op, version)
             if (op["op"] == "config") != (not ops):
                 raise ValueError("the first op must be 'config', and only the first")
         except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None
@@ -520,9 +522,24 @@ def recorded(decisions: Iterable[dict]) -> Callable[[dict], dict | None]:
 
 def replay_lockstep(decisions: Iterable[dict], behavior: str = "vllm_0_33", strict: bool = False,
                     decide: Callable[[dict], dict] | None = None,  # op -> decision (None: kvref's replay in `behavior`)
+                    fields: Iterable[str] | None = None,  # fields compared (None: whole decisions)
                    ) -> Lockstep:
     "Recorded decisions against a replay, as `kvref replay --expect` runs them (the replay's errors raise)."
-    return Lockstep(recorded(decisions), decide or TraceReplayer(behavior, strict).apply, catch=())
+    return Lockstep(recorded(decisions), decide or TraceReplayer(behavior, strict).apply, fields, catch=())
+
+# %% ../nbs/05_replay.ipynb #a8a4bb83
+def _field_lines(name: str, expected, got, config: dict) -> list[str]:
+    "One differing field as report lines; a hybrid trace's `block_ids` group by group, only the groups that differ."
+    groups = config.get("groups")
+    if name != "block_ids" or not isinstance(groups, list) or not all(
+            isinstance(v, list) and len(v) == len(groups) for v in (expected, got)):
+        return [f"  {name}:", f"    expected {json.dumps(expected)}", f"    got      {json.dumps(got)}"]
+    lines = [f"  {name}:"]
+    for g, (want, have) in enumerate(zip(expected, got)):
+        if want == have: continue
+        kind = groups[g].get("kind") if isinstance(groups[g], dict) else None
+        lines += [f"    group {g} ({kind}):", f"      expected {json.dumps(want)}", f"      got      {json.dumps(have)}"]
+    return lines
 
 # %% ../nbs/05_replay.ipynb #81a0f042
 @patch
@@ -534,9 +551,8 @@ def report(self: Divergence) -> str:
         return (f"the adapter raised at {where}: {json.dumps(self.op)}\n  kvref decided {json.dumps(self.expected)}\n"
                 + "\n".join("  " + line for line in self.error.splitlines()))
     lines = [f"diverged at {where}: {json.dumps(self.op)}"]
-    for f in self.fields:
-        lines += [f"  {f}:", f"    expected {json.dumps((self.expected or {}).get(f))}",
-                  f"    got      {json.dumps((self.got or {}).get(f))}"]
+    config = self.trace[0] if self.trace and isinstance(self.trace[0], dict) else {}
+    for f in self.fields: lines += _field_lines(f, (self.expected or {}).get(f), (self.got or {}).get(f), config)
     if self.tables: lines.append("  kvref's block tables before the op: " + ", ".join(f"{r}={t}" for r, t in self.tables.items()))
     return "\n".join(lines)
 

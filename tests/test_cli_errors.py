@@ -27,6 +27,16 @@ VECTORS = ROOT / "golden" / "hashing" / "vllm-0.33-block-hashes.json"
 NANO = "kvref.nano:NanoAdapter"
 DEEP = "[" * 100_000 + "]" * 100_000
 CONFIG = '{"op": "config", "num_blocks": 8, "block_size": 4}\n'
+HYBRID = str(ROOT / "golden" / "hybrid" / "hybrid-gpt-oss-11-1.jsonl")
+HYBRID_DECISIONS = str(ROOT / "golden" / "hybrid" / "hybrid-gpt-oss-11-1.vllm.jsonl")
+HYBRID_ADAPTER = "kvref.hybrid_replay:KVRefHybridAdapter"
+
+
+def _hybrid(*ops: dict, **groups) -> str:
+    "A hybrid trace: a sliding-window and a full-attention group (fields of group 0 overridden by `groups`), then `ops`."
+    sliding = {"kind": "sliding_window", "block_size": 2, "sliding_window": 8, **groups}
+    config = {"op": "config", "groups": [sliding, {"kind": "full", "block_size": 2}], "num_blocks": 16}
+    return "".join(json.dumps(op) + "\n" for op in (config, *ops))
 
 
 def _vectors(**change) -> str:
@@ -97,6 +107,48 @@ BAD = [  # (files, argv, piece of the stderr line)
     ({}, ["check", TRACE, "--adapter", "no_such_engine_mod:X"], "(is its folder on PYTHONPATH?)"),
     ({}, ["check", TRACE, "--adapter", NANO, "--out", "/proc/nope"], "--out /proc/nope: not an existing folder"),
     ({"x.txt": "keep"}, ["check", TRACE, "--adapter", NANO, "--out", "{f}/x.txt"], "x.txt: not an existing folder"),
+    # hybrid traces (issue 16): options that do not apply, malformed groups and ops, check's pairing
+    ({}, ["replay", HYBRID, "--vllm-version", "0.9.2"], "--vllm-version does not apply to a hybrid trace (config with 'groups')"),
+    ({}, ["replay", HYBRID, "--behavior", "design_doc"], "--behavior does not apply to a hybrid trace"),
+    ({}, ["replay", HYBRID, "--format", "2"], "--format does not apply to a hybrid trace"),
+    ({}, ["replay", HYBRID, "--free-queue-every", "3"], "--free-queue-every does not apply to a hybrid trace"),
+    ({}, ["replay", HYBRID, "--strict"], "--strict does not apply to a hybrid trace"),
+    ({"t.jsonl": _hybrid(kind="linear")}, ["replay", "{f}/t.jsonl"],
+     "t.jsonl, line 1: groups[0].kind must be one of 'full', 'sliding_window', 'chunked_local', 'mamba', got 'linear'"),
+    ({"t.jsonl": _hybrid(kind="linear")}, ["check", "{f}/t.jsonl", "--adapter", HYBRID_ADAPTER], "t.jsonl, line 1: groups[0].kind"),
+    ({"t.jsonl": _hybrid(sliding_window=0)}, ["replay", "{f}/t.jsonl"], "t.jsonl, line 1: groups[0].sliding_window must be"),
+    ({"t.jsonl": _hybrid().replace('"num_blocks": 16', '"num_blocks": 16, "prefix_match_unit": 3')}, ["replay", "{f}/t.jsonl", "--stats"],
+     "op 0: prefix_match_unit=3 must divide every block size, got [2, 2]"),
+    ({"t.jsonl": _hybrid(kind="mamba", sliding_window=None, mamba_cache_mode="all")}, ["replay", "{f}/t.jsonl"],
+     "has unknown field 'sliding_window' for kind 'mamba'"),
+    ({"t.jsonl": _hybrid(kind="mamba", mamba_cache_mode="all")}, ["replay", "{f}/t.jsonl"], "groups[0]"),
+    ({"t.jsonl": _hybrid().replace('"num_blocks": 16', '"num_blocks": 16, "block_size": 2')}, ["replay", "{f}/t.jsonl"],
+     "line 1: op 'config' has unknown field 'block_size'"),
+    ({"t.jsonl": _hybrid().replace('"num_blocks": 16', '"num_blocks": 16, "max_model_len": 1')}, ["replay", "{f}/t.jsonl"],
+     "op 0: the block sizes [2, 2] have lcm 2 (the scheduler block size) but max_model_len is 1"),
+    ({"t.jsonl": _hybrid().replace('"num_blocks": 16', '"num_blocks": 10000000')}, ["replay", "{f}/t.jsonl"],
+     "num_blocks 10000000 is above the command line's limit"),
+    ({"t.jsonl": _hybrid({"op": "add", "id": "a", "prompt": [1, 2]}, {"op": "append", "id": "a"})}, ["replay", "{f}/t.jsonl"],
+     "t.jsonl, line 3: op 'append' is missing field 'tokens'"),
+    ({"t.jsonl": _hybrid({"op": "new_step", "id": "a"})}, ["check", "{f}/t.jsonl", "--adapter", HYBRID_ADAPTER],
+     "line 2: op 'new_step' has unknown field 'id'"),
+    ({"t.jsonl": _hybrid({"op": "add", "id": "a", "prompt": [1, 2]}, {"op": "schedule", "id": "a", "num_lookahead_tokens": 1})},
+     ["replay", "{f}/t.jsonl"], "line 3: op 'schedule': hybrid traces have no num_lookahead_tokens"),
+    ({"t.jsonl": _hybrid({"op": "frobnicate"})}, ["replay", "{f}/t.jsonl"], "line 2: unknown op 'frobnicate'; valid hybrid ops"),
+    ({"t.jsonl": _hybrid({"op": "schedule", "id": "ghost"})}, ["replay", "{f}/t.jsonl", "--stats"], "op 1: op 'schedule': unknown request 'ghost'"),
+    ({}, ["check", HYBRID, "--adapter", HYBRID_ADAPTER, "--behavior", "design_doc"],
+     "hybrid-gpt-oss-11-1.jsonl: hybrid traces replay as vLLM 0.33 does: behavior 'design_doc' does not apply to them"),
+    ({}, ["check", HYBRID, "--expect", HYBRID_DECISIONS, "--behavior", "design_doc"], "behavior 'design_doc' does not apply"),
+    ({}, ["check", HYBRID, "--adapter", HYBRID_ADAPTER, "--free-queue-every", "5"], "free_queue_every does not apply to a hybrid trace"),
+    ({}, ["check", HYBRID, "--adapter", HYBRID_ADAPTER, "--fields", "taken"], "unknown fields ['taken']; choose from ('hit_tokens'"),
+    ({}, ["check", TRACE, "--adapter", NANO, "--fields", "copies"], "unknown fields ['copies']; choose from ('hit_tokens'"),
+    ({}, ["check", HYBRID], "give --adapter (an engine to check) or --expect (recorded decisions), one of the two"),
+    ({}, ["check", HYBRID, "--adapter", HYBRID_ADAPTER, "--expect", HYBRID_DECISIONS], "one of the two"),
+    ({}, ["check", HYBRID, TRACE, "--expect", HYBRID_DECISIONS], "--expect gives 1 decisions files for 2 traces"),
+    ({}, ["check", HYBRID, "--expect", HYBRID_DECISIONS, "--out", "."], "--out and --free-queue-every go with --adapter"),
+    ({"d.jsonl": ""}, ["check", HYBRID, "--expect", "{f}/d.jsonl"], "d.jsonl: no decisions, nothing to compare"),
+    ({"d.jsonl": "[1]\n"}, ["check", HYBRID, "--expect", "{f}/d.jsonl"], "d.jsonl, line 1: a decision must be a JSON object"),
+    ({"x.txt": "keep"}, ["replay", HYBRID, "--svg", "{f}/x.txt"], "x.txt"),
     # thinking budget
     ({"r.json": '{"cases": []}'}, ["thinking-budget", "--check", "{f}/r.json"], "r.json: no runs, nothing to check"),
     ({"r.json": DEEP}, ["thinking-budget", "--check", "{f}/r.json"], "r.json: JSON nested too deeply"),
