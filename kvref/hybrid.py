@@ -7,6 +7,7 @@ Docs: https://kvref.github.io/kvref/hybrid.html.md"""
 # %% ../nbs/04a_hybrid.ipynb #66d1f4d7
 from __future__ import annotations
 import math
+from html import escape
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 from fastcore.basics import patch
@@ -762,7 +763,7 @@ def group_tables_svg(manager: HybridKVCacheManager, request_ids: Sequence[str], 
     width, height = 190 + box * max([len(ids) for _, ids in rows] + [1]), 8 + 30 * len(rows)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" font-size="12">']
     for y, (label, ids) in zip(range(8, height, 30), rows):
-        out.append(f'<text x="4" y="{y + 16}">{label}</text>')
+        out.append(f'<text x="4" y="{y + 16}">{escape(label)}</text>')  # request ids may hold < or &
         for x, b in zip(range(186, width, box), ids):
             fill = "#ddd" if b == 0 else "#cfe3ff"
             out.append(f'<rect x="{x}" y="{y}" width="{box - 2}" height="22" fill="{fill}" stroke="#555"/>'

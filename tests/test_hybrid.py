@@ -105,3 +105,16 @@ def test_one_full_attention_group_decides_like_the_kv_cache_manager(seed, num_bl
             assert single.reset_prefix_cache() == one.reset_prefix_cache()
         for rid in requests: assert [single.get_block_ids(rid)] == one.get_block_ids(rid), f"{rid}: table"
         assert single.get_free_queue_ids() == one.get_free_queue_ids(), f"after {kind}: free queue"
+
+
+def test_group_tables_svg_escapes_request_ids():
+    "A request id holding XML's special characters still gives a well-formed picture that shows it."
+    import xml.etree.ElementTree as ET
+    from kvref.hybrid import SlidingWindowSpec, group_tables_svg
+    manager = HybridKVCacheManager([SlidingWindowSpec(4, sliding_window=8), FullAttentionSpec(4)], 20)
+    rid = 'a<b&"c"'
+    request = HybridRequest(rid, list(range(10)))
+    manager.allocate_slots(request, 10)
+    svg = group_tables_svg(manager, [rid])
+    texts = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    assert any(t.startswith(rid) for t in texts), texts
