@@ -96,15 +96,15 @@ def profile_side(profile, prompts, block_size, algo, extra):
     return lambda: [release_block_hashes(profile, p, block_size, algo, mm_items=m, **kwargs) for p, m in zip(prompts, images)]
 
 
-def profile_table(repeats: int, rng: random.Random) -> None:
+def profile_table(repeats: int, rng: random.Random, args) -> None:
     "A column per release profile: its time over the 0.33 path's, per repetition, median."
     names = list(PROFILES)
     print("\n| algo | block size | prompt tokens | extra keys | 0.33 ns/token | "
           + " | ".join(n.removeprefix("vllm_") for n in names) + " |")
     print("|---|---:|---:|---|---:|" + "---:|" * len(names))
-    for algo in ("sha256", "sha256_cbor", "builtin"):
-        for block_size in BLOCK_SIZES:
-            for num_tokens in PROMPT_TOKENS:
+    for algo in (*args.algos, "builtin"):
+        for block_size in args.block_sizes:
+            for num_tokens in args.prompt_tokens:
                 prompts = [[rng.randrange(200_000) for _ in range(num_tokens)]
                            for _ in range(TOKENS_PER_REPETITION // num_tokens)]
                 for extra in ("", "lora+salt", "lora+salt+mm"):
@@ -126,10 +126,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9, help="interleaved repetitions per case (default 9)")
     parser.add_argument("--profiles-only", action="store_true", help="only the table of release profiles")
+    parser.add_argument("--algos", nargs="+", default=ALGOS, help="only these algorithms (default: sha256 sha256_cbor)")
+    parser.add_argument("--block-sizes", nargs="+", type=int, default=BLOCK_SIZES, help="only these block sizes")
+    parser.add_argument("--prompt-tokens", nargs="+", type=int, default=PROMPT_TOKENS, help="only these prompt lengths")
     args = parser.parse_args()
     if os.environ.get("PYTHONHASHSEED") is not None: raise SystemExit("unset PYTHONHASHSEED: it changes NONE_HASH")
     rng = random.Random(0)
-    if args.profiles_only: return profile_table(args.repeats, rng)
+    if args.profiles_only: return profile_table(args.repeats, rng, args)
     v, why = load_vllm()
     print(f"# Request hashing: kvref vs vLLM {v['version'] if v else '(absent)'}\n")
     print(f"{platform.machine()}, Python {platform.python_version()}, load average "
@@ -138,9 +141,9 @@ def main() -> None:
     if v is None: print(f"vLLM is not importable here ({why}): kvref alone.\n")
     print("| algo | block size | prompt tokens | extra keys | kvref ns/token | vLLM ns/token | kvref / vLLM median (range) |")
     print("|---|---:|---:|---|---:|---:|---|")
-    for algo in ALGOS:
-        for block_size in BLOCK_SIZES:
-            for num_tokens in PROMPT_TOKENS:
+    for algo in args.algos:
+        for block_size in args.block_sizes:
+            for num_tokens in args.prompt_tokens:
                 prompts = [[rng.randrange(200_000) for _ in range(num_tokens)]
                            for _ in range(TOKENS_PER_REPETITION // num_tokens)]
                 for extra in ("", "lora+salt", "lora+salt+mm"):
@@ -160,7 +163,7 @@ def main() -> None:
                         ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
                     print(f"| {algo} | {block_size} | {num_tokens} | {extra or 'none'} | {ns['kvref']} | "
                           f"{ns.get('vLLM', '')} | {ratio} |", flush=True)
-    profile_table(args.repeats, rng)
+    profile_table(args.repeats, rng, args)
 
 
 if __name__ == "__main__":

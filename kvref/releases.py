@@ -314,9 +314,10 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
     request = dict(lora=lora, lora_int_id=lora_int_id, mm_items=items, cache_salt=cache_salt)
     for lo, hi in _chunks(len(known_hashes) * block_size, len(token_ids) // block_size * block_size, block_size):
         keys = _block_keys(profile, block_size, lo // block_size, hi // block_size, prompt_end, **request)
-        tokens, parent = _checked_tokens(token_ids, lo, hi), hashes[-1] if hashes else None
-        if profile.int_hash_value: hashes += _hash_value_chain(hash_fn, none_hash, parent, tokens, block_size, keys)
-        else: hashes += _hash_blocks(algo, none_hash if parent is None else parent, tokens, block_size, keys)
+        parent = hashes[-1] if hashes else None
+        if profile.int_hash_value and algo != "sha256":  # sha256: `_hash_blocks` chains its ints, fast path and all
+            hashes += _hash_value_chain(hash_fn, none_hash, parent, _checked_tokens(token_ids, lo, hi), block_size, keys)
+        else: hashes += _hash_blocks(algo, none_hash if parent is None else parent, token_ids, lo, hi, block_size, keys)
     return hashes
 
 # %% ../nbs/05a_vllm_releases.ipynb #c251197f
