@@ -97,18 +97,18 @@ def profile_side(profile, prompts, block_size, algo, extra):
     return lambda: [release_block_hashes(profile, p, block_size, algo, mm_items=m, **kwargs) for p, m in zip(prompts, images)]
 
 
-def profile_table(repeats: int, rng: random.Random, algos=PROFILE_ALGOS) -> None:
+def profile_table(repeats: int, rng: random.Random, args) -> None:
     "A column per release profile: its time over the 0.33 path's, per repetition, median."
     names = list(PROFILES)
     print("\n| algo | block size | prompt tokens | extra keys | 0.33 ns/token | "
           + " | ".join(n.removeprefix("vllm_") for n in names) + " |")
     print("|---|---:|---:|---|---:|" + "---:|" * len(names))
     for algo in PROFILE_ALGOS:
-        for block_size in BLOCK_SIZES:
-            for num_tokens in PROMPT_TOKENS:
+        for block_size in args.block_sizes:
+            for num_tokens in args.prompt_tokens:
                 prompts = [[rng.randrange(200_000) for _ in range(num_tokens)]
                            for _ in range(TOKENS_PER_REPETITION // num_tokens)]
-                if algo not in algos: continue  # the prompts are drawn all the same: every row keeps its prompts
+                if algo not in args.profile_algos: continue  # the prompts are drawn all the same: every row keeps its prompts
                 for extra in ("", "lora+salt", "lora+salt+mm"):
                     if algo == "builtin" and not extra: continue  # hash(None): not reproducible, refused
                     base = profile_side(PROFILES["vllm_0_33"], prompts, block_size, "sha256" if algo == "builtin" else algo, extra)
@@ -130,10 +130,13 @@ def main() -> None:
     parser.add_argument("--profiles-only", action="store_true", help="only the table of release profiles")
     parser.add_argument("--profile-algos", nargs="+", choices=PROFILE_ALGOS, default=PROFILE_ALGOS,
                         help="the algorithms of the profile table's rows (default: all)")
+    parser.add_argument("--algos", nargs="+", default=ALGOS, help="only these algorithms (default: sha256 sha256_cbor)")
+    parser.add_argument("--block-sizes", nargs="+", type=int, default=BLOCK_SIZES, help="only these block sizes")
+    parser.add_argument("--prompt-tokens", nargs="+", type=int, default=PROMPT_TOKENS, help="only these prompt lengths")
     args = parser.parse_args()
     if os.environ.get("PYTHONHASHSEED") is not None: raise SystemExit("unset PYTHONHASHSEED: it changes NONE_HASH")
     rng = random.Random(0)
-    if args.profiles_only: return profile_table(args.repeats, rng, args.profile_algos)
+    if args.profiles_only: return profile_table(args.repeats, rng, args)
     v, why = load_vllm()
     print(f"# Request hashing: kvref vs vLLM {v['version'] if v else '(absent)'}\n")
     print(f"{platform.machine()}, Python {platform.python_version()}, load average "
@@ -142,9 +145,9 @@ def main() -> None:
     if v is None: print(f"vLLM is not importable here ({why}): kvref alone.\n")
     print("| algo | block size | prompt tokens | extra keys | kvref ns/token | vLLM ns/token | kvref / vLLM median (range) |")
     print("|---|---:|---:|---|---:|---:|---|")
-    for algo in ALGOS:
-        for block_size in BLOCK_SIZES:
-            for num_tokens in PROMPT_TOKENS:
+    for algo in args.algos:
+        for block_size in args.block_sizes:
+            for num_tokens in args.prompt_tokens:
                 prompts = [[rng.randrange(200_000) for _ in range(num_tokens)]
                            for _ in range(TOKENS_PER_REPETITION // num_tokens)]
                 for extra in ("", "lora+salt", "lora+salt+mm"):
@@ -164,7 +167,7 @@ def main() -> None:
                         ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
                     print(f"| {algo} | {block_size} | {num_tokens} | {extra or 'none'} | {ns['kvref']} | "
                           f"{ns.get('vLLM', '')} | {ratio} |", flush=True)
-    profile_table(args.repeats, rng, args.profile_algos)
+    profile_table(args.repeats, rng, args)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/hashing.html.md"""
 
 # %% ../nbs/01_hashing.ipynb #2f110631
 from __future__ import annotations
-import bisect, hashlib, json, operator, os, pickle, sys
+import bisect, hashlib, json, operator, os, pickle, struct, sys
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -105,11 +105,14 @@ def _checked_token(token, index: int) -> int:
     return value
 
 # %% ../nbs/01_hashing.ipynb #76a3e5f3
-def _checked_tokens(token_ids: Sequence[int], start: int, stop: int) -> tuple[int, ...]:
-    "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
+def _token_span(token_ids: Sequence[int], start: int, stop: int | None) -> tuple:
+    "`token_ids[start:stop]` as a tuple, numpy and torch arrays as the Python numbers they hold; not checked."
     span = token_ids[start:stop]
-    if hasattr(span, "tolist"): span = span.tolist()  # numpy and torch arrays: the Python numbers they hold
-    tokens = tuple(span)
+    return tuple(span.tolist() if hasattr(span, "tolist") else span)
+
+def _checked_tokens(token_ids: Sequence[int], start: int, stop: int | None) -> tuple[int, ...]:
+    "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
+    tokens = _token_span(token_ids, start, stop)
     if list(map(type, tokens)).count(int) == len(tokens):  # exact ints: vLLM hashes Python ints, numpy ints differ
         try:
             array("Q", tokens)  # range check in one C pass, no per-token objects
@@ -313,26 +316,52 @@ def _cbor_head(major: int, n: int) -> bytes:
         if n < 1 << (8 * width): return bytes([major << 5 | info]) + n.to_bytes(width, "big")
     raise ValueError(f"CBOR cannot encode {n} in one head (it must be < 2**64)")
 
+# %% ../nbs/01_hashing.ipynb #e1a70001
+def _uint_values(tokens: tuple, code: str) -> np.ndarray | None:
+    "`tokens` as a numpy array of the unsigned struct type `code` (I or Q), or None if one is no such integer."
+    try: return np.frombuffer(struct.pack(f"<{len(tokens)}{code}", *tokens), f"<u{struct.calcsize(code)}")
+    except Exception: return None  # struct.error, or what a strange __index__ raises: the definition says what
+
+# %% ../nbs/01_hashing.ipynb #e1a70004
+def _item_starts(data: bytes, first: int, last: int, width: np.ndarray, lead: np.ndarray,
+                 block_size: int) -> list[int] | None:
+    "Offsets in `data` of every `block_size`-th item, then `last`, if the items fill `data[first:last]`; else None."
+    ends = width.cumsum(dtype=np.int32)  # int32 and in place: small temporaries, no fresh pages per chunk
+    ends += first
+    if ends[-1] != last: return None
+    width -= ends
+    width *= -1  # now each item's start
+    if not (np.frombuffer(data, np.uint8).take(width) == lead).all(): return None  # each item's first byte
+    return width[::block_size].tolist() + [last]
+
+# %% ../nbs/01_hashing.ipynb #e1a70007
+_PICKLE_INTS = np.array([2, 3, 5], np.int32), np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
+
+def _pickled_token_blocks(tokens: tuple, block_size: int) -> tuple[bytes, list[int]] | None:
+    "`pickle.dumps(tokens, 5)` and where each block starts in it, if every id is an exact int in [0, 2**31)."
+    values = _uint_values(tokens, "I") if len(tokens) > 3 else None  # 1 to 3 items pickle without MARK
+    if values is None: return None
+    raw, (widths, opcodes) = pickle.dumps(tokens, 5), _PICKLE_INTS
+    size = (values > 255).view(np.int8) + (values > 65535).view(np.int8)  # 0, 1 or 2 more bytes than BININT1
+    cuts = _item_starts(raw, 12, len(raw) - 3, widths.take(size), opcodes.take(size), block_size)
+    return None if cuts is None else (raw, cuts)
+
 # %% ../nbs/01_hashing.ipynb #74beb75f
-def _cbor_token_blocks(tokens: Sequence[int], block_size: int) -> list[bytes]:
-    "Canonical CBOR of each full block of `tokens` (ints in [0, 2**64)) as an array, encoded in one numpy pass."
+_CBOR_UINTS = (np.array([24, 256, 65536, 1 << 32], np.uint64), np.array([1, 2, 3, 5, 9], np.int32),
+               np.array([23, 24, 25, 26, 27], np.uint64))  # bounds, widths, first bytes (the value itself below 24)
+
+def _cbor_token_blocks(tokens: tuple, block_size: int) -> list[bytes] | None:
+    "Canonical CBOR of each full block of `tokens` as an array, cut from one `cbor2.dumps`; None unless all are ints."
+    values = _uint_values(tokens, "Q")
+    if values is None: return None
+    try: raw = cbor2.dumps(tokens, canonical=True)
+    except cbor2.CBOREncodeError: return None  # numpy integers
     if not tokens: return []
-    values = np.frombuffer(array("Q", tokens), np.uint64)
-    width = 1 + (values >= 24) + (values >= 1 << 8) + 2 * (values >= 1 << 16) + 4 * (values >= 1 << 32)
-    ends = np.cumsum(width)
-    begins = ends - width
-    out = np.empty(int(ends[-1]), np.uint8)
-    tiny = width == 1
-    out[begins[tiny]] = values[tiny]
-    for size, info in ((2, 24), (3, 25), (5, 26), (9, 27)):
-        chosen = width == size
-        if not chosen.any(): continue
-        at, value = begins[chosen], values[chosen]
-        out[at] = info
-        for j in range(1, size): out[at + j] = (value >> np.uint64(8 * (size - 1 - j))) & np.uint64(0xFF)
-    raw, head = out.tobytes(), _cbor_head(4, block_size)
-    cuts = begins[::block_size].tolist() + [int(ends[-1])]
-    return [head + raw[a:b] for a, b in zip(cuts, cuts[1:])]
+    (bounds, widths, leads), head = _CBOR_UINTS, _cbor_head(4, block_size)
+    size = bounds.searchsorted(values, "right")
+    lead = np.minimum(values, leads.take(size))  # below 24 the value itself, else 0x18 to 0x1b
+    cuts = _item_starts(raw, len(_cbor_head(4, len(tokens))), len(raw), widths.take(size), lead, block_size)
+    return None if cuts is None else [head + raw[a:b] for a, b in zip(cuts, cuts[1:])]
 
 # %% ../nbs/01_hashing.ipynb #97e22ece
 _CBOR_DIGESTS: dict[str, Callable[[bytes], bytes]] = {
@@ -353,6 +382,46 @@ def _hash_blocks_cbor(algo: str, parent: bytes, blocks: list[bytes], extra_keys:
         hashes.append(parent)
     return hashes
 
+# %% ../nbs/01_hashing.ipynb #e1a7000b
+def _pickled_keys(parent: bytes | int, keys: tuple | None) -> bytes:
+    "The bytes `keys` pickles as, third in `(parent, tokens, keys)`: what follows the tokens' MEMOIZE."
+    whole = pickle.dumps((parent, (0,), keys), 5)
+    digest = type(parent) is bytes and len(parent) == 32  # 11 header bytes, `43 20` + 32 + `94`, `4b 00 85 94`
+    return whole[50 if digest else len(pickle.dumps((parent, (0,)), 5)) - 3:-3]
+
+# %% ../nbs/01_hashing.ipynb #e1a7000e
+def _pickled_parent(parent: int) -> bytes:
+    "How pickle writes the int `parent` first in a tuple: LONG1 from 2**31 on."
+    if 1 << 31 <= parent < 1 << 2000:
+        n = parent.bit_length() // 8 + 1  # the shortest two's complement, sign bit included
+        return bytes((0x8A, n)) + parent.to_bytes(n, "little")
+    return pickle.dumps((parent,), 5)[11:-3]  # what follows the frame header, before TUPLE1 MEMOIZE STOP
+
+# %% ../nbs/01_hashing.ipynb #e1a70010
+_FRAME_SIZE_TARGET = 64 * 1024  # pickle starts a new frame past this: a message below it is one frame
+
+def _hash_pickled_blocks(parent: bytes | int, raw: bytes, cuts: list[int], block_size: int,
+                         extra_keys: list | None) -> list[bytes | int] | None:
+    "sha256 of each `(parent, block, keys)`, the block's ids cut from the chunk's pickle `raw`; None: not one frame."
+    as_int, hashes, heads, last_keys = type(parent) is int, [], {}, None
+    if not as_int and len(parent) != 32: return None  # a digest: `43 20`, its bytes, `94`
+    stamp, memo = (b"", b"") if as_int else (b"C ", b"\x94")
+    mark, close = (b"(", b"t\x94") if block_size > 3 else (b"", bytes((0x84 + block_size, 0x94)))  # TUPLE1 to 3
+    tail = close + b"N\x87\x94."
+    fixed, value = len(stamp) + len(memo) + len(mark) + len(tail), parent
+    for a, b, keys in zip(cuts, cuts[1:], repeat(None) if extra_keys is None else extra_keys):
+        if keys is not last_keys:
+            last_keys, tail = keys, close + _pickled_keys(parent, keys) + b"\x87\x94."
+            fixed = len(stamp) + len(memo) + len(mark) + len(tail)
+        if as_int: value = _pickled_parent(parent)
+        size = fixed + len(value) + b - a
+        if size >= _FRAME_SIZE_TARGET: return None
+        head = heads.get(size) or heads.setdefault(size, b"\x80\x05\x95" + size.to_bytes(8, "little") + stamp)
+        value = parent = hashlib.sha256(b"".join((head, value, memo, mark, raw[a:b], tail))).digest()
+        if as_int: parent = int.from_bytes(parent, "big")
+        hashes.append(parent)
+    return hashes
+
 # %% ../nbs/01_hashing.ipynb #d13cbd04
 _CHUNK_TOKENS = 8192  # token ids checked and hashed together: small enough to stay in cache
 
@@ -362,12 +431,19 @@ def _chunks(start: int, stop: int, block_size: int):
     for lo in range(start, stop, chunk): yield lo, min(lo + chunk, stop)
 
 # %% ../nbs/01_hashing.ipynb #d13cbd08
-def _hash_blocks(algo: str, parent: bytes, tokens: tuple[int, ...], block_size: int,
-                 extra_keys: list | None) -> list[bytes]:
-    "Chain the full blocks of `tokens` (checked) after `parent`: the definition, or the CBOR fast path."
-    if algo in _CBOR_DIGESTS:
-        return _hash_blocks_cbor(algo, parent, _cbor_token_blocks(tokens, block_size), extra_keys)
-    hash_fn, hashes = HASH_FUNCTIONS[algo], []
+_PICKLE_MIN_BLOCKS = 32  # fewer blocks in a chunk: numpy's fixed cost outweighs the calls saved (bench/hashing.md)
+
+def _hash_blocks(algo: str, parent: bytes | int, token_ids: Sequence[int], lo: int, hi: int, block_size: int,
+                 extra_keys: list | None) -> list[bytes | int]:
+    "Chain the full blocks of `token_ids[lo:hi]` after `parent`, ids checked: one serialization, else the definition."
+    tokens = _token_span(token_ids, lo, hi)
+    if algo in _CBOR_DIGESTS and (blocks := _cbor_token_blocks(tokens, block_size)) is not None:
+        return _hash_blocks_cbor(algo, parent, blocks, extra_keys)
+    many = len(tokens) >= _PICKLE_MIN_BLOCKS * block_size
+    cut = _pickled_token_blocks(tokens, block_size) if algo == "sha256" and many else None
+    if cut and (hashes := _hash_pickled_blocks(parent, *cut, block_size, extra_keys)) is not None: return hashes
+    tokens, hash_fn, hashes = _checked_tokens(token_ids, lo, hi), HASH_FUNCTIONS[algo], []
+    if type(parent) is int: hash_fn = lambda obj, digest=hash_fn: int.from_bytes(digest(obj), "big")
     for s, keys in zip(range(0, len(tokens), block_size), repeat(None) if extra_keys is None else extra_keys):
         parent = hash_fn((parent, tokens[s:s + block_size], keys))
         hashes.append(parent)
@@ -412,7 +488,7 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
     for lo, hi in _chunks(first * block_size, last * block_size, block_size):
         keys = _extra_keys_per_block(lo, hi, block_size, **request) if has_keys else None
         parent = hashes[-1] if hashes else init_none_hash(algo, seed)
-        hashes += _hash_blocks(algo, parent, _checked_tokens(token_ids, lo, hi), block_size, keys)
+        hashes += _hash_blocks(algo, parent, token_ids, lo, hi, block_size, keys)
     return hashes
 
 # %% ../nbs/01_hashing.ipynb #9bce485a

@@ -145,6 +145,50 @@ def test_preencoded_cbor_equals_the_definition(algo, parent_len, toks, bs, key_c
     assert got == expected
 
 
+pickle_token = st.one_of(st.integers(0, 200_000), st.sampled_from([0, 255, 256, 65535, 65536, 2**31 - 1, 2**31,
+                                                                    2**32, 2**64 - 1]))
+repeated_keys = st.one_of(st.none(), st.lists(st.one_of(
+    st.tuples(st.just("lora"), st.sampled_from(["a", "X"]), st.sampled_from(["a", "X", ""])),
+    st.tuples(st.just("mm"), st.sampled_from(["a", "X"]), st.integers(-300, 300)),
+    st.tuples(st.just("cache_salt"), st.sampled_from(["a", "X", "tenant"]))), min_size=1, max_size=4).map(tuple))
+
+@given(st.integers(1, 100), st.lists(repeated_keys, min_size=1, max_size=3), st.sampled_from(["bytes", "int"]), st.data())
+def test_pickled_blocks_equal_the_definition(bs, key_cycle, parent_kind, data):
+    "The one-pickle-per-chunk path == sha256((parent, tuple, keys)) block by block: ids at every opcode boundary,"
+    " block sizes 1 to 100, keys whose repeated strings pickle as memo references, digest and int (<= 0.10.1) parents."
+    n = data.draw(st.integers(1, max(1, 300 // bs)))
+    toks = data.draw(st.lists(pickle_token, min_size=n * bs, max_size=n * bs))
+    keys = [key_cycle[i % len(key_cycle)] for i in range(n)]
+    parent = hashlib.sha256(b"p").digest() if parent_kind == "bytes" else 2**255 + 12345
+    expected, p = [], parent
+    for i in range(n):
+        d = hashlib.sha256(pickle.dumps((p, tuple(toks[i * bs:(i + 1) * bs]), keys[i]), 5)).digest()
+        p = d if parent_kind == "bytes" else int.from_bytes(d, "big")
+        expected.append(p)
+    with patch.object(H, "_PICKLE_MIN_BLOCKS", 1):
+        assert H._hash_blocks("sha256", parent, toks, 0, len(toks), bs, keys) == expected
+    if len(toks) > 3 and max(toks) < 2**31:  # the fast path itself, not its fallback
+        cut = H._pickled_token_blocks(tuple(toks), bs)
+        assert cut is not None and H._hash_pickled_blocks(parent, *cut, bs, keys) == expected
+
+@pytest.mark.parametrize("bs", [1, 2, 3, 4, 5, 7, 16])
+def test_pickle_cut_takes_every_width(bs):
+    "Ids at each width's edges take the fast path (a wrong width only declines: this catches it) and cut right."
+    toks = [0, 255, 256, 65535, 65536, 2**31 - 1, 1, 70_000] * 7
+    toks = tuple(toks[:len(toks) // bs * bs])
+    raw, cuts = H._pickled_token_blocks(toks, bs)
+    assert [raw[a:b] for a, b in zip(cuts, cuts[1:])] == [
+        pickle.dumps(toks[s:s + bs] + (0, 0, 0), 5)[12:-9] if bs < 4 else pickle.dumps(toks[s:s + bs], 5)[12:-3]
+        for s in range(0, len(toks), bs)]
+
+@given(st.lists(st.integers(0, 70_000), min_size=4, max_size=60), st.integers(0, 59),
+       st.sampled_from([True, False, np.int64(5), np.uint32(7), 2**31, 1.0]))
+def test_pickled_blocks_decline_what_is_no_exact_int(toks, at, bad):
+    "A bool, a numpy integer, an id from 2**31 on or a float anywhere: the pickle cut declines (the definition decides)."
+    toks[at % len(toks)] = bad
+    assert H._pickled_token_blocks(tuple(toks), 2) is None
+
+
 # --- properties the issue names ---------------------------------------------------------------------------------
 @given(st.sampled_from(("sha256", "sha256_cbor")), block_sizes, st.integers(0, 4), st.lists(token, max_size=40),
        st.lists(token, max_size=40), st.data())
