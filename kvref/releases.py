@@ -181,29 +181,6 @@ def _tuple_hash(item_hashes: Sequence[int]) -> int:
     acc = (acc + (len(item_hashes) ^ (_XXPRIME_5 ^ 3527539))) & _M64
     return 1546275796 if acc == _M64 else _signed(acc)
 
-# %% ../nbs/05a_vllm_releases.ipynb #b7e1a002
-_NATIVE_TUPLE_HASH = (sys.implementation.name == "cpython" and sys.version_info >= (3, 8) and sys.hash_info.width == 64
-                      and hash((-1, (2**61, 7))) == _tuple_hash([-2, _tuple_hash([1, 7])]))  # probe: 3.11's tuple hash
-
-# %% ../nbs/05a_vllm_releases.ipynb #b7e1a005
-class _Hashed:
-    "Stands in a tuple for an item whose hash `h` is known: CPython's tuple hash reads only its items' hashes."
-    __slots__ = ("h",)
-    def __init__(self, h: int): self.h = h
-    def __hash__(self) -> int: return self.h
-
-# %% ../nbs/05a_vllm_releases.ipynb #b7e1a008
-def _builtin_chain(hash_fn: Callable, none_hash: int, parent: Any, tokens: tuple[int, ...], block_size: int,
-                   keys: list) -> list[int]:
-    "`_hash_value_chain` for `builtin`: each distinct keys tuple hashed by `hash_fn` once, every block by `hash()`."
-    if not (_NATIVE_TUPLE_HASH and tokens): return _hash_value_chain(hash_fn, none_hash, parent, tokens, block_size, keys)
-    first, stand_ins, block_keys = _Hashed(hash_fn(parent or none_hash)), {}, []
-    for _, k in zip(range(0, len(tokens), block_size), keys):
-        name = tuple(map(id, k)) if type(k) is tuple else id(k)  # by its items: same items, same hash
-        if name not in stand_ins: stand_ins[name] = (k, _Hashed(hash_fn(k)))  # k kept alive: its ids stay its own
-        block_keys.append(stand_ins[name][1])
-    return _hash_value_chain(hash, none_hash, first, tokens, block_size, block_keys)
-
 # %% ../nbs/05a_vllm_releases.ipynb #a56f5fcd
 def python_hash(obj: Any, pythonhashseed: int) -> int:
     "`hash(obj)` as CPython 3.11 computes it in a process started with PYTHONHASHSEED=`pythonhashseed`."
@@ -313,6 +290,29 @@ def _hash_value_chain(hash_fn: Callable, none_hash: int, parent: int | None, tok
         parent = hash_fn((parent or none_hash, tokens[start:start + block_size], block_keys))
         hashes.append(parent)
     return hashes
+
+# %% ../nbs/05a_vllm_releases.ipynb #b7e1a002
+_NATIVE_TUPLE_HASH = (sys.implementation.name == "cpython" and sys.version_info >= (3, 8) and sys.hash_info.width == 64
+                      and hash((-1, (2**61, 7))) == _tuple_hash([-2, _tuple_hash([1, 7])]))  # probe: 3.11's tuple hash
+
+# %% ../nbs/05a_vllm_releases.ipynb #b7e1a005
+class _Hashed:
+    "Stands in a tuple for an item whose hash `h` is known: CPython's tuple hash reads only its items' hashes."
+    __slots__ = ("h",)
+    def __init__(self, h: int): self.h = h
+    def __hash__(self) -> int: return self.h
+
+# %% ../nbs/05a_vllm_releases.ipynb #b7e1a008
+def _builtin_chain(hash_fn: Callable, none_hash: int, parent: Any, tokens: tuple[int, ...], block_size: int,
+                   keys: list) -> list[int]:
+    "`_hash_value_chain` for `builtin`: each distinct keys tuple hashed by `hash_fn` once, every block by `hash()`."
+    if not (_NATIVE_TUPLE_HASH and tokens): return _hash_value_chain(hash_fn, none_hash, parent, tokens, block_size, keys)
+    first, stand_ins, block_keys = _Hashed(hash_fn(parent or none_hash)), {}, []
+    for _, k in zip(range(0, len(tokens), block_size), keys):
+        name = tuple(map(id, k)) if type(k) is tuple else id(k)  # by its items: same items, same hash
+        if name not in stand_ins: stand_ins[name] = (k, _Hashed(hash_fn(k)))  # k kept alive: its ids stay its own
+        block_keys.append(stand_ins[name][1])
+    return _hash_value_chain(hash, none_hash, first, tokens, block_size, block_keys)
 
 # %% ../nbs/05a_vllm_releases.ipynb #9e07abcd
 def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_size: int, algo: str | None = None, *,
