@@ -13,11 +13,12 @@ from fastcore.test import test_eq, test_fail
 from .free_queue import KVCacheBlock, _check_count
 from .block_pool import BlockPool
 from .kv_cache_manager import cdiv
-from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionManager, FullAttentionSpec, HybridKVCacheManager,
-                          HybridRequest, SingleTypeKVCacheManager, get_cached_blocks, hash_with_group_id)
+from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionManager, FullAttentionSpec, HybridKVCacheCoordinator,
+                          HybridKVCacheManager, HybridRequest, SingleTypeKVCacheManager, _check_request,
+                          get_cached_blocks, hash_with_group_id)
 
 # %% auto #0
-__all__ = ['MambaSpec', 'MambaManager']
+__all__ = ['MambaSpec', 'MambaManager', 'mamba_prefill_checkpoint_position', 'is_mamba_prefill_checkpoint_valid']
 
 # %% ../nbs/04b_mamba.ipynb #0828d255
 @dataclass(frozen=True, slots=True)
@@ -40,17 +41,51 @@ class MambaManager(SingleTypeKVCacheManager):
     enables_partial_hash_hits: ClassVar[bool] = True          # a block larger than the hash unit turns sub-block hits on
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.hash_block_size = self.alignment_tokens = self.scheduler_block_size  # the coordinator's, set below
+        self.partial_hash_hits, self.prefill_end = False, 0  # sub-block hits on; where the prefill ends (0: anywhere)
         self.last_state_block_idx: dict[str, int] = {}  # slot of the previous step's running state
+        self.num_retired_blocks: dict[str, int] = {}    # slots below this were freed already
         self.allocated_block_reqs: set[str] = set()     # requests that have allocated since they were (re)admitted
+        self.checkpoints: dict[str, tuple[int, int]] = {}  # this step's in-pass checkpoint: (token position, slot)
+        self.partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}  # a shared state to copy: (slot, block)
         self.cached_blocks_this_step: set[bytes] = set()  # keys cached since the last `new_step_starts`
+        self.key_tokens: dict[int, tuple[bytes, int]] = {}  # block id -> (its key, how many tokens the key covers)
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        "Every state but the last: `n - 1` tokens."
-        return num_computed_tokens - 1
+# %% ../nbs/04b_mamba.ipynb #c0f1a009
+@patch
+def get_num_skipped_tokens(self: MambaManager, num_computed_tokens: int) -> int:
+    "Every state but the last: `n - 1` tokens."
+    return num_computed_tokens - 1
 
 # %% ../nbs/04b_mamba.ipynb #a9baadfd
 MANAGER_FOR_SPEC[MambaSpec] = MambaManager
 GROUP_KINDS["mamba"] = (MambaSpec, ("checkpoint_alignment", "mamba_cache_mode"))
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a002
+_coordinator_init = HybridKVCacheCoordinator.__init__
+
+@patch
+def __init__(self: HybridKVCacheCoordinator, *args, **kwargs):
+    "The previous chapter's coordinator; then each Mamba group learns the hash unit, the hit alignment and whether sub-block hits are on."
+    _coordinator_init(self, *args, **kwargs)
+    for m in self.single_type_managers:
+        if isinstance(m, MambaManager):
+            m.hash_block_size, m.alignment_tokens, m.partial_hash_hits = self.hash_block_size, self.alignment_tokens, self.partial_hash_hits
+
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a003
+_allocate_slots = HybridKVCacheManager.allocate_slots
+
+@patch
+def allocate_slots(self: HybridKVCacheManager, request: HybridRequest, *args, **kwargs):
+    "The previous chapter's `allocate_slots`, each Mamba group told where the request's prefill ends (vLLM's `prefill_end`) for the call."
+    _check_request(request)
+    mamba = [m for m in self.coordinator.single_type_managers if isinstance(m, MambaManager)]
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1) if self.coordinator.retention_interval == 0 else 0
+    for m in mamba: m.prefill_end = prefill_end
+    try: return _allocate_slots(self, request, *args, **kwargs)
+    finally:
+        for m in mamba: m.prefill_end = 0  # only meaningful during the call: a refused call leaves nothing behind
 
 # %% ../nbs/04b_mamba.ipynb #a8fd5891
 @patch(cls_method=True)
@@ -67,17 +102,30 @@ def find_longest_cache_hit(cls: MambaManager, block_hashes: Sequence[bytes], max
     return [[] for _ in group_ids], 0
 
 # %% ../nbs/04b_mamba.ipynb #4b47ebc6
-@patch
-def num_checkpoint_blocks(self: MambaManager, num_required: int, num_held: int) -> int:
-    "1 if this step's chunk gets an in-pass checkpoint block (a finer-than-block mixer, two or more new slots), else 0."
-    alignment = self.spec.checkpoint_alignment
-    return int(alignment is not None and alignment < self.block_size and num_required - 2 >= num_held)
+def mamba_prefill_checkpoint_position(num_tokens: int, hash_block_size: int) -> int:
+    "The last hash boundary strictly before `num_tokens`: where a chunk ending at `num_tokens` can save a reusable state."
+    return max((num_tokens - 1) // hash_block_size * hash_block_size, 0)
 
+# %% ../nbs/04b_mamba.ipynb #c0f1a010
+def is_mamba_prefill_checkpoint_valid(query_start: int, query_end: int, checkpoint_position: int, hash_block_size: int,
+                                      mamba_block_size: int, checkpoint_alignment: int | None) -> bool:
+    "Can the mixer save the state at `checkpoint_position` inside the pass over tokens `[query_start, query_end)`?"
+    if checkpoint_alignment is None: return False
+    return (query_start % hash_block_size == 0
+            and cdiv(query_end, mamba_block_size) - 2 > (query_start - 1) // mamba_block_size  # a slot before the running state's
+            and query_start + hash_block_size <= checkpoint_position < query_end
+            and (checkpoint_position - query_start) % checkpoint_alignment == 0)
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a004
 @patch
-def overwrites_cached_state(self: MambaManager, request_id: str, num_tokens: int) -> bool:
-    "Would this step write the running state into a block that is cached (a partial tail, sub-block hits on)?"
-    table = self.req_to_blocks.get(request_id)
-    return bool(table) and cdiv(num_tokens, self.block_size) == len(table) and table[-1].block_hash is not None
+def needs_internal_checkpoint(self: MambaManager, request_id: str, query_start: int, query_end: int,
+                              checkpoint_position: int) -> bool:
+    "Does this chunk reserve a block for an in-pass checkpoint: it reaches the prefill end, the mixer can save it, and its slot is free?"
+    slot, table = cdiv(query_end, self.block_size) - 2, self.req_to_blocks.get(request_id, [])
+    return (query_end >= self.prefill_end and slot >= 0 and (slot >= len(table) or table[slot].is_null)
+            and is_mamba_prefill_checkpoint_valid(query_start, query_end, checkpoint_position, self.hash_block_size,
+                                                  self.block_size, self.spec.checkpoint_alignment))
+
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a12
 @patch
@@ -87,54 +135,97 @@ def get_num_blocks_to_allocate(self: MambaManager, request_id: str, num_tokens: 
     "Blocks this group takes: the running state's (+ a checkpoint, + a copy), plus free hit blocks; a same-step hit: more than the pool."
     if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step:
         return self.block_pool.num_blocks + 1
-    num_required, num_held = cdiv(num_tokens, self.block_size), len(self.req_to_blocks.get(request_id, ()))
-    num_held += len(new_computed_blocks)
-    num_new = 1 + self.num_checkpoint_blocks(num_required, num_held) if num_required > num_held else 0
-    num_copies = int(bool(new_computed_blocks) and total_computed_tokens % self.block_size > 0
-                     or self.overwrites_cached_state(request_id, num_tokens))
-    return num_new + num_copies + sum(b.ref_cnt == 0 and not b.is_null for b in new_computed_blocks)
+    num_new = cdiv(num_tokens, self.block_size) - len(new_computed_blocks) - len(self.req_to_blocks.get(request_id, ()))
+    has_partial_hit = bool(new_computed_blocks) and total_computed_tokens % self.block_size > 0 or request_id in self.partial_hit_reqs
+    if has_partial_hit: num_new = max(num_new, 0) + 1
+    checkpoint = self.plan_checkpoint(request_id, total_computed_tokens, num_tokens, record=not apply_admission_cap)
+    if num_new > 0: num_new = min(num_new, 1 + has_partial_hit + checkpoint)
+    return num_new + sum(b.ref_cnt == 0 and not b.is_null for b in new_computed_blocks)
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a011
+@patch
+def plan_checkpoint(self: MambaManager, request_id: str, query_start: int, query_end: int, record: bool) -> bool:
+    "Does the chunk `[query_start, query_end)` reserve a checkpoint block? With `record`, remember (or forget) it for the step."
+    position = mamba_prefill_checkpoint_position(query_end, self.alignment_tokens)
+    if not self.needs_internal_checkpoint(request_id, query_start, query_end, position): position = 0
+    if record:  # a step's count records its checkpoint, whether the step is then refused or not
+        if position: self.checkpoints[request_id] = (position, cdiv(query_end, self.block_size) - 2)
+        else: self.checkpoints.pop(request_id, None)
+    return position > 0
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a005
+@patch
+def add_local_computed_blocks(self: MambaManager, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
+                              num_computed_tokens: int) -> None:
+    "Adopt a new request's hit state; one that ends inside its block is remembered, to be copied when the step allocates."
+    num_skipped = (num_computed_tokens - 1) // self.block_size
+    kept = list(new_computed_blocks[num_skipped:])
+    self.block_pool.touch(kept)
+    table = self.req_to_blocks.setdefault(request_id, [])
+    table += [self.block_pool.null_block] * num_skipped + kept
+    self.num_cached_block[request_id] = len(table)
+    if kept and num_computed_tokens % self.block_size:
+        self.partial_hit_reqs[request_id] = (num_computed_tokens // self.block_size, kept[-1])
+        self.num_cached_block[request_id] = num_computed_tokens // self.block_size
+
 
 # %% ../nbs/04b_mamba.ipynb #2f01ad45
 @patch
 def allocate_new_blocks(self: MambaManager, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-    "Give the request the slot of its new running state (and checkpoint); the new blocks."
-    if self.overwrites_cached_state(request_id, num_tokens): self.snapshot_running_state(request_id)
-    table = self.req_to_blocks.setdefault(request_id, [])
-    num_required, num_held = cdiv(num_tokens, self.block_size), len(table)
-    if num_required <= num_held: return []
-    if num_held: self.last_state_block_idx[request_id] = num_held - 1
-    num_checkpoints = self.num_checkpoint_blocks(num_required, num_held)
-    table.extend([self.block_pool.null_block] * (num_required - 1 - num_checkpoints - num_held))
-    new_blocks = self.block_pool.get_new_blocks(num_required - len(table))
-    table.extend(new_blocks); self.allocated_block_reqs.add(request_id)
+    "Give the request the slot of its new running state (and checkpoint, and copy); the new blocks."
+    table, num_required = self.req_to_blocks.setdefault(request_id, []), cdiv(num_tokens, self.block_size)
+    checkpoint, partial_hit = int(request_id in self.checkpoints), self.partial_hit_reqs.pop(request_id, None)
+    allocated_before = request_id in self.allocated_block_reqs
+    self.allocated_block_reqs.add(request_id)
+    if num_required <= len(table) and partial_hit is None and not checkpoint: return []
+    if table or allocated_before: self.last_state_block_idx[request_id] = len(table) - 1
+    table.extend([self.block_pool.null_block] * (num_required - 1 - checkpoint - len(table)))
+    new_blocks = self.block_pool.get_new_blocks(max(num_required - len(table), 0) + (partial_hit is not None))
+    if partial_hit is not None: self.copy_partial_state(request_id, *partial_hit, new_blocks.pop(0), allocated_before)
+    table.extend(new_blocks)
     return new_blocks
 
 # %% ../nbs/04b_mamba.ipynb #c46d5da7
 @patch
 def remove_skipped_blocks(self: MambaManager, request_id: str, num_computed_tokens: int) -> None:
-    "Free the states behind the last one: skipped slots, then the previous step's running state."
-    SingleTypeKVCacheManager.remove_skipped_blocks(self, request_id, num_computed_tokens)
-    index, table = self.last_state_block_idx.get(request_id), self.req_to_blocks.get(request_id)
+    "Free the states behind the last one: slots not retired yet (nulls skipped), then the previous step's running state."
+    table = self.req_to_blocks.get(request_id)
+    if table is None: return
+    self.retire_slots(request_id, min(max(num_computed_tokens - 1, 0) // self.block_size, len(table)))
+    index = self.last_state_block_idx.get(request_id)
     if index is not None and index < cdiv(num_computed_tokens, self.block_size) - 1 and not table[index].is_null:
         self.block_pool.free_blocks([table[index]], unhashed_first=True)
         table[index] = self.block_pool.null_block
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a012
+@patch
+def retire_slots(self: MambaManager, request_id: str, last: int) -> None:
+    "Null the slots from the last retired one up to `last` and free their blocks in one call, highest first."
+    table, first = self.req_to_blocks[request_id], self.num_retired_blocks.get(request_id, 0)
+    if first >= last: return
+    freed = [table[i] for i in range(last - 1, first - 1, -1) if not table[i].is_null]
+    table[first:last] = [self.block_pool.null_block] * (last - first)
+    if freed: self.block_pool.free_blocks(freed, unhashed_first=True)
+    self.num_retired_blocks[request_id] = last
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a21
 @patch
 def free(self: MambaManager, request_id: str) -> None:
     "Release the request's table and forget its Mamba bookkeeping."
-    self.allocated_block_reqs.discard(request_id); self.last_state_block_idx.pop(request_id, None)
+    for per_request in (self.last_state_block_idx, self.num_retired_blocks, self.checkpoints, self.partial_hit_reqs):
+        per_request.pop(request_id, None)
+    self.allocated_block_reqs.discard(request_id)
     SingleTypeKVCacheManager.free(self, request_id)
 
 # %% ../nbs/04b_mamba.ipynb #e8ac8008
 @patch
 def reachable_block_mask(self: MambaManager, start_block, end_block, retention_interval, reachable_boundaries):
     "Per slot of `[start_block, end_block)`: is its state at a retained boundary; None caches them all."
-    if retention_interval is None: return None
-    bs, align = self.block_size, self.scheduler_block_size
+    if retention_interval is None or 0 < retention_interval <= self.block_size: return None
+    bs = self.block_size
     mask = [bool(retention_interval) and (i + 1) * bs % retention_interval == 0 for i in range(start_block, end_block)]
     for boundary in reachable_boundaries:
-        slot = boundary // align * align // bs - 1
+        slot = boundary // self.alignment_tokens * self.alignment_tokens // bs - 1
         if start_block <= slot < end_block: mask[slot - start_block] = True
     return mask
 
@@ -142,48 +233,113 @@ def reachable_block_mask(self: MambaManager, start_block, end_block, retention_i
 @patch
 def cache_blocks(self: MambaManager, request: HybridRequest, block_hashes: Sequence[bytes], num_tokens: int,
                  retention_interval: int | None) -> None:
-    "Cache the retained states `num_tokens` tokens complete, and remember their keys for this step."
-    rid = request.request_id
+    "Cache the retained states `num_tokens` tokens complete; the checkpoint or prompt-tail key (with sub-block hits: after the exact count arrives)."
+    rid, bs = request.request_id, self.block_size
     start = self.num_cached_block.get(rid, 0)
     SingleTypeKVCacheManager.cache_blocks(self, request, block_hashes, num_tokens, retention_interval)
-    self.cached_blocks_this_step.update(b.block_hash for b in self.req_to_blocks[rid][start:self.num_cached_block.get(rid, 0)]
-                                        if not b.is_null and b.block_hash is not None)
+    table, end = self.req_to_blocks[rid], self.num_cached_block.get(rid, 0)
+    for j in range(start, end):
+        if not table[j].is_null and table[j].block_hash is not None: self.key_tokens[table[j].block_id] = (table[j].block_hash, (j + 1) * bs)
+    self._caching = (request, start, end, retention_interval)
+    if not self.partial_hash_hits: self.finish_caching(num_tokens)  # else `cache_partial_tail` brings the exact count
 
+# %% ../nbs/04b_mamba.ipynb #c0f1a006
+@patch
+def finish_caching(self: MambaManager, num_tokens: int) -> None:
+    "Key the checkpoint or the prompt tail, then remember this step's new keys (vLLM's `cached_blocks_this_step`)."
+    request, start, end, retention_interval = self._caching
+    key = self.cache_partial_tail_block(request, num_tokens, retention_interval)
+    if key is not None: self.cached_blocks_this_step.add(key)
+    table = self.req_to_blocks[request.request_id]
+    self.cached_blocks_this_step.update(b.block_hash for b in table[start:end] if not b.is_null and b.block_hash is not None)
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a013
 @patch
 def new_step_starts(self: MambaManager) -> None:
     "A scheduler step begins: the states cached so far can be hit now."
     self.cached_blocks_this_step.clear()
 
+# %% ../nbs/04b_mamba.ipynb #c0f1a007
+@patch
+def cache_partial_tail_block(self: MambaManager, request: HybridRequest, num_tokens: int, retention_interval) -> bytes | None:
+    "Re-key this step's checkpoint at its exact position, or else key the state at the prompt's last hash boundary; the new key."
+    if request.request_id in self.checkpoints: return self.key_checkpoint(request, retention_interval)
+    table, bs, h = self.req_to_blocks[request.request_id], self.block_size, self.hash_block_size
+    if num_tokens <= 0 or num_tokens % h or num_tokens != mamba_prefill_checkpoint_position(request.num_prompt_tokens, h): return None
+    slot = cdiv(num_tokens, bs) - 1
+    if slot >= len(table) or table[slot].is_null or self.tokens_of_key(table[slot]) == num_tokens: return None
+    key = self.cache_partial_block(request, table[slot], num_tokens)
+    if key is not None and num_tokens % bs:  # the running state holds it: copy it before the next step writes on
+        self.partial_hit_reqs[request.request_id] = (slot, table[slot]); self.num_cached_block[request.request_id] = slot
+    return key
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a014
+@patch
+def key_checkpoint(self: MambaManager, request: HybridRequest, retention_interval) -> bytes | None:
+    "Key the checkpoint block at its exact position if a later request can hit it there; else drop its key (a transient state)."
+    position, slot = self.checkpoints[request.request_id]
+    block, bs = self.req_to_blocks[request.request_id][slot], self.block_size
+    is_prompt = position == mamba_prefill_checkpoint_position(request.num_prompt_tokens, self.alignment_tokens)
+    mask = self.reachable_block_mask(position // bs - 1, position // bs, retention_interval, ()) if position % bs == 0 else [False]
+    if not is_prompt and not (mask is None or mask[0]) and position != request.shared_prefix_boundary:
+        self.block_pool._maybe_evict_cached_block(block); return None
+    if self.tokens_of_key(block) == position: return None
+    return self.cache_partial_block(request, block, position, replace=True)
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a008
+@patch
+def tokens_of_key(self: MambaManager, block: KVCacheBlock) -> int | None:
+    "How many tokens `block`'s key covers (vLLM's `block_hash_num_tokens`); None if it has no key."
+    key, num_tokens = self.key_tokens.get(block.block_id, (None, None))
+    return num_tokens if block.block_hash is not None and block.block_hash == key else None
+
+# %% ../nbs/04b_mamba.ipynb #c0f1a015
+@patch
+def cache_partial_block(self: MambaManager, request: HybridRequest, block: KVCacheBlock, num_tokens: int,
+                        replace: bool = False) -> bytes | None:
+    "Key `block` under the hash of the first `num_tokens` tokens (vLLM's `BlockPool.cache_partial_block`); the key."
+    if block.is_null: return None
+    key = hash_with_group_id(request.block_hashes[num_tokens // self.hash_block_size - 1], self.kv_cache_group_id)
+    if block.block_hash == key and not replace: return key
+    held = self.tokens_of_key(block)
+    if block.block_hash is not None and not (replace or held is None or held < num_tokens):
+        raise NotImplementedError(f"block {block.block_id} would hold a second key (vLLM keeps several; kvref's pool one)")
+    self.block_pool._maybe_evict_cached_block(block)
+    self.block_pool.cache_full_blocks([block], [key], 0, 1, self.block_size)
+    self.key_tokens[block.block_id] = (key, num_tokens)
+    return key
+
 # %% ../nbs/04b_mamba.ipynb #5b1f0a13
 @patch
 def cache_partial_tail(self: MambaManager, request: HybridRequest, num_tokens: int, fine_hashes: Sequence[bytes],
                        hash_block_size: int) -> None:
-    "Sub-block hits on: a running state that sits exactly on a reachable boundary inside its block is cached there."
-    table, end = self.req_to_blocks[request.request_id], num_tokens
-    if end % self.block_size and end in request.reachable_boundaries(hash_block_size) and table[-1].block_hash is None:
-        key = hash_with_group_id(fine_hashes[end // hash_block_size - 1], self.kv_cache_group_id)
-        self.block_pool.cache_full_blocks(table[-1:], [key], 0, 1, self.block_size)
-        self.cached_blocks_this_step.add(key)
+    "Sub-block hits on: the coordinator's call with the exact token count, which finishes this step's caching."
+    self.finish_caching(num_tokens)
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a23
 @patch
 def cache_partial_tail(self: FullAttentionManager, request: HybridRequest, num_tokens: int,
                        fine_hashes: Sequence[bytes], hash_block_size: int) -> None:
-    "Cache the last, partly filled block under the hash of a reachable boundary inside it (a sub-block hit target)."
+    "Key the block holding the prompt's last hash boundary, if that boundary ends inside it (vLLM's `_cache_partial_tail_block`)."
     table, bs = self.req_to_blocks[request.request_id], self.block_size
-    for end in request.reachable_boundaries(hash_block_size):
-        block = table[end // bs] if end % bs and num_tokens // bs == end // bs and end <= num_tokens else None
-        if block is not None and block.block_hash is None:
-            key = hash_with_group_id(fine_hashes[end // hash_block_size - 1], self.kv_cache_group_id)
-            self.block_pool.cache_full_blocks([block], [key], 0, 1, bs)
+    boundary = min((request.num_prompt_tokens - 1) // hash_block_size, len(fine_hashes)) * hash_block_size
+    if boundary == 0 or boundary > num_tokens or boundary % bs == 0 or boundary // bs >= len(table): return
+    block = table[boundary // bs]
+    if block.block_hash is None:  # a block keyed already (full by now) keeps its key; vLLM would add this one as a second
+        key = hash_with_group_id(fine_hashes[boundary // hash_block_size - 1], self.kv_cache_group_id)
+        self.block_pool.cache_full_blocks([block], [key], 0, 1, bs)
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a02
 @patch
-def snapshot_running_state(self: MambaManager, request_id: str) -> None:
-    "Before a cached running state is overwritten in place: copy it to a fresh block, which takes over its key."
-    src, (dst,) = self.req_to_blocks[request_id][-1], self.block_pool.get_new_blocks(1)
-    key = src.block_hash
-    self.block_pool._maybe_evict_cached_block(src)
-    self.block_pool.cache_full_blocks([dst], [key], 0, 1, self.block_size)
-    self.block_pool.touch([src])
-    self.pending_copies.append((src, dst)); self.cached_blocks_this_step.add(key)
+def copy_partial_state(self: MambaManager, request_id: str, slot: int, src: KVCacheBlock, dst: KVCacheBlock,
+                       running: bool) -> None:
+    "Copy-on-write of a state keyed inside its block: a new request gets the copy; a running one keeps writing `src` and the copy takes its key."
+    if running:
+        key, tokens = src.block_hash, self.tokens_of_key(src)
+        self.block_pool._maybe_evict_cached_block(src); src.ref_cnt += 1
+        if key is not None:
+            self.block_pool.cache_full_blocks([dst], [key], 0, 1, self.block_size)
+            self.key_tokens[dst.block_id] = (key, tokens); self.cached_blocks_this_step.add(key)
+    else:
+        self.req_to_blocks[request_id][slot] = dst; dst.ref_cnt += 1
+    self.pending_copies.append((src, dst))

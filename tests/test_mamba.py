@@ -43,6 +43,9 @@ def test_partial_hash_hits_only_with_a_mamba_block_larger_than_the_hash_unit():
     assert not sliding.coordinator.partial_hash_hits, "a sliding group with a larger block turns sub-block hits off"
 
 
+@pytest.mark.xfail(strict=True, reason="vLLM takes each group's sub-block copy in allocate_new_blocks, Mamba's with its new "
+                   "blocks first; nbs/04a_hybrid.ipynb takes full attention's in add_local_computed_blocks, before it "
+                   "(see tests/test_hybrid_vs_vllm.py COW_ORDER)")
 def test_sub_block_hit_copies_and_the_step_releases_both_ends():
     manager = qwen_like()
     a, b = HybridRequest("a", list(range(13))), HybridRequest("b", list(range(13)) + [50, 51, 52])
@@ -98,7 +101,7 @@ def test_preempted_request_starts_over():
     mamba = manager.coordinator.single_type_managers[0]
     assert "a" not in mamba.allocated_block_reqs and "a" not in mamba.last_state_block_idx
     assert manager.allocate_slots(a, 16) is not None
-    assert manager.get_block_ids("a")[0][:2] == [0, 0] and sum(b != 0 for b in manager.get_block_ids("a")[0]) == 2
+    assert manager.get_block_ids("a")[0] == [0, 0, 0, 1], "under retention 0 only the chunk reaching the prefill end reserves a checkpoint"
 
 
 @pytest.mark.parametrize("group, message", [
