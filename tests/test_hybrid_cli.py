@@ -13,7 +13,8 @@ from kvref.hybrid_replay import (HybridReference, HybridTraceDriver, KVRefHybrid
 from kvref.replay import load_decisions
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = sorted(p for p in (ROOT / "golden" / "hybrid").rglob("*.jsonl") if not p.name.endswith(".vllm.jsonl"))
+SHARED = ROOT / "golden" / "hybrid"  # the shared recordings: the top level and mamba/ (vllm-diff/ is tested by test_hybrid_vs_vllm)
+TRACES = sorted(p for p in [*SHARED.glob("*.jsonl"), *SHARED.glob("mamba/*.jsonl")] if not p.name.endswith(".vllm.jsonl"))
 ADAPTER = "kvref.hybrid_replay:KVRefHybridAdapter"
 
 
