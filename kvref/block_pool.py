@@ -62,6 +62,17 @@ def insert_all(self: BlockHashToBlockMap, block_hashes: list[bytes], blocks: lis
     else:
         for block_hash, block in zip(block_hashes, blocks): self.insert(block_hash, block)
 
+# %% ../nbs/03_block_pool.ipynb #c4e1b2a1
+@patch
+def get_cached_prefix(self: BlockHashToBlockMap, block_hashes: Iterable[bytes]) -> list[KVCacheBlock]:
+    "The block cached earliest under each of `block_hashes` in turn, up to the first hash not cached."
+    hits = []
+    for block_hash in block_hashes:
+        blocks = self._cache.get(block_hash)
+        if blocks is None: break
+        hits.append(blocks if type(blocks) is KVCacheBlock else next(iter(blocks.values())))
+    return hits
+
 # %% ../nbs/03_block_pool.ipynb #f19e8973
 @dataclass(slots=True, frozen=True)
 class BlockStored:
@@ -178,18 +189,27 @@ def cache_full_blocks(self: BlockPool,
                       extra_keys: Sequence[tuple | None] | None = None  # the new blocks' hash extra keys (for the event)
                      ) -> None:
     "Give the newly full blocks their hashes and enter them in the cache map, duplicates allowed."
-    new_blocks, new_hashes = self._checked_cache_args(blocks, block_hashes, num_cached_blocks, num_full_blocks,
-                                                      block_size, lora_name)
+    new_blocks, _ = self._checked_cache_args(blocks, block_hashes, num_cached_blocks, num_full_blocks,
+                                             block_size, lora_name)
     if not new_blocks: return
     if extra_keys is not None and len(extra_keys) != len(new_blocks):
         raise ValueError(f"extra_keys has {len(extra_keys)} entries for {len(new_blocks)} newly full blocks")
+    self._cache_full_blocks(blocks, block_hashes, num_cached_blocks, num_full_blocks, block_size, token_ids,
+                            lora_name, extra_keys)
+
+# %% ../nbs/03_block_pool.ipynb #c4e1b2a3
+@patch
+def _cache_full_blocks(self: BlockPool, blocks, block_hashes, num_cached_blocks: int, num_full_blocks: int,
+                       block_size: int, token_ids=(), lora_name=None, extra_keys=None) -> None:
+    "The work of `cache_full_blocks`, on arguments known to be valid (the KV cache manager's own table and hashes)."
+    new_blocks, new_hashes = blocks[num_cached_blocks:num_full_blocks], block_hashes[num_cached_blocks:num_full_blocks]
     for block, block_hash in zip(new_blocks, new_hashes): block.block_hash = block_hash
     self.cached_block_hash_to_block.insert_all(new_hashes, new_blocks)
     if self.kv_event_queue is not None:
         parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
         tokens = list(token_ids[num_cached_blocks * block_size:num_full_blocks * block_size])
         keys = None if extra_keys is None else list(extra_keys)
-        self.kv_event_queue.append(BlockStored(new_hashes, parent, tokens, block_size, lora_name, keys))
+        self.kv_event_queue.append(BlockStored(list(new_hashes), parent, tokens, block_size, lora_name, keys))
 
 # %% ../nbs/03_block_pool.ipynb #9841b473
 @patch
@@ -230,7 +250,12 @@ def _refuse_cache_args(self: BlockPool, new_blocks: list[KVCacheBlock], new_hash
 @patch
 def touch(self: BlockPool, blocks: Iterable[KVCacheBlock]) -> None:
     "Take hit blocks into use: count + 1, and out of the free queue if they were free."
-    for block in self._checked_own(blocks, "touch"):
+    self._touch(self._checked_own(blocks, "touch"))
+
+@patch
+def _touch(self: BlockPool, blocks: list[KVCacheBlock]) -> None:
+    "The work of `touch`, on blocks known to be this pool's (the KV cache manager's hits, checked when offered)."
+    for block in blocks:
         if block.ref_cnt == 0 and not block.is_null: self.free_block_queue.remove(block)
         block.ref_cnt += 1
 
@@ -247,13 +272,20 @@ def free_blocks(self: BlockPool,
             if n > block.ref_cnt:
                 raise ValueError(f"block {block.block_id} is freed but not held" if block.ref_cnt <= 0 else
                                  f"block {block.block_id} is freed {n} times but held {block.ref_cnt} times")
+    self._free_blocks(blocks, unhashed_first)
+
+# %% ../nbs/03_block_pool.ipynb #c4e1b2a4
+@patch
+def _free_blocks(self: BlockPool, blocks: list[KVCacheBlock], unhashed_first: bool = False) -> None:
+    "The work of `free_blocks`, on blocks known to be this pool's, held, and not the null block (a request's table)."
     to_head, to_tail = [], []
     for block in blocks:
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
             (to_head if unhashed_first and block.block_hash is None else to_tail).append(block)
-    if to_head: self.free_block_queue.prepend_n(to_head)
-    if to_tail: self.free_block_queue.append_n(to_tail)
+    queue = self.free_block_queue  # their last holder just let go: distinct and in no queue, nothing to check
+    if to_head: queue._splice(to_head, queue.fake_head, queue.fake_head.next_free_block)
+    if to_tail: queue._splice(to_tail, queue.fake_tail.prev_free_block, queue.fake_tail)
 
 # %% ../nbs/03_block_pool.ipynb #e74b93b7
 @patch

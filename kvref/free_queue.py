@@ -92,7 +92,10 @@ class FreeKVCacheBlockQueue:
 
     def _link(self, blocks: Iterable[KVCacheBlock], prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
         "Splice `blocks`, in order, between the adjacent queue nodes `prev` and `nxt`, after checking them all."
-        blocks = _checked_unqueued(blocks, self)
+        self._splice(_checked_unqueued(blocks, self), prev, nxt)
+
+    def _splice(self, blocks: list[KVCacheBlock], prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
+        "`_link` unchecked, for callers that know `blocks` are distinct and in no queue."
         for block in blocks:
             prev.next_free_block, block.prev_free_block, block.free_queue = block, prev, self
             prev = block
@@ -138,9 +141,10 @@ def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
         raise ValueError(f"asked for {n} free blocks but only {self.num_free_blocks} are free")
     out, block = [], self.fake_head.next_free_block
     for _ in range(n):
+        nxt = block.next_free_block
+        block.prev_free_block = block.next_free_block = block.free_queue = None
         out.append(block)
-        block = block.next_free_block
-    for taken in out: taken.prev_free_block = taken.next_free_block = taken.free_queue = None
+        block = nxt
     self.fake_head.next_free_block, block.prev_free_block = block, self.fake_head
     self.num_free_blocks -= n
     return out

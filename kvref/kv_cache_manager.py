@@ -197,8 +197,7 @@ def get_computed_blocks(self: KVCacheManager, request: Request) -> tuple[list[KV
     self._checked_request(request)
     if not self.enable_caching: return [], 0
     max_hit_blocks = (len(request.all_token_ids) - 1) // self.block_size
-    get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block  # the pool's map, read directly
-    hits = longest_cache_hit(get_one_block, self._block_hashes(request)[:max_hit_blocks])
+    hits = self.block_pool.cached_block_hash_to_block.get_cached_prefix(self._block_hashes(request)[:max_hit_blocks])
     return hits, len(hits) * self.block_size
 
 # %% ../nbs/04_kv_cache_manager.ipynb #7af1a3ce
@@ -217,11 +216,11 @@ def allocate_slots(self: KVCacheManager,
     num_slots = num_computed + num_new_tokens + num_lookahead_tokens
     if self.max_model_len is not None: num_slots = min(num_slots, self.max_model_len)
     num_new_blocks = max(cdiv(num_slots, self.block_size) - len(table) - len(hits), 0)
-    num_evictable_hits = sum(b.ref_cnt == 0 and not b.is_null for b in hits) if hits else 0
+    num_evictable_hits = [b.ref_cnt for b in hits].count(0)  # checked hits are cached, so never the null block
     if num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks(): return None
     self.req_to_blocks[rid], self.live_requests[rid] = table, request
     if hits:
-        self.block_pool.touch(hits)
+        self.block_pool._touch(hits)  # checked by _check_hits
         table.extend(hits)
         self.num_cached_block[rid] = len(table)
     new_blocks = []
@@ -249,8 +248,8 @@ def _cache_blocks(self: KVCacheManager, request: Request, num_full_blocks: int) 
     rid, lora_name = request.request_id, request.lora_request.name if request.lora_request else None
     num_cached = self.num_cached_block.get(rid, 0)
     keys = self._extra_keys(request, num_cached, num_full_blocks) if self.block_pool.kv_event_queue is not None else None
-    self.block_pool.cache_full_blocks(self.req_to_blocks[rid], self._block_hashes(request), num_cached,
-                                      num_full_blocks, self.block_size, request.all_token_ids, lora_name, keys)
+    self.block_pool._cache_full_blocks(self.req_to_blocks[rid], self._block_hashes(request), num_cached,
+                                       num_full_blocks, self.block_size, request.all_token_ids, lora_name, keys)
     self.num_cached_block[rid] = num_full_blocks
 
 @patch
@@ -304,6 +303,40 @@ def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]
             raise ValueError(f"request {rid!r}: new_computed_blocks[{i}] (block {block.block_id}) "
                              f"is not the block cached for the request's block {i}")
 
+# %% ../nbs/04_kv_cache_manager.ipynb #d5e0c1a1
+_allocate_slots_definition = KVCacheManager.allocate_slots  # the definition above; the fast path must agree with it
+
+def _is_decode_step(self: KVCacheManager, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                    num_lookahead_tokens) -> bool:
+    "A live request's step with tokens to compute and nothing else: no hits, no lookahead, every count an int."
+    return (not new_computed_blocks and isinstance(request, Request)
+            and self.live_requests.get(request.request_id) is request
+            and type(num_new_tokens) is type(num_new_computed_tokens) is type(num_lookahead_tokens) is int
+            and num_new_tokens > 0 and num_new_computed_tokens == 0 and num_lookahead_tokens == 0)
+
+# %% ../nbs/04_kv_cache_manager.ipynb #d5e0c1a2
+@patch
+def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                   new_computed_blocks: Sequence[KVCacheBlock] | None = None, num_lookahead_tokens: int = 0,
+                  ) -> list[KVCacheBlock] | None:
+    "`allocate_slots` as defined above, with a live request's decode step taken directly."
+    args = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens)
+    if not _is_decode_step(self, *args): return _allocate_slots_definition(self, *args)
+    table, num_computed, size = self.req_to_blocks[request.request_id], request.num_computed_tokens, self.block_size
+    total = num_computed + num_new_tokens if type(num_computed) is int else None
+    if (total is None or not 0 <= num_computed <= len(table) * size or total > len(request.all_token_ids)
+            or (self.max_model_len is not None and total > self.max_model_len)):
+        return _allocate_slots_definition(self, *args)  # refused: the definition names what is wrong
+    if self.enable_caching: self._block_hashes(request)
+    new_blocks, num_new_blocks = [], cdiv(total, size) - len(table)
+    if num_new_blocks > 0:
+        if num_new_blocks > self.block_pool.get_num_free_blocks(): return None
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks + self._num_preallocate(len(table), num_new_blocks))
+        table.extend(new_blocks)
+    if self.enable_caching and total // size > self.num_cached_block.get(request.request_id, 0):
+        self._cache_blocks(request, total // size)
+    return new_blocks
+
 # %% ../nbs/04_kv_cache_manager.ipynb #a15428cd
 @patch
 def free(self: KVCacheManager, request: Request | str) -> None:
@@ -317,10 +350,10 @@ def free(self: KVCacheManager, request: Request | str) -> None:
     if table is None:
         if self.strict: raise ValueError(f"request {rid!r} holds no blocks: never allocated, or already freed")
         return
-    if self.behavior == "vllm_0_33":
-        self.block_pool.free_blocks(reversed(table), unhashed_first=True)
+    if self.behavior == "vllm_0_33":  # the table's blocks are this pool's and held: the pool's unchecked work
+        self.block_pool._free_blocks(table[::-1], unhashed_first=True)
     else:
-        self.block_pool.free_blocks(reversed(table) if self.enable_caching else table)
+        self.block_pool._free_blocks(table[::-1] if self.enable_caching else table)
 
 # %% ../nbs/04_kv_cache_manager.ipynb #b5078fd9
 @patch

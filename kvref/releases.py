@@ -366,10 +366,9 @@ class ReleaseBlockPool(BlockPool):
 
 # %% ../nbs/05a_vllm_releases.ipynb #13412763
 @patch
-def free_blocks(self: ReleaseBlockPool, ordered_blocks, unhashed_first: bool = False) -> None:
+def _free_blocks(self: ReleaseBlockPool, blocks: list, unhashed_first: bool = False) -> None:
     "Free a request's blocks (the manager passes them last first) in the release's order."
-    blocks = list(ordered_blocks)
-    BlockPool.free_blocks(self, blocks if self.last_first else blocks[::-1], unhashed_first=self.unhashed_to_head)
+    BlockPool._free_blocks(self, blocks if self.last_first else blocks[::-1], unhashed_first=self.unhashed_to_head)
 
 # %% ../nbs/05a_vllm_releases.ipynb #d4f1d82b
 class ReleaseKVCacheManager(KVCacheManager):

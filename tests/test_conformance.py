@@ -54,7 +54,7 @@ class HitStaysInQueue(KVCacheManager):
         super().__init__(*args, **kwargs)
         def touch(blocks):
             for block in blocks: block.ref_cnt += 1
-        self.block_pool.touch = touch
+        self.block_pool._touch = touch  # the manager's hits go through the pool's unchecked `_touch`
 
 
 PLANTED = [OffByOneHitCap, ForgetsReverse, HitStaysInQueue]
