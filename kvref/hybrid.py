@@ -113,6 +113,7 @@ class SingleTypeKVCacheManager:
         self.max_admission_blocks_per_request = max_admission_blocks_per_request
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}  # only for requests that have allocated (running)
+        self.partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}  # a sub-block hit's shared block to copy: (slot, block)
         self.pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []  # copy-on-write (src, dst) until the step ends
 
 # %% ../nbs/04a_hybrid.ipynb #489aa5aa
@@ -154,34 +155,39 @@ def get_num_blocks_to_allocate(self: SingleTypeKVCacheManager, request_id: str, 
 @patch
 def add_local_computed_blocks(self: SingleTypeKVCacheManager, request_id: str,
                               new_computed_blocks: Sequence[KVCacheBlock], num_computed_tokens: int) -> None:
-    "Adopt a new request's hit blocks: nulls for the skipped part, the rest touched."
+    "Adopt a new request's hit blocks: nulls for the skipped part, the rest touched; a last block hit inside is remembered for its copy."
     num_skipped = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
     kept = list(new_computed_blocks[num_skipped:])
     self.block_pool.touch(kept)
     table = self.req_to_blocks.setdefault(request_id, [])
     table += [self.block_pool.null_block] * num_skipped + kept
     self.num_cached_block[request_id] = len(table)
-    if kept and num_computed_tokens % self.block_size: self.copy_sub_block_hit(request_id)
-
-# %% ../nbs/04a_hybrid.ipynb #91f0f166
-@patch
-def copy_sub_block_hit(self: SingleTypeKVCacheManager, request_id: str) -> None:
-    "A hit ends inside its last block: a fresh copy replaces it, both held until the step ends, the copy cached when full."
-    table = self.req_to_blocks[request_id]
-    src, (dst,) = table[-1], self.block_pool.get_new_blocks(1)
-    self.block_pool.touch([dst]); table[-1] = dst
-    self.pending_copies.append((src, dst)); self.num_cached_block[request_id] -= 1
+    if kept and num_computed_tokens % self.block_size:  # the copy is cached once full, not the shared block
+        self.partial_hit_reqs[request_id] = (num_computed_tokens // self.block_size, kept[-1])
+        self.num_cached_block[request_id] = num_computed_tokens // self.block_size
 
 # %% ../nbs/04a_hybrid.ipynb #0d1e3e63
 @patch
 def allocate_new_blocks(self: SingleTypeKVCacheManager, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-    "Grow the table to hold `num_tokens` slots; the new blocks."
-    table = self.req_to_blocks.setdefault(request_id, [])
+    "Grow the table to hold `num_tokens` slots, a sub-block hit's copy first; the new blocks."
+    table, copied = self.req_to_blocks.setdefault(request_id, []), []
+    if request_id in self.partial_hit_reqs:
+        slot, src = self.partial_hit_reqs.pop(request_id)
+        copied = self.block_pool.get_new_blocks(1)
+        self.apply_cow(request_id, slot, src, copied[0])
     num_new = cdiv(num_tokens, self.block_size) - len(table)
-    if num_new <= 0: return []
+    if num_new <= 0: return copied
     new_blocks = self.block_pool.get_new_blocks(num_new)
     table.extend(new_blocks)
-    return new_blocks
+    return copied + new_blocks
+
+# %% ../nbs/04a_hybrid.ipynb #91f0f166
+@patch
+def apply_cow(self: SingleTypeKVCacheManager, request_id: str, slot: int, src: KVCacheBlock, dst: KVCacheBlock) -> None:
+    "Copy-on-write: `dst` replaces the shared `src` at `slot`; both held until the step ends and the copy has run (vLLM's `_apply_cow`)."
+    self.req_to_blocks[request_id][slot] = dst
+    dst.ref_cnt += 1  # `src` keeps the reference the hit took
+    self.pending_copies.append((src, dst))
 
 # %% ../nbs/04a_hybrid.ipynb #7a6e8156
 @patch
@@ -217,7 +223,7 @@ def remove_skipped_blocks(self: SingleTypeKVCacheManager, request_id: str, num_c
 def free(self: SingleTypeKVCacheManager, request_id: str) -> None:
     "Release the request's table, last block first."
     table = self.req_to_blocks.pop(request_id, [])
-    self.num_cached_block.pop(request_id, None)
+    self.num_cached_block.pop(request_id, None); self.partial_hit_reqs.pop(request_id, None)
     self.block_pool.free_blocks(reversed(table), unhashed_first=True)
 
 # %% ../nbs/04a_hybrid.ipynb #7f760647

@@ -18,18 +18,11 @@ import kvref.mamba  # noqa: F401  (registers the Mamba kind)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "hybrid"
 DIFF = GOLDEN / "vllm-diff"
-
-# vLLM runs a sub-block hit's copy-on-write for full attention inside `allocate_new_blocks`, group by group, after the
-# Mamba group's copy and new blocks (`SingleTypeKVCacheManager.add_local_computed_blocks` records `_partial_hit_reqs`,
-# `allocate_new_blocks` pops the copy's block first, vllm/v1/core/single_type_kv_cache_manager.py at v0.33.0);
-# nbs/04a_hybrid.ipynb's `copy_sub_block_hit` takes it already in `add_local_computed_blocks`, before any group allocates.
-COW_ORDER = "04a takes full attention's sub-block copy in add_local_computed_blocks; vLLM in allocate_new_blocks"
 # vLLM's `BlockPool.cache_partial_block` adds a second key to a block that already has one (a full-attention block
 # that filled up keeps its full key and gets the prompt's partial-tail key too, `cached_block_hashes_by_block`);
 # kvref's pool (nbs/03_block_pool.ipynb) holds one key per block, so that sub-block hit is missed.
 SECOND_KEY = "kvref's pool keeps one key per block; vLLM's cache_partial_block adds a second (partial tail of a full block)"
-XFAIL = {"hybrid-sub_block-5": COW_ORDER, "hybrid-sub_block-13": SECOND_KEY}
-
+XFAIL = {"hybrid-sub_block-13": SECOND_KEY}
 
 def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -42,7 +35,7 @@ def diff_traces() -> list:
 
 @pytest.mark.parametrize("name", diff_traces())
 def test_recorded_divergences_replay(name):
-    "Runs vLLM decided differently from kvref before (or still does, xfail), recorded as golden traces."
+    "Runs vLLM decided differently from kvref before, recorded as golden traces."
     assert replay_hybrid(read(DIFF / f"{name}.jsonl")) == read(DIFF / f"{name}.vllm.jsonl")
 
 
@@ -71,12 +64,11 @@ def test_random_workloads_agree_with_vllm(vllm, layout):
     assert sweep(vllm, layout, range(150)) == []
 
 
-@pytest.mark.xfail(reason=f"{COW_ORDER}; {SECOND_KEY}", strict=True)
+@pytest.mark.xfail(reason=SECOND_KEY, strict=True)
 def test_random_sub_block_workloads_agree_with_vllm(vllm):
     assert sweep(vllm, "sub_block", range(60)) == []
 
 
-@pytest.mark.xfail(reason=COW_ORDER, strict=True)
 def test_sub_block_copies_are_taken_group_by_group_with_the_new_blocks(vllm):
     "Mamba (group 0) and full attention both hit inside a block and both need a new block: vLLM's order is m-copy, m-new, f-copy, f-new."
     ops = [{"op": "config", "groups": [{"kind": "mamba", "block_size": 8, "checkpoint_alignment": None},

@@ -43,9 +43,6 @@ def test_partial_hash_hits_only_with_a_mamba_block_larger_than_the_hash_unit():
     assert not sliding.coordinator.partial_hash_hits, "a sliding group with a larger block turns sub-block hits off"
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM takes each group's sub-block copy in allocate_new_blocks, Mamba's with its new "
-                   "blocks first; nbs/04a_hybrid.ipynb takes full attention's in add_local_computed_blocks, before it "
-                   "(see tests/test_hybrid_vs_vllm.py COW_ORDER)")
 def test_sub_block_hit_copies_and_the_step_releases_both_ends():
     manager = qwen_like()
     a, b = HybridRequest("a", list(range(13))), HybridRequest("b", list(range(13)) + [50, 51, 52])
@@ -122,3 +119,4 @@ def test_mamba_group_without_align_mode_in_a_trace():
         HybridTraceReplayer().apply({"op": "config", "num_blocks": 8, "groups": [
             {"kind": "full", "block_size": 4}, {"kind": "mamba", "block_size": 4, "mamba_cache_mode": None},
             {"kind": "mamba", "block_size": 4, "mamba_cache_mode": "none"}]})
+
