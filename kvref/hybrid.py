@@ -20,7 +20,7 @@ from .kv_cache_manager import Request, cdiv, longest_cache_hit, update_block_has
 # %% auto #0
 __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'FullAttentionSpec', 'SlidingWindowSpec',
            'ChunkedLocalAttentionSpec', 'resolve_block_sizes', 'group_block_hashes', 'hash_with_group_id',
-           'get_cached_blocks', 'HybridRequest', 'SingleTypeKVCacheManager', 'FullAttentionManager',
+           'get_cached_blocks', 'HybridBlockPool', 'HybridRequest', 'SingleTypeKVCacheManager', 'FullAttentionManager',
            'SlidingWindowManager', 'ChunkedLocalAttentionManager', 'SpecGroup', 'split_spec_groups',
            'max_admission_blocks_per_request', 'partial_hash_hits_enabled', 'HybridKVCacheCoordinator',
            'HybridKVCacheManager', 'spec_from_group', 'HybridTraceReplayer', 'replay_hybrid', 'group_tables_svg']
@@ -86,6 +86,41 @@ def get_cached_blocks(block_pool: BlockPool, block_hash: bytes, group_ids: Seque
         if block is None: return None
         found.append(block)
     return found
+
+# %% ../nbs/04a_hybrid.ipynb #5k7e0a02
+class HybridBlockPool(BlockPool):
+    "The block pool, where a block may be cached under further keys beside its `block_hash` (vLLM's `cached_block_hashes_by_block`)."
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}  # block id -> its keys besides `block_hash`
+
+# %% ../nbs/04a_hybrid.ipynb #5k7e0a04
+@patch
+def insert_block_hash(self: HybridBlockPool, block: KVCacheBlock, key: bytes, block_size: int) -> None:
+    "Cache the held `block` under `key` too: as its `block_hash` if it has none, else beside it (vLLM's `BlockPool._insert_block_hash`)."
+    if block.block_hash is None: return self.cache_full_blocks([block], [key], 0, 1, block_size)
+    (block,) = self._checked_own([block], "insert_block_hash")
+    if type(key) is not bytes or not key: raise TypeError(f"key must be non-empty bytes, got {key!r:.40}")
+    if block.ref_cnt <= 0 or block.is_null: raise ValueError(f"block {block.block_id} is not held: only held blocks are cached")
+    if block.block_hash == key or key in self.cached_block_hashes_by_block.get(block.block_id, ()): return
+    self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
+    self.cached_block_hash_to_block.insert(key, block)
+
+# %% ../nbs/04a_hybrid.ipynb #5k7e0a06
+@patch
+def _maybe_evict_cached_block(self: HybridBlockPool, block: KVCacheBlock) -> bool:
+    "Forget every key of `block`, its own first (vLLM's `_remove_cached_block_hashes`); whether it had any."
+    evicted = BlockPool._maybe_evict_cached_block(self, block)
+    for key in self.cached_block_hashes_by_block.pop(block.block_id, ()): self.cached_block_hash_to_block.pop(key, block.block_id)
+    return evicted
+
+# %% ../nbs/04a_hybrid.ipynb #5k7e0a08
+@patch
+def reset_prefix_cache(self: HybridBlockPool) -> bool:
+    "Forget every key of every block, if no block is held; return whether it did."
+    if not BlockPool.reset_prefix_cache(self): return False
+    self.cached_block_hashes_by_block.clear()
+    return True
 
 # %% ../nbs/04a_hybrid.ipynb #e3e1010f
 @dataclass(eq=False)
@@ -373,7 +408,7 @@ class HybridKVCacheCoordinator:
         self.specs, self.enable_caching, self.retention_interval = list(specs), enable_caching, retention_interval
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
             [s.block_size for s in specs], enable_caching, prefix_match_unit)
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.block_pool = HybridBlockPool(num_blocks, enable_caching)
         in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
         self.single_type_managers = tuple(
             MANAGER_FOR_SPEC[type(spec)](spec, self.block_pool, i, self.scheduler_block_size,

@@ -286,7 +286,7 @@ def cache_partial_block(self: MambaManager, request: HybridRequest, block: KVCac
     if block.block_hash == key and not replace: return key
     held = self.tokens_of_key(block)
     if block.block_hash is not None and not (replace or held is None or held < num_tokens):
-        raise NotImplementedError(f"block {block.block_id} would hold a second key (vLLM keeps several; kvref's pool one)")
+        self.block_pool.insert_block_hash(block, key, self.block_size); return key  # beside its key for more tokens
     self.block_pool._maybe_evict_cached_block(block)
     self.block_pool.cache_full_blocks([block], [key], 0, 1, self.block_size)
     self.key_tokens[block.block_id] = (key, num_tokens)
@@ -307,10 +307,8 @@ def cache_partial_tail(self: FullAttentionManager, request: HybridRequest, num_t
     table, bs = self.req_to_blocks[request.request_id], self.block_size
     boundary = min((request.num_prompt_tokens - 1) // hash_block_size, len(fine_hashes)) * hash_block_size
     if boundary == 0 or boundary > num_tokens or boundary % bs == 0 or boundary // bs >= len(table): return
-    block = table[boundary // bs]
-    if block.block_hash is None:  # a block keyed already (full by now) keeps its key; vLLM would add this one as a second
-        key = hash_with_group_id(fine_hashes[boundary // hash_block_size - 1], self.kv_cache_group_id)
-        self.block_pool.cache_full_blocks([block], [key], 0, 1, bs)
+    key = hash_with_group_id(fine_hashes[boundary // hash_block_size - 1], self.kv_cache_group_id)
+    self.block_pool.insert_block_hash(table[boundary // bs], key, bs)  # a block full by now keeps its key: a second one
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a02
 @patch
