@@ -236,7 +236,7 @@ def cache_blocks(self: SingleTypeKVCacheManager, request: HybridRequest, block_h
     table, gid = self.req_to_blocks[rid], self.kv_cache_group_id
     chosen = [j for j in range(num_cached, num_full) if not table[j].is_null and (mask is None or mask[j - num_cached])]
     keys = [hash_with_group_id(block_hashes[j], gid) for j in chosen]
-    for j in chosen: self.block_pool._maybe_evict_cached_block(table[j])  # a partial tail's key gives way to the full one
+    for j in chosen: self.block_pool._maybe_evict_cached_block(table[j])  # a partial tail's keys give way to the full one
     self.block_pool.cache_full_blocks([table[j] for j in chosen], keys, 0, len(chosen), self.block_size)
     self.num_cached_block[rid] = num_full
 
