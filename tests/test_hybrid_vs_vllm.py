@@ -54,13 +54,9 @@ def sweep(vllm, layout: str, seeds: range) -> list[str]:
     return [diff for seed in seeds if (diff := lockstep(seed, 60, vllm, layout)[2])]
 
 
-@pytest.mark.parametrize("layout", ["attention", "mamba"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_random_workloads_agree_with_vllm(vllm, layout):
     assert sweep(vllm, layout, range(150)) == []
-
-
-def test_random_sub_block_workloads_agree_with_vllm(vllm):
-    assert sweep(vllm, "sub_block", range(60)) == []
 
 
 def test_sub_block_copies_are_taken_group_by_group_with_the_new_blocks(vllm):
