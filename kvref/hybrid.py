@@ -20,7 +20,7 @@ from .kv_cache_manager import Request, cdiv, longest_cache_hit, update_block_has
 # %% auto #0
 __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'FullAttentionSpec', 'SlidingWindowSpec',
            'ChunkedLocalAttentionSpec', 'resolve_block_sizes', 'group_block_hashes', 'hash_with_group_id',
-           'get_cached_blocks', 'HybridRequest', 'SingleTypeKVCacheManager', 'FullAttentionManager',
+           'get_cached_blocks', 'HybridBlockPool', 'HybridRequest', 'SingleTypeKVCacheManager', 'FullAttentionManager',
            'SlidingWindowManager', 'ChunkedLocalAttentionManager', 'SpecGroup', 'split_spec_groups',
            'max_admission_blocks_per_request', 'partial_hash_hits_enabled', 'HybridKVCacheCoordinator',
            'HybridKVCacheManager', 'spec_from_group', 'HybridTraceReplayer', 'replay_hybrid', 'group_tables_svg']
@@ -87,6 +87,41 @@ def get_cached_blocks(block_pool: BlockPool, block_hash: bytes, group_ids: Seque
         found.append(block)
     return found
 
+# %% ../nbs/04a_hybrid.ipynb #5k7e0a02
+class HybridBlockPool(BlockPool):
+    "The block pool, where a block may be cached under further keys beside its `block_hash` (vLLM's `cached_block_hashes_by_block`)."
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}  # block id -> its keys besides `block_hash`
+
+# %% ../nbs/04a_hybrid.ipynb #5k7e0a04
+@patch
+def insert_block_hash(self: HybridBlockPool, block: KVCacheBlock, key: bytes, block_size: int) -> None:
+    "Cache the held `block` under `key` too: as its `block_hash` if it has none, else beside it (vLLM's `BlockPool._insert_block_hash`)."
+    if block.block_hash is None: return self.cache_full_blocks([block], [key], 0, 1, block_size)
+    (block,) = self._checked_own([block], "insert_block_hash")
+    if type(key) is not bytes or not key: raise TypeError(f"key must be non-empty bytes, got {key!r:.40}")
+    if block.ref_cnt <= 0 or block.is_null: raise ValueError(f"block {block.block_id} is not held: only held blocks are cached")
+    if block.block_hash == key or key in self.cached_block_hashes_by_block.get(block.block_id, ()): return
+    self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
+    self.cached_block_hash_to_block.insert(key, block)
+
+# %% ../nbs/04a_hybrid.ipynb #5k7e0a06
+@patch
+def _maybe_evict_cached_block(self: HybridBlockPool, block: KVCacheBlock) -> bool:
+    "Forget every key of `block`, its own first (vLLM's `_remove_cached_block_hashes`); whether it had any."
+    evicted = BlockPool._maybe_evict_cached_block(self, block)
+    for key in self.cached_block_hashes_by_block.pop(block.block_id, ()): self.cached_block_hash_to_block.pop(key, block.block_id)
+    return evicted
+
+# %% ../nbs/04a_hybrid.ipynb #5k7e0a08
+@patch
+def reset_prefix_cache(self: HybridBlockPool) -> bool:
+    "Forget every key of every block, if no block is held; return whether it did."
+    if not BlockPool.reset_prefix_cache(self): return False
+    self.cached_block_hashes_by_block.clear()
+    return True
+
 # %% ../nbs/04a_hybrid.ipynb #e3e1010f
 @dataclass(eq=False)
 class HybridRequest(Request):
@@ -113,6 +148,7 @@ class SingleTypeKVCacheManager:
         self.max_admission_blocks_per_request = max_admission_blocks_per_request
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}  # only for requests that have allocated (running)
+        self.partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}  # a sub-block hit's shared block to copy: (slot, block)
         self.pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []  # copy-on-write (src, dst) until the step ends
 
 # %% ../nbs/04a_hybrid.ipynb #489aa5aa
@@ -154,34 +190,39 @@ def get_num_blocks_to_allocate(self: SingleTypeKVCacheManager, request_id: str, 
 @patch
 def add_local_computed_blocks(self: SingleTypeKVCacheManager, request_id: str,
                               new_computed_blocks: Sequence[KVCacheBlock], num_computed_tokens: int) -> None:
-    "Adopt a new request's hit blocks: nulls for the skipped part, the rest touched."
+    "Adopt a new request's hit blocks: nulls for the skipped part, the rest touched; a last block hit inside is remembered for its copy."
     num_skipped = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
     kept = list(new_computed_blocks[num_skipped:])
     self.block_pool.touch(kept)
     table = self.req_to_blocks.setdefault(request_id, [])
     table += [self.block_pool.null_block] * num_skipped + kept
     self.num_cached_block[request_id] = len(table)
-    if kept and num_computed_tokens % self.block_size: self.copy_sub_block_hit(request_id)
-
-# %% ../nbs/04a_hybrid.ipynb #91f0f166
-@patch
-def copy_sub_block_hit(self: SingleTypeKVCacheManager, request_id: str) -> None:
-    "A hit ends inside its last block: a fresh copy replaces it, both held until the step ends, the copy cached when full."
-    table = self.req_to_blocks[request_id]
-    src, (dst,) = table[-1], self.block_pool.get_new_blocks(1)
-    self.block_pool.touch([dst]); table[-1] = dst
-    self.pending_copies.append((src, dst)); self.num_cached_block[request_id] -= 1
+    if kept and num_computed_tokens % self.block_size:  # the copy is cached once full, not the shared block
+        self.partial_hit_reqs[request_id] = (num_computed_tokens // self.block_size, kept[-1])
+        self.num_cached_block[request_id] = num_computed_tokens // self.block_size
 
 # %% ../nbs/04a_hybrid.ipynb #0d1e3e63
 @patch
 def allocate_new_blocks(self: SingleTypeKVCacheManager, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-    "Grow the table to hold `num_tokens` slots; the new blocks."
-    table = self.req_to_blocks.setdefault(request_id, [])
+    "Grow the table to hold `num_tokens` slots, a sub-block hit's copy first; the new blocks."
+    table, copied = self.req_to_blocks.setdefault(request_id, []), []
+    if request_id in self.partial_hit_reqs:
+        slot, src = self.partial_hit_reqs.pop(request_id)
+        copied = self.block_pool.get_new_blocks(1)
+        self.apply_cow(request_id, slot, src, copied[0])
     num_new = cdiv(num_tokens, self.block_size) - len(table)
-    if num_new <= 0: return []
+    if num_new <= 0: return copied
     new_blocks = self.block_pool.get_new_blocks(num_new)
     table.extend(new_blocks)
-    return new_blocks
+    return copied + new_blocks
+
+# %% ../nbs/04a_hybrid.ipynb #91f0f166
+@patch
+def apply_cow(self: SingleTypeKVCacheManager, request_id: str, slot: int, src: KVCacheBlock, dst: KVCacheBlock) -> None:
+    "Copy-on-write: `dst` replaces the shared `src` at `slot`; both held until the step ends and the copy has run (vLLM's `_apply_cow`)."
+    self.req_to_blocks[request_id][slot] = dst
+    dst.ref_cnt += 1  # `src` keeps the reference the hit took
+    self.pending_copies.append((src, dst))
 
 # %% ../nbs/04a_hybrid.ipynb #7a6e8156
 @patch
@@ -195,7 +236,7 @@ def cache_blocks(self: SingleTypeKVCacheManager, request: HybridRequest, block_h
     table, gid = self.req_to_blocks[rid], self.kv_cache_group_id
     chosen = [j for j in range(num_cached, num_full) if not table[j].is_null and (mask is None or mask[j - num_cached])]
     keys = [hash_with_group_id(block_hashes[j], gid) for j in chosen]
-    for j in chosen: self.block_pool._maybe_evict_cached_block(table[j])  # a partial tail's key gives way to the full one
+    for j in chosen: self.block_pool._maybe_evict_cached_block(table[j])  # a partial tail's keys give way to the full one
     self.block_pool.cache_full_blocks([table[j] for j in chosen], keys, 0, len(chosen), self.block_size)
     self.num_cached_block[rid] = num_full
 
@@ -217,7 +258,7 @@ def remove_skipped_blocks(self: SingleTypeKVCacheManager, request_id: str, num_c
 def free(self: SingleTypeKVCacheManager, request_id: str) -> None:
     "Release the request's table, last block first."
     table = self.req_to_blocks.pop(request_id, [])
-    self.num_cached_block.pop(request_id, None)
+    self.num_cached_block.pop(request_id, None); self.partial_hit_reqs.pop(request_id, None)
     self.block_pool.free_blocks(reversed(table), unhashed_first=True)
 
 # %% ../nbs/04a_hybrid.ipynb #7f760647
@@ -367,7 +408,7 @@ class HybridKVCacheCoordinator:
         self.specs, self.enable_caching, self.retention_interval = list(specs), enable_caching, retention_interval
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
             [s.block_size for s in specs], enable_caching, prefix_match_unit)
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.block_pool = HybridBlockPool(num_blocks, enable_caching)
         in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
         self.single_type_managers = tuple(
             MANAGER_FOR_SPEC[type(spec)](spec, self.block_pool, i, self.scheduler_block_size,

@@ -47,7 +47,6 @@ class MambaManager(SingleTypeKVCacheManager):
         self.num_retired_blocks: dict[str, int] = {}    # slots below this were freed already
         self.allocated_block_reqs: set[str] = set()     # requests that have allocated since they were (re)admitted
         self.checkpoints: dict[str, tuple[int, int]] = {}  # this step's in-pass checkpoint: (token position, slot)
-        self.partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}  # a shared state to copy: (slot, block)
         self.cached_blocks_this_step: set[bytes] = set()  # keys cached since the last `new_step_starts`
         self.key_tokens: dict[int, tuple[bytes, int]] = {}  # block id -> (its key, how many tokens the key covers)
 
@@ -153,22 +152,6 @@ def plan_checkpoint(self: MambaManager, request_id: str, query_start: int, query
         else: self.checkpoints.pop(request_id, None)
     return position > 0
 
-# %% ../nbs/04b_mamba.ipynb #c0f1a005
-@patch
-def add_local_computed_blocks(self: MambaManager, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
-                              num_computed_tokens: int) -> None:
-    "Adopt a new request's hit state; one that ends inside its block is remembered, to be copied when the step allocates."
-    num_skipped = (num_computed_tokens - 1) // self.block_size
-    kept = list(new_computed_blocks[num_skipped:])
-    self.block_pool.touch(kept)
-    table = self.req_to_blocks.setdefault(request_id, [])
-    table += [self.block_pool.null_block] * num_skipped + kept
-    self.num_cached_block[request_id] = len(table)
-    if kept and num_computed_tokens % self.block_size:
-        self.partial_hit_reqs[request_id] = (num_computed_tokens // self.block_size, kept[-1])
-        self.num_cached_block[request_id] = num_computed_tokens // self.block_size
-
-
 # %% ../nbs/04b_mamba.ipynb #2f01ad45
 @patch
 def allocate_new_blocks(self: MambaManager, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
@@ -212,7 +195,7 @@ def retire_slots(self: MambaManager, request_id: str, last: int) -> None:
 @patch
 def free(self: MambaManager, request_id: str) -> None:
     "Release the request's table and forget its Mamba bookkeeping."
-    for per_request in (self.last_state_block_idx, self.num_retired_blocks, self.checkpoints, self.partial_hit_reqs):
+    for per_request in (self.last_state_block_idx, self.num_retired_blocks, self.checkpoints):
         per_request.pop(request_id, None)
     self.allocated_block_reqs.discard(request_id)
     SingleTypeKVCacheManager.free(self, request_id)
@@ -303,7 +286,7 @@ def cache_partial_block(self: MambaManager, request: HybridRequest, block: KVCac
     if block.block_hash == key and not replace: return key
     held = self.tokens_of_key(block)
     if block.block_hash is not None and not (replace or held is None or held < num_tokens):
-        raise NotImplementedError(f"block {block.block_id} would hold a second key (vLLM keeps several; kvref's pool one)")
+        self.block_pool.insert_block_hash(block, key, self.block_size); return key  # beside its key for more tokens
     self.block_pool._maybe_evict_cached_block(block)
     self.block_pool.cache_full_blocks([block], [key], 0, 1, self.block_size)
     self.key_tokens[block.block_id] = (key, num_tokens)
@@ -324,22 +307,18 @@ def cache_partial_tail(self: FullAttentionManager, request: HybridRequest, num_t
     table, bs = self.req_to_blocks[request.request_id], self.block_size
     boundary = min((request.num_prompt_tokens - 1) // hash_block_size, len(fine_hashes)) * hash_block_size
     if boundary == 0 or boundary > num_tokens or boundary % bs == 0 or boundary // bs >= len(table): return
-    block = table[boundary // bs]
-    if block.block_hash is None:  # a block keyed already (full by now) keeps its key; vLLM would add this one as a second
-        key = hash_with_group_id(fine_hashes[boundary // hash_block_size - 1], self.kv_cache_group_id)
-        self.block_pool.cache_full_blocks([block], [key], 0, 1, bs)
+    key = hash_with_group_id(fine_hashes[boundary // hash_block_size - 1], self.kv_cache_group_id)
+    self.block_pool.insert_block_hash(table[boundary // bs], key, bs)  # a block full by now keeps its key: a second one
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a02
 @patch
 def copy_partial_state(self: MambaManager, request_id: str, slot: int, src: KVCacheBlock, dst: KVCacheBlock,
                        running: bool) -> None:
     "Copy-on-write of a state keyed inside its block: a new request gets the copy; a running one keeps writing `src` and the copy takes its key."
-    if running:
-        key, tokens = src.block_hash, self.tokens_of_key(src)
-        self.block_pool._maybe_evict_cached_block(src); src.ref_cnt += 1
-        if key is not None:
-            self.block_pool.cache_full_blocks([dst], [key], 0, 1, self.block_size)
-            self.key_tokens[dst.block_id] = (key, tokens); self.cached_blocks_this_step.add(key)
-    else:
-        self.req_to_blocks[request_id][slot] = dst; dst.ref_cnt += 1
+    if not running: return self.apply_cow(request_id, slot, src, dst)  # the previous chapter's
+    key, tokens = src.block_hash, self.tokens_of_key(src)
+    self.block_pool._maybe_evict_cached_block(src); src.ref_cnt += 1
+    if key is not None:
+        self.block_pool.cache_full_blocks([dst], [key], 0, 1, self.block_size)
+        self.key_tokens[dst.block_id] = (key, tokens); self.cached_blocks_this_step.add(key)
     self.pending_copies.append((src, dst))

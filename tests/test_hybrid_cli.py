@@ -13,8 +13,8 @@ from kvref.hybrid_replay import (HybridReference, HybridTraceDriver, KVRefHybrid
 from kvref.replay import load_decisions
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT / "golden" / "hybrid"  # the shared recordings: the top level and mamba/ (vllm-diff/ is tested by test_hybrid_vs_vllm)
-TRACES = sorted(p for p in [*SHARED.glob("*.jsonl"), *SHARED.glob("mamba/*.jsonl")] if not p.name.endswith(".vllm.jsonl"))
+SHARED = ROOT / "golden" / "hybrid"  # the shared recordings (top level, mamba/) and vllm-diff/, runs vLLM once decided otherwise
+TRACES = sorted(p for d in ("", "mamba/", "vllm-diff/") for p in SHARED.glob(f"{d}*.jsonl") if not p.name.endswith(".vllm.jsonl"))
 ADAPTER = "kvref.hybrid_replay:KVRefHybridAdapter"
 
 
@@ -23,7 +23,7 @@ def recorded(trace: Path) -> Path:
 
 
 def test_every_shared_hybrid_trace_is_here():
-    assert len(TRACES) == 9 and all(recorded(t).exists() for t in TRACES)
+    assert len(TRACES) == 15 and all(recorded(t).exists() for t in TRACES)
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.stem)

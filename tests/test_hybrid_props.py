@@ -113,8 +113,12 @@ class HybridMachine(RuleBasedStateMachine):
         assert len(free) == len(set(free)) == pool.get_num_free_blocks() and 0 not in free
         assert set(free) | set(held) == set(range(1, pool.num_blocks)) and not set(free) & set(held)
         for b, count in held.items(): assert pool.blocks[b].ref_cnt == count, f"block {b}"
+        further = pool.cached_block_hashes_by_block  # a block's keys besides its own (sub-block hits: a prompt tail's)
         for key, holders in pool.cached_block_hash_to_block.items():
-            for b in holders.values(): assert b.block_hash == key and not b.is_null
+            for b in holders.values(): assert (b.block_hash == key or key in further.get(b.block_id, ())) and not b.is_null
+        for block_id, keys in further.items():
+            assert keys and pool.blocks[block_id].block_hash not in (None, *keys), f"block {block_id}: further keys need its own"
+            for key in keys: assert block_id in pool.cached_block_hash_to_block[key], f"block {block_id}: a further key not in the map"
 
     @invariant()
     def skipped_positions_hold_the_null_block_and_windows_bound_the_rest(self):

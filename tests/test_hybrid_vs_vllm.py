@@ -19,30 +19,18 @@ import kvref.mamba  # noqa: F401  (registers the Mamba kind)
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "hybrid"
 DIFF = GOLDEN / "vllm-diff"
 
-# vLLM runs a sub-block hit's copy-on-write for full attention inside `allocate_new_blocks`, group by group, after the
-# Mamba group's copy and new blocks (`SingleTypeKVCacheManager.add_local_computed_blocks` records `_partial_hit_reqs`,
-# `allocate_new_blocks` pops the copy's block first, vllm/v1/core/single_type_kv_cache_manager.py at v0.33.0);
-# nbs/04a_hybrid.ipynb's `copy_sub_block_hit` takes it already in `add_local_computed_blocks`, before any group allocates.
-COW_ORDER = "04a takes full attention's sub-block copy in add_local_computed_blocks; vLLM in allocate_new_blocks"
-# vLLM's `BlockPool.cache_partial_block` adds a second key to a block that already has one (a full-attention block
-# that filled up keeps its full key and gets the prompt's partial-tail key too, `cached_block_hashes_by_block`);
-# kvref's pool (nbs/03_block_pool.ipynb) holds one key per block, so that sub-block hit is missed.
-SECOND_KEY = "kvref's pool keeps one key per block; vLLM's cache_partial_block adds a second (partial tail of a full block)"
-XFAIL = {"hybrid-sub_block-5": COW_ORDER, "hybrid-sub_block-13": SECOND_KEY}
-
 
 def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def diff_traces() -> list:
-    names = sorted(p.name.removesuffix(".jsonl") for p in DIFF.glob("*.jsonl") if not p.name.endswith(".vllm.jsonl"))
-    return [pytest.param(n, marks=pytest.mark.xfail(reason=XFAIL[n], strict=True)) if n in XFAIL else n for n in names]
+    return sorted(p.name.removesuffix(".jsonl") for p in DIFF.glob("*.jsonl") if not p.name.endswith(".vllm.jsonl"))
 
 
 @pytest.mark.parametrize("name", diff_traces())
 def test_recorded_divergences_replay(name):
-    "Runs vLLM decided differently from kvref before (or still does, xfail), recorded as golden traces."
+    "Runs vLLM decided differently from kvref before, recorded as golden traces."
     assert replay_hybrid(read(DIFF / f"{name}.jsonl")) == read(DIFF / f"{name}.vllm.jsonl")
 
 
@@ -66,17 +54,11 @@ def sweep(vllm, layout: str, seeds: range) -> list[str]:
     return [diff for seed in seeds if (diff := lockstep(seed, 60, vllm, layout)[2])]
 
 
-@pytest.mark.parametrize("layout", ["attention", "mamba"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_random_workloads_agree_with_vllm(vllm, layout):
     assert sweep(vllm, layout, range(150)) == []
 
 
-@pytest.mark.xfail(reason=f"{COW_ORDER}; {SECOND_KEY}", strict=True)
-def test_random_sub_block_workloads_agree_with_vllm(vllm):
-    assert sweep(vllm, "sub_block", range(60)) == []
-
-
-@pytest.mark.xfail(reason=COW_ORDER, strict=True)
 def test_sub_block_copies_are_taken_group_by_group_with_the_new_blocks(vllm):
     "Mamba (group 0) and full attention both hit inside a block and both need a new block: vLLM's order is m-copy, m-new, f-copy, f-new."
     ops = [{"op": "config", "groups": [{"kind": "mamba", "block_size": 8, "checkpoint_alignment": None},
@@ -87,6 +69,20 @@ def test_sub_block_copies_are_taken_group_by_group_with_the_new_blocks(vllm):
     replayer = VllmHybridReplayer(vllm)
     want = [replayer.apply(op) for op in ops]
     assert want[-1]["block_ids"] == [[0, 4, 5], [2, 6, 7]]
+    assert replay_hybrid(ops) == want
+
+
+def test_a_full_block_keeps_its_prompt_tail_key(vllm):
+    "Full attention's block 1 fills up after the prompt tail (12 tokens) was keyed in it: vLLM keeps both keys, and `b` hits 12."
+    ops = [{"op": "config", "groups": [{"kind": "full", "block_size": 8}, {"kind": "mamba", "block_size": 8, "checkpoint_alignment": None}],
+            "num_blocks": 16, "prefix_match_unit": 2},
+           {"op": "add", "id": "a", "prompt": list(range(13))}, {"op": "schedule", "id": "a", "budget": 12},
+           {"op": "new_step"}, {"op": "schedule", "id": "a"}, {"op": "append", "id": "a", "tokens": [100, 101, 102]},
+           {"op": "new_step"}, {"op": "schedule", "id": "a"}, {"op": "new_step"},
+           {"op": "add", "id": "b", "prompt": list(range(13)) + list(range(50, 56))}, {"op": "schedule", "id": "b"}]
+    replayer = VllmHybridReplayer(vllm)
+    want = [replayer.apply(op) for op in ops]
+    assert (want[-1]["hit_tokens"], want[-1]["block_ids"]) == (12, [[1, 5, 6], [0, 7, 8]])
     assert replay_hybrid(ops) == want
 
 

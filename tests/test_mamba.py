@@ -43,9 +43,6 @@ def test_partial_hash_hits_only_with_a_mamba_block_larger_than_the_hash_unit():
     assert not sliding.coordinator.partial_hash_hits, "a sliding group with a larger block turns sub-block hits off"
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM takes each group's sub-block copy in allocate_new_blocks, Mamba's with its new "
-                   "blocks first; nbs/04a_hybrid.ipynb takes full attention's in add_local_computed_blocks, before it "
-                   "(see tests/test_hybrid_vs_vllm.py COW_ORDER)")
 def test_sub_block_hit_copies_and_the_step_releases_both_ends():
     manager = qwen_like()
     a, b = HybridRequest("a", list(range(13))), HybridRequest("b", list(range(13)) + [50, 51, 52])
@@ -122,3 +119,58 @@ def test_mamba_group_without_align_mode_in_a_trace():
         HybridTraceReplayer().apply({"op": "config", "num_blocks": 8, "groups": [
             {"kind": "full", "block_size": 4}, {"kind": "mamba", "block_size": 4, "mamba_cache_mode": None},
             {"kind": "mamba", "block_size": 4, "mamba_cache_mode": "none"}]})
+
+
+def full_block_with_a_tail_key():
+    "`a` (13 tokens) computes its prompt in two steps, then fills full attention's block 1 with three decoded tokens."
+    manager = HybridKVCacheManager([FullAttentionSpec(8), MambaSpec(8)], 16, prefix_match_unit=2)
+    a = HybridRequest("a", list(range(13)))
+    for num_new, output in ((12, None), (1, [100, 101, 102]), (3, None)):
+        manager.allocate_slots(a, num_new); a.num_computed_tokens += num_new
+        if output: a.append_output_token_ids(output)
+        manager.block_pool.free_blocks([x for pair in manager.take_kv_cache_block_copies() for x in pair], unhashed_first=True)
+        manager.new_step_starts()
+    return manager, a
+
+
+def keys_of(pool, block) -> set:
+    "Every key the pool's map holds `block` under."
+    return {key for key in pool.cached_block_hash_to_block if block.block_id in pool.cached_block_hash_to_block[key]}
+
+
+def test_a_full_block_keeps_its_prompt_tail_key_beside_the_full_one():
+    "vLLM's cache_partial_block adds the prompt tail's key to a block that filled up (its second key); a later request hits it."
+    manager, a = full_block_with_a_tail_key()
+    pool, block = manager.block_pool, manager.block_pool.blocks[2]
+    assert len(keys_of(pool, block)) == 2 and block.block_hash in keys_of(pool, block)
+    b = HybridRequest("b", list(range(13)) + list(range(50, 56)))
+    hits, num_hit, _ = manager.get_computed_blocks(b)
+    assert num_hit == 12 and [x.block_id for x in hits[0]] == [1, 2]
+    manager.allocate_slots(b, b.num_tokens - 12, num_hit, hits)
+    assert manager.get_block_ids("b") == [[1, 5, 6], [0, 7, 8]]  # vLLM 0.33's tables (tests/test_hybrid_vs_vllm.py)
+
+
+def test_evicting_or_resetting_drops_every_key_of_a_block():
+    "A reused block leaves no key behind in the map (vLLM's _remove_cached_block_hashes), nor does a reset."
+    manager, a = full_block_with_a_tail_key()
+    pool, block = manager.block_pool, manager.block_pool.blocks[2]
+    manager.free(a)
+    pool.get_new_blocks(pool.get_num_free_blocks())  # evicts every cached block, block 2 included
+    assert keys_of(pool, block) == set() and len(pool.cached_block_hash_to_block) == 0
+    manager, a = full_block_with_a_tail_key()
+    manager.free(a)
+    assert manager.reset_prefix_cache() and len(manager.block_pool.cached_block_hash_to_block) == 0
+    assert manager.block_pool.cached_block_hashes_by_block == {}, "no further key left to drop later"
+
+
+def test_a_state_keyed_for_more_tokens_gets_a_shorter_key_beside_it():
+    "vLLM's cache_partial_block keeps a block's key for more tokens and adds one for fewer beside it."
+    manager = qwen_like()
+    mamba = manager.coordinator.single_type_managers[0]
+    a = HybridRequest("a", list(range(13)))
+    manager.allocate_slots(a, 12); a.num_computed_tokens = 12
+    (block,) = manager.block_pool.get_new_blocks(1)
+    longer = mamba.cache_partial_block(a, block, 8)
+    shorter = mamba.cache_partial_block(a, block, 6)
+    assert block.block_hash == longer and manager.block_pool.cached_block_hashes_by_block == {block.block_id: {shorter}}
+    assert manager.block_pool.get_cached_block(shorter) is block
