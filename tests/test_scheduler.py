@@ -25,9 +25,10 @@ def assert_outcomes_agree(s):
     assert [{k: d[k] for k in seen} for d, seen in zip(decisions, s.outcomes)] == s.outcomes
     assert sum(1 for seen in s.outcomes if seen) > 0  # schedules were recorded: the check compared something
 
-def make(specs, num_blocks, block_size, budget, max_seqs, policy="fcfs", behavior="vllm_0_33", record=True):
-    s = Scheduler(KVCacheManager(num_blocks, block_size, behavior=behavior), budget, max_seqs,
-                  FakeModel(seed=3), policy=policy, record_decisions=record)
+def make(specs, num_blocks, block_size, budget, max_seqs, policy="fcfs", behavior="vllm_0_33", record=True,
+         max_model_len=None):
+    kv = KVCacheManager(num_blocks, block_size, behavior=behavior, max_model_len=max_model_len)
+    s = Scheduler(kv, budget, max_seqs, FakeModel(seed=3), policy=policy, record_decisions=record)
     for i, (family, n, max_tokens, prio) in enumerate(specs):
         prompt = [family * 10 + (j % 5) for j in range(n)]
         s.add_request(RequestSpec(f"r{i}", prompt, [], priority=prio), max_tokens=max_tokens)
@@ -242,8 +243,10 @@ def test_add_request_takes_a_request_spec(spec):
 @given(st.sampled_from([None, True, 1.5, "x", -1, 0, 2 ** 64, [1], {}, Bad()]),
        st.sampled_from(["id", "prompt", "output", "cache_salt", "lora", "after", "priority", "max_tokens"]))
 @settings(deadline=None)
+@example(2 ** 64, "max_tokens")  # accepted (vLLM sets no limit on max_tokens): capped by max_model_len, not run forever
 def test_fuzz_add_request_named_errors_and_no_change(value, field):
-    s = make([(0, 6, 2, 0)], 16, 4, 8, 4)
+    # as vLLM's config always has: a max_model_len the pool holds (15 usable blocks of 4), or vLLM refuses to start
+    s = make([(0, 6, 2, 0)], 16, 4, 8, 4, max_model_len=15 * 4)
     s.step()
     kw = dict(id="new", prompt=[1, 2, 3], output=[4], cache_salt=None, lora=None, after=None, priority=0)
     max_tokens = value if field == "max_tokens" else None
@@ -253,7 +256,7 @@ def test_fuzz_add_request_named_errors_and_no_change(value, field):
     except (ValueError, TypeError): assert state(s) == before
     else: assert len(s.requests) == 2
     run(s)
-    assert set(s.finished) >= {"r0"}
+    assert set(s.finished) >= {"r0"} and all(q.request.num_tokens <= s.kv.max_model_len for q in s.finished.values())
 
 
 class FlakyModel(FakeModel):
