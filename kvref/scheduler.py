@@ -256,7 +256,8 @@ def _schedule_running(self: Scheduler, scheduled: dict, preempted: list) -> int:
         req = self.running[i]
         num_new = min(req.request.num_tokens - req.request.num_computed_tokens, budget)
         if num_new == 0: i += 1; continue
-        while not self._try_allocate(req, num_new, budget):
+        sized_by = budget  # the retries keep num_new: a victim's tokens come back to `budget`, not to this request
+        while not self._try_allocate(req, num_new, sized_by):
             victim = self._victim()
             budget += scheduled.pop(victim.request_id, 0)
             if self.running.index(victim) < i: i -= 1
