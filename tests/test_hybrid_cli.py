@@ -8,7 +8,7 @@ import pytest
 
 from kvref.cli import main
 from kvref.conformance import check, check_recorded, shrink
-from kvref.hybrid_replay import (HybridReference, HybridTraceDriver, KVRefHybridAdapter, hybrid_replay_stats,
+from kvref.hybrid_replay import (HybridTraceDriver, HybridTraceReplayer, KVRefHybridAdapter, hybrid_replay_stats,
                                  load_hybrid_trace, write_hybrid_svgs)
 from kvref.replay import load_decisions
 
@@ -125,7 +125,7 @@ def test_stats_on_every_hybrid_trace(trace, capsys):
     s = hybrid_replay_stats(ops)
     assert s.num_ops == len(ops) and s.refusals == sum(d["op"] == "schedule" and not d["allocated"]
                                                        for d in load_decisions(recorded(trace)))
-    replayer = HybridReference()
+    replayer = HybridTraceReplayer()
     for op in ops: replayer.apply(op)
     for g, gs in enumerate(s.groups):  # every block that joined a table left it or is held at the end
         held = sum(sum(b != 0 for b in replayer.manager.get_block_ids(r)[g]) for r in replayer.requests)
@@ -176,7 +176,7 @@ def test_svg_names_the_op_and_each_group():
 
 def test_svg_draws_every_live_request():
     trace = ROOT / "golden" / "hybrid" / "hybrid-gpt-oss-11-1.jsonl"
-    ops, replayer = load_hybrid_trace(trace), HybridReference()
+    ops, replayer = load_hybrid_trace(trace), HybridTraceReplayer()
     import tempfile
     pictures = write_hybrid_svgs(ops, tempfile.mkdtemp())
     most = 0
