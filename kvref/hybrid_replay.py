@@ -246,38 +246,37 @@ def _count_tables(s: HybridReplayStats, before: list[list[int]], after: list[lis
         held[g] += len(joined) - len(left); gs.peak_blocks = max(gs.peak_blocks, held[g])
 
 # %% ../nbs/05c_hybrid_replay.ipynb #2390dacf
-def _count_op(s: HybridReplayStats, op: dict, d: dict, computed: dict[str, int], num_tokens: dict[str, int]) -> None:
-    "The pool-wide counts of one op and its decision."
-    kind, rid = op["op"], op.get("id")
+def _count_op(s: HybridReplayStats, op: dict, d: dict, queried_tokens: int) -> None:
+    "The pool-wide counts of one op and its decision (`queried_tokens`: a waiting request's tokens before it, else 0)."
+    kind = op["op"]
     s.num_ops += 1; s.peak_blocks_used = max(s.peak_blocks_used, s.num_usable_blocks - d["num_free"])
-    if kind == "add": s.num_requests += 1; computed[rid], num_tokens[rid] = 0, len(op["prompt"])
-    elif kind == "append": num_tokens[rid] += len(op["tokens"])
-    elif kind == "preempt": s.preemptions += 1; computed[rid] = 0
+    if kind == "add": s.num_requests += 1
+    elif kind == "preempt": s.preemptions += 1
     elif kind == "new_step": s.copies += len(d["copies"])
     elif kind == "schedule" and not d["allocated"]: s.refusals += 1
-    elif kind == "schedule":
-        if computed[rid] == 0: s.lookups += 1; s.queried_tokens += num_tokens[rid]; s.hit_tokens += d["hit_tokens"]
-        computed[rid] += d["hit_tokens"] + d["num_new_tokens"]
+    elif kind == "schedule" and queried_tokens: s.lookups += 1; s.queried_tokens += queried_tokens; s.hit_tokens += d["hit_tokens"]
 
 # %% ../nbs/05c_hybrid_replay.ipynb #f5d765d0
 def hybrid_replay_stats(ops: list[dict]  # a hybrid trace's ops, `config` first
                        ) -> HybridReplayStats:
     "Replay a hybrid trace with kvref and count what each op did to the pool and to each group's tables."
     if not ops: raise ValueError("no ops: a hybrid trace starts with its config op")
-    replayer, computed, num_tokens, owner = HybridTraceReplayer(), {}, {}, {}
+    replayer, owner = HybridTraceReplayer(), {}
     first = replayer.apply(ops[0])
     s = HybridReplayStats([GroupStats(g["kind"], g["block_size"]) for g in ops[0]["groups"]], num_usable_blocks=first["num_free"])
     held, blocks = [0] * len(s.groups), replayer.manager.block_pool.blocks
-    _count_op(s, ops[0], first, computed, num_tokens)
+    _count_op(s, ops[0], first, 0)
     for op in ops[1:]:
         rid = op.get("id")
-        before = replayer.manager.get_block_ids(rid) if rid in replayer.requests else [[] for _ in s.groups]
+        state = replayer.requests.get(rid)  # the driver's: tokens so far, tokens computed
+        queried = state.num_tokens if state is not None and state.num_computed_tokens == 0 else 0
+        before = replayer.manager.get_block_ids(rid) if state is not None else [[] for _ in s.groups]
         d = replayer.apply(op)
         after = replayer.manager.get_block_ids(rid) if rid in replayer.requests else [[] for _ in s.groups]
         if op["op"] == "reset_prefix_cache" and d["ok"]: owner.clear()
         hit = d["hit_tokens"] if op["op"] == "schedule" and d["allocated"] else 0
         _count_tables(s, before, after, hit, lambda b: blocks[b].block_hash is not None, owner, held)
-        _count_op(s, op, d, computed, num_tokens)
+        _count_op(s, op, d, queried)
     return s
 
 # %% ../nbs/05c_hybrid_replay.ipynb #a3bf42f5
