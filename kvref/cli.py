@@ -19,7 +19,7 @@ from .replay import (TRACE_FORMAT_VERSION, Divergence, TraceReplayer, list_vecto
 from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, load_release_trace,
                             profile_for_version, release_block_hashes, release_event_block_hashes)
 from .conformance import check, check_recorded, load_adapter, shrink
-from .hybrid_replay import (HybridReference, hybrid_replay_stats, is_hybrid_file, load_hybrid_trace,
+from .hybrid_replay import (HybridTraceReplayer, hybrid_replay_stats, is_hybrid_file, load_hybrid_trace,
                                  write_hybrid_svgs)
 from .kv_events import HASH_FORMS
 from .pictures import progress, write_svgs
@@ -281,7 +281,7 @@ def _decider(args, hybrid: bool) -> Callable[[dict], dict]:
         given = [name for name, on in (("--behavior", args.behavior != "vllm_0_33"), ("--vllm-version", args.vllm_version),
                  ("--format", args.format == 2), ("--free-queue-every", args.free_queue_every), ("--strict", args.strict)) if on]
         if given: raise ValueError(f"{given[0]} does not apply to a hybrid trace (config with 'groups'): it replays as vLLM 0.33 does, in format 1")
-        return HybridReference().apply
+        return HybridTraceReplayer().apply
     if args.vllm_version is None:
         return TraceReplayer(args.behavior, args.strict, version=args.format, free_queue_every=args.free_queue_every).apply
     if args.behavior != "vllm_0_33" or args.format or args.free_queue_every:

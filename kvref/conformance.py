@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from .kv_cache_manager import KVCacheManager
 from .replay import (FIELDS, AllocatorAdapter, Divergence, KVRefAdapter, Lockstep, Protocol1, TraceDriver,
                           TraceReplayer, kvref_factory, load_decisions, load_trace, replay_lockstep)
-from .hybrid_replay import (HYBRID_FIELDS, HybridReference, HybridTraceDriver, KVRefHybridAdapter, is_hybrid,
+from .hybrid_replay import (HYBRID_FIELDS, HybridTraceDriver, HybridTraceReplayer, KVRefHybridAdapter, is_hybrid,
                                  is_hybrid_file, load_hybrid_trace)
 
 # %% auto #0
@@ -48,7 +48,7 @@ def _queue_every(ops: list[dict], free_queue_every: int | None) -> int:
 
 def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
     "kvref and the engine stepped in lockstep: format 2 drivers, or a hybrid trace's reference and driver (format 1)."
-    if hybrid: ref, engine = HybridReference(behavior), HybridTraceDriver(factory, validate=False)
+    if hybrid: ref, engine = HybridTraceReplayer(behavior), HybridTraceDriver(factory, validate=False)
     else:
         ref = TraceReplayer(behavior, version=2, free_queue_every=every)
         engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
@@ -57,7 +57,7 @@ def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False) -> 
 # %% ../nbs/07_conformance.ipynb #8bd32e23
 def _tables_before(ops: list[dict], behavior: str, hybrid: bool = False) -> dict[str, list]:
     "kvref's block tables after `ops` (replayed again, only to report a divergence; a hybrid trace's: one per group)."
-    ref = HybridReference(behavior) if hybrid else TraceReplayer(behavior, version=2)
+    ref = HybridTraceReplayer(behavior) if hybrid else TraceReplayer(behavior, version=2)
     for op in ops: ref.apply(op)
     return {r: ref.manager.get_block_ids(r) for r in ref.requests} if ref.manager else {}
 
@@ -100,7 +100,7 @@ def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions
     if (bad := next((i for i, d in enumerate(decisions) if not isinstance(d, dict) or "op" not in d), None)) is not None:
         raise ValueError(f"decision {bad} must be a JSON object with an 'op' field, got {decisions[bad]!r:.60}")
     hybrid = bool(ops) and is_hybrid(ops[0])
-    ref = HybridReference(behavior) if hybrid else TraceReplayer(behavior)
+    ref = HybridTraceReplayer(behavior) if hybrid else TraceReplayer(behavior)
     lock = replay_lockstep(decisions, decide=ref.apply, fields=None if fields is None else decision_fields(fields, hybrid))
     for op in ops:
         if (d := lock.apply(op)) is not None: d.tables = _tables_before(d.trace[:-1], behavior, hybrid); return d

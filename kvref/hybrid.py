@@ -14,16 +14,16 @@ from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
 from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count
 from .block_pool import BlockPool
-from .hashing import LoRARequest, MultiModalItem, get_hash_fn_by_name
+from .hashing import get_hash_fn_by_name
 from .kv_cache_manager import Request, cdiv, longest_cache_hit, update_block_hashes
 
 # %% auto #0
-__all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'FullAttentionSpec', 'SlidingWindowSpec',
+__all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'HYBRID_CONFIG_DEFAULTS', 'FullAttentionSpec', 'SlidingWindowSpec',
            'ChunkedLocalAttentionSpec', 'resolve_block_sizes', 'group_block_hashes', 'hash_with_group_id',
            'get_cached_blocks', 'HybridBlockPool', 'HybridRequest', 'SingleTypeKVCacheManager', 'FullAttentionManager',
            'SlidingWindowManager', 'ChunkedLocalAttentionManager', 'SpecGroup', 'split_spec_groups',
            'max_admission_blocks_per_request', 'partial_hash_hits_enabled', 'HybridKVCacheCoordinator',
-           'HybridKVCacheManager', 'spec_from_group', 'HybridTraceReplayer', 'replay_hybrid', 'group_tables_svg']
+           'HybridKVCacheManager', 'spec_from_group', 'group_tables_svg']
 
 # %% ../nbs/04a_hybrid.ipynb #ff1337a6
 @dataclass(frozen=True, slots=True)
@@ -677,6 +677,8 @@ GROUP_KINDS = {"full": (FullAttentionSpec, ()), "sliding_window": (SlidingWindow
                "chunked_local": (ChunkedLocalAttentionSpec, ("attention_chunk_size",))}
 CONFIG_FIELDS = ("op", "groups", "num_blocks", "hash_algo", "max_model_len", "enable_caching", "retention_interval",
                  "full_sequence_must_fit", "max_in_flight_tokens", "prefix_match_unit", "model", "version")
+HYBRID_CONFIG_DEFAULTS = {"enable_caching": True, "hash_algo": "sha256", "max_model_len": 65536, "retention_interval": 0,
+                          "full_sequence_must_fit": False, "max_in_flight_tokens": None, "prefix_match_unit": None}
 
 # %% ../nbs/04a_hybrid.ipynb #a4decb4b
 def spec_from_group(group: dict, index: int):
@@ -696,105 +698,17 @@ def spec_from_group(group: dict, index: int):
 # %% ../nbs/04a_hybrid.ipynb #75f311b6
 @patch(cls_method=True)
 def from_config(cls: HybridKVCacheManager, config: dict) -> HybridKVCacheManager:
-    "The manager a hybrid trace's `config` op describes."
+    "The manager a hybrid trace's `config` op describes, `HYBRID_CONFIG_DEFAULTS` for the fields it leaves out."
     if not isinstance(config, dict): raise ValueError(f"config must be an object, got {config!r}")
     unknown = [k for k in config if k not in CONFIG_FIELDS]
     if unknown: raise ValueError(f"config has unknown field {unknown[0]!r}")
     groups = config.get("groups")
     if not isinstance(groups, list) or not groups: raise ValueError(f"config.groups must be a non-empty list, got {groups!r}")
-    return cls([spec_from_group(g, i) for i, g in enumerate(groups)], config.get("num_blocks"),
-               enable_caching=config.get("enable_caching", True), hash_algo=config.get("hash_algo", "sha256"),
-               max_model_len=config.get("max_model_len", 65536), retention_interval=config.get("retention_interval", 0),
-               max_in_flight_tokens=config.get("max_in_flight_tokens"), prefix_match_unit=config.get("prefix_match_unit"))
-
-# %% ../nbs/04a_hybrid.ipynb #4d9f89be
-class HybridTraceReplayer:
-    "Applies hybrid trace ops one by one; `apply` returns each op's decision in the recorded format."
-    def __init__(self):
-        self.manager: HybridKVCacheManager | None = None
-        self.requests: dict[str, HybridRequest] = {}
-        self.running: set[str] = set()
-        self.full_sequence_must_fit = False
-
-# %% ../nbs/04a_hybrid.ipynb #e4fdc342
-@patch
-def apply(self: HybridTraceReplayer, op: dict) -> dict:
-    "Apply one op; its decision."
-    name = op.get("op") if isinstance(op, dict) else None
-    if not hasattr(self, f"_{name}"): raise ValueError(f"unknown op {name!r}")
-    if (name == "config") != (self.manager is None): raise ValueError("the first op must be 'config', and only the first")
-    decision = {"op": name, **({"id": op["id"]} if "id" in op else {})}
-    decision.update(getattr(self, f"_{name}")(op) or {})
-    decision["free_queue"] = self.manager.get_free_queue_ids()
-    decision["num_free"] = self.manager.num_free_blocks
-    return decision
-
-# %% ../nbs/04a_hybrid.ipynb #8c08f944
-@patch
-def _request(self: HybridTraceReplayer, op: dict) -> HybridRequest:
-    if op.get("id") not in self.requests: raise ValueError(f"op {op['op']!r}: unknown request {op.get('id')!r}")
-    return self.requests[op["id"]]
-
-# %% ../nbs/04a_hybrid.ipynb #8cbccaae
-@patch
-def _config(self: HybridTraceReplayer, op: dict) -> None:
-    self.manager = HybridKVCacheManager.from_config(op)
-    self.full_sequence_must_fit = op.get("full_sequence_must_fit", False)
-
-# %% ../nbs/04a_hybrid.ipynb #5ab5a0d6
-@patch
-def _add(self: HybridTraceReplayer, op: dict) -> None:
-    if op.get("id") in self.requests: raise ValueError(f"op 'add': request {op.get('id')!r} is already live")
-    lora = LoRARequest(**op["lora"]) if op.get("lora") else None
-    mm_items = tuple(MultiModalItem(**item) for item in op.get("mm_items", ()))
-    self.requests[op["id"]] = HybridRequest(op["id"], op["prompt"], cache_salt=op.get("cache_salt"),
-                                            lora_request=lora, mm_items=mm_items)
-
-# %% ../nbs/04a_hybrid.ipynb #c14531a9
-@patch
-def _schedule(self: HybridTraceReplayer, op: dict) -> dict:
-    request, manager, waiting = self._request(op), self.manager, op["id"] not in self.running
-    hits, num_hit = None, 0
-    if waiting: hits, num_hit, request.shared_prefix_boundary = manager.get_computed_blocks(request)
-    num_new = request.num_tokens - request.num_computed_tokens - num_hit
-    if op.get("budget") is not None: num_new = min(num_new, op["budget"])
-    allocated = manager.allocate_slots(request, num_new, num_hit, hits, waiting and self.full_sequence_must_fit) is not None
-    if allocated: request.num_computed_tokens += num_hit + num_new; self.running.add(request.request_id)
-    return {"hit_tokens": num_hit, "num_new_tokens": num_new, "allocated": allocated,
-            "block_ids": manager.get_block_ids(request.request_id), "shared_prefix_boundary": request.shared_prefix_boundary}
-
-# %% ../nbs/04a_hybrid.ipynb #9aa85361
-@patch
-def _append(self: HybridTraceReplayer, op: dict) -> None: self._request(op).append_output_token_ids(op["tokens"])
-
-# %% ../nbs/04a_hybrid.ipynb #c7a02f9f
-@patch
-def _preempt(self: HybridTraceReplayer, op: dict) -> None:
-    request = self._request(op)
-    self.manager.free(request); request.num_computed_tokens = 0; self.running.discard(request.request_id)
-
-# %% ../nbs/04a_hybrid.ipynb #724bf66c
-@patch
-def _free(self: HybridTraceReplayer, op: dict) -> None:
-    self.requests.pop(op["id"], None); self.running.discard(op["id"]); self.manager.free(op["id"])
-
-# %% ../nbs/04a_hybrid.ipynb #ebfa51b5
-@patch
-def _new_step(self: HybridTraceReplayer, op: dict) -> dict:
-    copies = self.manager.take_kv_cache_block_copies()
-    self.manager.block_pool.free_blocks([block for pair in copies for block in pair], unhashed_first=True)
-    self.manager.new_step_starts()
-    return {"copies": [[src.block_id, dst.block_id] for src, dst in copies]}
-
-# %% ../nbs/04a_hybrid.ipynb #55f13258
-@patch
-def _reset_prefix_cache(self: HybridTraceReplayer, op: dict) -> dict: return {"ok": self.manager.reset_prefix_cache()}
-
-# %% ../nbs/04a_hybrid.ipynb #c58fbad1
-def replay_hybrid(ops) -> list[dict]:
-    "The decision for each op of a hybrid trace."
-    replayer = HybridTraceReplayer()
-    return [replayer.apply(op) for op in ops]
+    c = {**HYBRID_CONFIG_DEFAULTS, **config}
+    return cls([spec_from_group(g, i) for i, g in enumerate(groups)], c.get("num_blocks"),
+               enable_caching=c["enable_caching"], hash_algo=c["hash_algo"], max_model_len=c["max_model_len"],
+               retention_interval=c["retention_interval"], max_in_flight_tokens=c["max_in_flight_tokens"],
+               prefix_match_unit=c["prefix_match_unit"])
 
 # %% ../nbs/04a_hybrid.ipynb #fd00b291
 def group_tables_svg(manager: HybridKVCacheManager, request_ids: Sequence[str], box: int = 30) -> str:

@@ -9,18 +9,19 @@ from __future__ import annotations
 import html, json, re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, Iterable, Protocol, runtime_checkable
 from fastcore.basics import patch
-from .hybrid import CONFIG_FIELDS, HybridKVCacheManager, HybridRequest, HybridTraceReplayer, group_tables_svg, spec_from_group
+from .hybrid import (CONFIG_FIELDS, HYBRID_CONFIG_DEFAULTS, HybridKVCacheManager, HybridRequest, group_tables_svg,
+                          spec_from_group)
 from .hashing import LoRARequest, MultiModalItem
 from .replay import MAX_LINE_CHARS, TraceDriver, load_trace, step, validate_op
 from .pictures import progress
 import kvref.mamba  # registers the Mamba group kind
 
 # %% auto #0
-__all__ = ['HYBRID_OPS', 'HYBRID_FIELDS', 'HYBRID_CONFIG_DEFAULTS', 'is_hybrid', 'validate_hybrid_op', 'load_hybrid_trace',
-           'is_hybrid_file', 'hybrid_config', 'HybridAllocatorAdapter', 'KVRefHybridAdapter', 'HybridTraceDriver',
-           'HybridReference', 'GroupStats', 'HybridReplayStats', 'hybrid_replay_stats', 'hybrid_step_svg',
+__all__ = ['HYBRID_OPS', 'HYBRID_FIELDS', 'is_hybrid', 'validate_hybrid_op', 'load_hybrid_trace', 'is_hybrid_file',
+           'hybrid_config', 'HybridAllocatorAdapter', 'KVRefHybridAdapter', 'HybridTraceDriver', 'HybridTraceReplayer',
+           'replay_hybrid', 'GroupStats', 'HybridReplayStats', 'hybrid_replay_stats', 'hybrid_step_svg',
            'write_hybrid_svgs']
 
 # %% ../nbs/05c_hybrid_replay.ipynb #008a50f5
@@ -70,11 +71,8 @@ def is_hybrid_file(path: str | Path) -> bool:
     except (OSError, ValueError, RecursionError): return False
 
 # %% ../nbs/05c_hybrid_replay.ipynb #dbefb69e
-HYBRID_CONFIG_DEFAULTS = {"enable_caching": True, "hash_algo": "sha256", "max_model_len": 65536, "retention_interval": 0,
-                          "full_sequence_must_fit": False, "max_in_flight_tokens": None, "prefix_match_unit": None}
-
 def hybrid_config(op: dict) -> dict:
-    "A hybrid config op without its `op` key, with the defaults of the fields it leaves out."
+    "A hybrid config op without its `op` key, with the hybrid chapter's `HYBRID_CONFIG_DEFAULTS` for the fields it leaves out."
     return {**HYBRID_CONFIG_DEFAULTS, **{k: v for k, v in op.items() if k != "op"}}
 
 # %% ../nbs/05c_hybrid_replay.ipynb #7ee1c7a6
@@ -184,15 +182,23 @@ def _schedule(self: HybridTraceDriver, op: dict) -> dict:
 @patch
 def _new_step(self: HybridTraceDriver, op: dict) -> dict: return {"copies": [list(pair) for pair in self.adapter.new_step()]}
 
-# %% ../nbs/05c_hybrid_replay.ipynb #e1e2b82e
-class HybridReference(HybridTraceReplayer):
-    "kvref's side of a hybrid replay or check: `HybridTraceReplayer`, each op checked against the format first."
+# %% ../nbs/05c_hybrid_replay.ipynb #b7e1a002
+class HybridTraceReplayer(HybridTraceDriver):
+    "A `HybridTraceDriver` over kvref's own hybrid manager (`KVRefHybridAdapter`): kvref's side of a hybrid replay or check."
     def __init__(self, behavior: str = "vllm_0_33"):  # the only behaviour hybrid traces have
         if behavior != "vllm_0_33":
             raise ValueError(f"hybrid traces replay as vLLM 0.33 does: behavior {behavior!r} does not apply to them")
-        super().__init__()
+        super().__init__(KVRefHybridAdapter)
 
-    def apply(self, op: dict) -> dict: return super().apply(validate_hybrid_op(op))
+    @property
+    def manager(self) -> HybridKVCacheManager | None: return self.adapter and self.adapter.manager
+
+# %% ../nbs/05c_hybrid_replay.ipynb #b7e1a005
+def replay_hybrid(ops: Iterable[dict]  # a hybrid trace's ops, `config` first
+                 ) -> list[dict]:
+    "The decision for each op of a hybrid trace, replayed by kvref (`HybridTraceReplayer`)."
+    replayer = HybridTraceReplayer()
+    return [replayer.apply(op) for op in ops]
 
 # %% ../nbs/05c_hybrid_replay.ipynb #a272dd3d
 @dataclass(slots=True)
@@ -240,38 +246,37 @@ def _count_tables(s: HybridReplayStats, before: list[list[int]], after: list[lis
         held[g] += len(joined) - len(left); gs.peak_blocks = max(gs.peak_blocks, held[g])
 
 # %% ../nbs/05c_hybrid_replay.ipynb #2390dacf
-def _count_op(s: HybridReplayStats, op: dict, d: dict, computed: dict[str, int], num_tokens: dict[str, int]) -> None:
-    "The pool-wide counts of one op and its decision."
-    kind, rid = op["op"], op.get("id")
+def _count_op(s: HybridReplayStats, op: dict, d: dict, queried_tokens: int) -> None:
+    "The pool-wide counts of one op and its decision (`queried_tokens`: a waiting request's tokens before it, else 0)."
+    kind = op["op"]
     s.num_ops += 1; s.peak_blocks_used = max(s.peak_blocks_used, s.num_usable_blocks - d["num_free"])
-    if kind == "add": s.num_requests += 1; computed[rid], num_tokens[rid] = 0, len(op["prompt"])
-    elif kind == "append": num_tokens[rid] += len(op["tokens"])
-    elif kind == "preempt": s.preemptions += 1; computed[rid] = 0
+    if kind == "add": s.num_requests += 1
+    elif kind == "preempt": s.preemptions += 1
     elif kind == "new_step": s.copies += len(d["copies"])
     elif kind == "schedule" and not d["allocated"]: s.refusals += 1
-    elif kind == "schedule":
-        if computed[rid] == 0: s.lookups += 1; s.queried_tokens += num_tokens[rid]; s.hit_tokens += d["hit_tokens"]
-        computed[rid] += d["hit_tokens"] + d["num_new_tokens"]
+    elif kind == "schedule" and queried_tokens: s.lookups += 1; s.queried_tokens += queried_tokens; s.hit_tokens += d["hit_tokens"]
 
 # %% ../nbs/05c_hybrid_replay.ipynb #f5d765d0
 def hybrid_replay_stats(ops: list[dict]  # a hybrid trace's ops, `config` first
                        ) -> HybridReplayStats:
     "Replay a hybrid trace with kvref and count what each op did to the pool and to each group's tables."
     if not ops: raise ValueError("no ops: a hybrid trace starts with its config op")
-    replayer, computed, num_tokens, owner = HybridReference(), {}, {}, {}
+    replayer, owner = HybridTraceReplayer(), {}
     first = replayer.apply(ops[0])
     s = HybridReplayStats([GroupStats(g["kind"], g["block_size"]) for g in ops[0]["groups"]], num_usable_blocks=first["num_free"])
     held, blocks = [0] * len(s.groups), replayer.manager.block_pool.blocks
-    _count_op(s, ops[0], first, computed, num_tokens)
+    _count_op(s, ops[0], first, 0)
     for op in ops[1:]:
         rid = op.get("id")
-        before = replayer.manager.get_block_ids(rid) if rid in replayer.requests else [[] for _ in s.groups]
+        state = replayer.requests.get(rid)  # the driver's: tokens so far, tokens computed
+        queried = state.num_tokens if state is not None and state.num_computed_tokens == 0 else 0
+        before = replayer.manager.get_block_ids(rid) if state is not None else [[] for _ in s.groups]
         d = replayer.apply(op)
         after = replayer.manager.get_block_ids(rid) if rid in replayer.requests else [[] for _ in s.groups]
         if op["op"] == "reset_prefix_cache" and d["ok"]: owner.clear()
         hit = d["hit_tokens"] if op["op"] == "schedule" and d["allocated"] else 0
         _count_tables(s, before, after, hit, lambda b: blocks[b].block_hash is not None, owner, held)
-        _count_op(s, op, d, computed, num_tokens)
+        _count_op(s, op, d, queried)
     return s
 
 # %% ../nbs/05c_hybrid_replay.ipynb #a3bf42f5
@@ -310,7 +315,7 @@ def write_hybrid_svgs(ops: list[dict],  # a hybrid trace's ops, `config` first
                       outdir: str | Path,  # folder to write into (created if missing)
                      ) -> list[Path]:
     "Replay a hybrid trace with kvref and write one SVG per op (`step-0000.svg`, ...) into `outdir`; return the paths."
-    outdir, replayer, paths = Path(outdir), HybridReference(), []
+    outdir, replayer, paths = Path(outdir), HybridTraceReplayer(), []
     outdir.mkdir(parents=True, exist_ok=True)
     for index, op in enumerate(progress(ops, len(ops), "svg")):
         replayer.apply(op)

@@ -579,13 +579,7 @@ HYBRID_CONFIG = {"op": "config", "num_blocks": 16, "groups": [{"kind": "full", "
 
 
 def hybrid_replayer():
-    t = hybrid.HybridTraceReplayer()
-    t.apply(HYBRID_CONFIG)
-    return t
-
-
-def hybrid_reference():
-    t = hybrid_replay.HybridReference()
+    t = hybrid_replay.HybridTraceReplayer()
     t.apply(HYBRID_CONFIG)
     return t
 
@@ -620,10 +614,6 @@ HYBRID = [
     Entry("HybridKVCacheManager.from_config", nothing, lambda _, c: hybrid.HybridKVCacheManager.from_config(c),
           (HYBRID_CONFIG,), ("any",)),
     Entry("hybrid.HybridRequest", nothing, lambda _, i, t: hybrid.HybridRequest(i, t), ("a", [1, 2]), ("str", "tokens")),
-    Entry("HybridTraceReplayer.apply", hybrid_replayer, lambda t, o: t.apply(o),
-          ({"op": "add", "id": "a", "prompt": [1, 2]},), ("any",)),
-    Entry("HybridTraceReplayer.apply config", hybrid.HybridTraceReplayer, lambda t, o: t.apply(o), (HYBRID_CONFIG,),
-          ("any",)),
     Entry("hybrid.resolve_block_sizes", nothing, lambda _, b: hybrid.resolve_block_sizes(b), ([4, 8],), ("seq",)),
     Entry("hybrid.group_block_hashes", nothing, lambda _, h, a, b: hybrid.group_block_hashes(h, a, b),
           ([b"a" * 32, b"b" * 32], 4, 8), ("seq", "positive", "positive"), skip={(1, "10**30"): "", (2, "10**30"): ""}),
@@ -635,11 +625,13 @@ HYBRID = [
           ("any", "positive", "positive"), skip={(1, "10**30"): "", (2, "10**30"): ""}),
     Entry("hybrid.spec_from_group", nothing, lambda _, g: hybrid.spec_from_group(g, 0), (HYBRID_CONFIG["groups"][1],),
           ("any",)),
-    Entry("hybrid.replay_hybrid", nothing, lambda _, o: list(hybrid.replay_hybrid(o)), ([HYBRID_CONFIG],), ("any",)),
     Entry("hybrid_replay.validate_hybrid_op", nothing, lambda _, o: hybrid_replay.validate_hybrid_op(o),
           ({"op": "add", "id": "a", "prompt": [1, 2]},), ("any",)),
-    Entry("HybridReference.apply", hybrid_reference, lambda t, o: t.apply(o), ({"op": "add", "id": "a", "prompt": [1, 2]},),
+    Entry("HybridTraceReplayer.apply", hybrid_replayer, lambda t, o: t.apply(o),
+          ({"op": "add", "id": "a", "prompt": [1, 2]},), ("any",)),
+    Entry("HybridTraceReplayer.apply config", hybrid_replay.HybridTraceReplayer, lambda t, o: t.apply(o), (HYBRID_CONFIG,),
           ("any",)),
+    Entry("hybrid_replay.replay_hybrid", nothing, lambda _, o: hybrid_replay.replay_hybrid(o), ([HYBRID_CONFIG],), ("any",)),
     Entry("HybridTraceDriver.apply", hybrid_driver, lambda d, o: d.apply(o), ({"op": "add", "id": "a", "prompt": [1, 2]},),
           ("any",)),
     Entry("hybrid_replay.hybrid_replay_stats", nothing, lambda _, o: hybrid_replay.hybrid_replay_stats(o), ([HYBRID_CONFIG],),

@@ -52,7 +52,7 @@ def vllm_spec(v, group: dict):
 
 
 class VllmHybridReplayer:
-    "Applies hybrid trace ops to vLLM's KVCacheManager the way kvref's `HybridTraceReplayer` documents; same decisions format."
+    "Applies hybrid trace ops to vLLM's KVCacheManager the way kvref's `HybridTraceReplayer` (kvref.hybrid_replay) does; same decisions format."
     def __init__(self, v: SimpleNamespace | None = None):
         self.v = v or load_vllm()
         self.manager, self.requests, self.running, self.full_sequence_must_fit = None, {}, set(), False
@@ -256,7 +256,7 @@ def random_workload(rng: random.Random, vllm_side: VllmHybridReplayer, config: d
 
 def lockstep(seed: int, num_ops: int = 60, v: SimpleNamespace | None = None, layout: str | None = None):
     "Drive one random workload through vLLM and kvref op by op; (ops, vLLM decisions, first divergence or None)."
-    from kvref.hybrid import HybridTraceReplayer
+    from kvref.hybrid_replay import HybridTraceReplayer
     import kvref.mamba  # noqa: F401  (registers the Mamba kind)
     rng = random.Random(seed)
     vllm_side, kvref_side = VllmHybridReplayer(v), HybridTraceReplayer()

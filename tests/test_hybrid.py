@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvref.free_queue import block_ids
-from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, HybridTraceReplayer, replay_hybrid
+from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest
+from kvref.hybrid_replay import HybridTraceReplayer, replay_hybrid
 from kvref.kv_cache_manager import KVCacheManager, Request
 
 ROOT = Path(__file__).resolve().parent.parent / "golden"

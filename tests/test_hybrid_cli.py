@@ -8,7 +8,7 @@ import pytest
 
 from kvref.cli import main
 from kvref.conformance import check, check_recorded, shrink
-from kvref.hybrid_replay import (HybridReference, HybridTraceDriver, KVRefHybridAdapter, hybrid_replay_stats,
+from kvref.hybrid_replay import (HybridTraceDriver, HybridTraceReplayer, KVRefHybridAdapter, hybrid_replay_stats,
                                  load_hybrid_trace, write_hybrid_svgs)
 from kvref.replay import load_decisions
 
@@ -125,7 +125,7 @@ def test_stats_on_every_hybrid_trace(trace, capsys):
     s = hybrid_replay_stats(ops)
     assert s.num_ops == len(ops) and s.refusals == sum(d["op"] == "schedule" and not d["allocated"]
                                                        for d in load_decisions(recorded(trace)))
-    replayer = HybridReference()
+    replayer = HybridTraceReplayer()
     for op in ops: replayer.apply(op)
     for g, gs in enumerate(s.groups):  # every block that joined a table left it or is held at the end
         held = sum(sum(b != 0 for b in replayer.manager.get_block_ids(r)[g]) for r in replayer.requests)
@@ -152,6 +152,25 @@ def test_stats_count_what_the_decisions_show():
     assert nulls[0] > 0 and nulls[1] == 0
 
 
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.stem)
+def test_stats_count_lookups_of_waiting_requests_only(trace):
+    "Lookups, queried and hit tokens, counted by hand from the ops and vLLM's recorded decisions: a running request is not looked up."
+    ops, decisions = load_hybrid_trace(trace), load_decisions(recorded(trace))
+    tokens, computed, lookups, queried, hit, allocated = {}, {}, 0, 0, 0, 0
+    for op, d in zip(ops, decisions):
+        rid = op.get("id")
+        if op["op"] == "add": tokens[rid], computed[rid] = len(op["prompt"]), 0
+        elif op["op"] == "append": tokens[rid] += len(op["tokens"])
+        elif op["op"] == "preempt": computed[rid] = 0
+        elif op["op"] == "schedule" and d["allocated"]:
+            allocated += 1
+            if computed[rid] == 0: lookups += 1; queried += tokens[rid]; hit += d["hit_tokens"]
+            computed[rid] += d["hit_tokens"] + d["num_new_tokens"]
+    s = hybrid_replay_stats(ops)
+    assert (s.lookups, s.queried_tokens, s.hit_tokens) == (lookups, queried, hit)
+    assert 0 < lookups < allocated  # the trace schedules running requests too
+
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.stem)
 def test_svg_on_every_hybrid_trace(trace, tmp_path, capsys):
     assert main(["replay", str(trace), "--svg", str(tmp_path / "pictures")]) == 0
@@ -176,7 +195,7 @@ def test_svg_names_the_op_and_each_group():
 
 def test_svg_draws_every_live_request():
     trace = ROOT / "golden" / "hybrid" / "hybrid-gpt-oss-11-1.jsonl"
-    ops, replayer = load_hybrid_trace(trace), HybridReference()
+    ops, replayer = load_hybrid_trace(trace), HybridTraceReplayer()
     import tempfile
     pictures = write_hybrid_svgs(ops, tempfile.mkdtemp())
     most = 0

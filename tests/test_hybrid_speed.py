@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 import kvref.mamba  # noqa: F401  registers the Mamba kind
 from kvref import hybrid
 from kvref.hybrid import (FullAttentionSpec, HybridKVCacheCoordinator, HybridKVCacheManager, HybridRequest,
-                          HybridTraceReplayer, SingleTypeKVCacheManager, SlidingWindowSpec)
+                          SingleTypeKVCacheManager, SlidingWindowSpec)
+from kvref.hybrid_replay import HybridTraceReplayer
 
 ROOT = Path(__file__).resolve().parent.parent / "golden" / "hybrid"
 TRACES = sorted(p for p in [*ROOT.glob("*.jsonl"), *ROOT.glob("mamba/*.jsonl")] if not p.name.endswith(".vllm.jsonl"))
@@ -76,11 +77,11 @@ def random_trace(seed: int) -> list[dict]:
     replayer.apply(config)
     for n in range(120):
         kind, live = rng.choices(["add", "schedule", "append", "preempt", "free", "new_step"], [3, 8, 4, 1, 2, 3])[0], sorted(replayer.requests)
-        running = sorted(replayer.running)
+        running = [rid for rid in live if replayer.requests[rid].num_computed_tokens]
         if kind == "add": op = {"op": "add", "id": f"r{n}", "prompt": [rng.randrange(3) * 7 + i % 5 for i in range(rng.randint(1, 40))]}
         elif kind == "schedule" and live:
             rid = rng.choice(live); r = replayer.requests[rid]
-            if rid in replayer.running and r.num_computed_tokens == r.num_tokens: continue
+            if r.num_computed_tokens == r.num_tokens: continue
             op = {"op": "schedule", "id": rid, "budget": rng.randint(1, 24)}
         elif kind == "append" and running:
             rid = rng.choice(running)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from kvref.hybrid import (FullAttentionSpec, HybridKVCacheManager, HybridRequest, HybridTraceReplayer, SlidingWindowSpec,
-                          spec_from_group)
+from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, SlidingWindowSpec, spec_from_group
+from kvref.hybrid_replay import HybridTraceReplayer
 from kvref.mamba import MambaSpec
 
 MAMBA = Path(__file__).resolve().parent.parent / "golden" / "hybrid" / "mamba"
