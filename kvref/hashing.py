@@ -397,6 +397,10 @@ def _pickled_parent(parent: int) -> bytes:
         return bytes((0x8A, n)) + parent.to_bytes(n, "little")
     return pickle.dumps((parent,), 5)[11:-3]  # what follows the frame header, before TUPLE1 MEMOIZE STOP
 
+# %% ../nbs/01_hashing.ipynb #e1a70021
+_DIGEST_PARENT = b"C ", b"\x94", 35  # SHORT_BINBYTES of 32 bytes, the digest, MEMOIZE: 35 bytes
+_LONG1_DIGEST = (b"\x8a\x20", b"", 34), (b"\x8a\x21", b"\x00", 35)  # the digest reversed: first bit clear, set
+
 # %% ../nbs/01_hashing.ipynb #e1a70010
 _FRAME_SIZE_TARGET = 64 * 1024  # pickle starts a new frame past this: a message below it is one frame
 
@@ -404,23 +408,26 @@ def _hash_pickled_blocks(parent: bytes | int, raw: bytes, cuts: list[int], block
                          extra_keys: list | None) -> list[bytes | int] | None:
     "sha256 of each `(parent, block, keys)`, the block's ids cut from the chunk's pickle `raw`; None: not one frame."
     as_int, hashes, heads, last_keys = type(parent) is int, [], {}, None
-    if not as_int and len(parent) != 32: return None  # a digest: `43 20`, its bytes, `94`
-    stamp, memo = (b"", b"") if as_int else (b"C ", b"\x94")
+    if as_int: value = _pickled_parent(parent); pieces = b"", b"", len(value)
+    elif len(parent) == 32: value, pieces = parent, _DIGEST_PARENT
+    else: return None
     mark, close = (b"(", b"t\x94") if block_size > 3 else (b"", bytes((0x84 + block_size, 0x94)))  # TUPLE1 to 3
     tail = close + b"N\x87\x94."
-    fixed, value = len(stamp) + len(memo) + len(mark) + len(tail), parent
+    fixed = len(mark) + len(tail)
     for a, b, keys in zip(cuts, cuts[1:], repeat(None) if extra_keys is None else extra_keys):
-        if keys is not last_keys:
+        if keys is not last_keys:  # the keys' bytes depend on the parent's type only: an int is never memoized
             last_keys, tail = keys, close + _pickled_keys(parent, keys) + b"\x87\x94."
-            fixed = len(stamp) + len(memo) + len(mark) + len(tail)
-        if as_int: value = _pickled_parent(parent)
-        size = fixed + len(value) + b - a
+            fixed = len(mark) + len(tail)
+        lead, sign, size = pieces
+        size += fixed + b - a
         if size >= _FRAME_SIZE_TARGET: return None
-        head = heads.get(size) or heads.setdefault(size, b"\x80\x05\x95" + size.to_bytes(8, "little") + stamp)
-        value = parent = hashlib.sha256(b"".join((head, value, memo, mark, raw[a:b], tail))).digest()
-        if as_int: parent = int.from_bytes(parent, "big")
-        hashes.append(parent)
-    return hashes
+        head = heads.get(size) or heads.setdefault(size, b"\x80\x05\x95" + size.to_bytes(8, "little"))
+        value = hashlib.sha256(b"".join((head, lead, value, sign, mark, raw[a:b], tail))).digest()
+        hashes.append(value)
+        if not as_int: continue
+        if value[0]: pieces, value = _LONG1_DIGEST[value[0] >> 7], value[::-1]
+        else: value = _pickled_parent(int.from_bytes(value, "big")); pieces = b"", b"", len(value)  # shorter
+    return list(map(int.from_bytes, hashes, repeat("big"))) if as_int else hashes
 
 # %% ../nbs/01_hashing.ipynb #d13cbd04
 _CHUNK_TOKENS = 8192  # token ids checked and hashed together: small enough to stay in cache
