@@ -326,23 +326,24 @@ def _uint_values(tokens: tuple, code: str) -> np.ndarray | None:
 def _item_starts(data: bytes, first: int, last: int, width: np.ndarray, lead: np.ndarray,
                  block_size: int) -> list[int] | None:
     "Offsets in `data` of every `block_size`-th item, then `last`, if the items fill `data[first:last]`; else None."
-    ends = width.cumsum(dtype=np.int32)  # int32 and in place: small temporaries, no fresh pages per chunk
-    ends += first
-    if ends[-1] != last: return None
-    width -= ends
-    width *= -1  # now each item's start
-    if not (np.frombuffer(data, np.uint8).take(width) == lead).all(): return None  # each item's first byte
-    return width[::block_size].tolist() + [last]
+    width[0] += first  # the running sum then counts from `first`: one small int32 array, no more
+    starts = width.cumsum(dtype=np.int32)
+    if starts[-1] != last: return None
+    width[0] -= first
+    starts -= width  # now each item's start
+    if np.frombuffer(data, np.uint8).take(starts).tobytes() != lead.tobytes(): return None  # each item's first byte
+    return starts[::block_size].tolist() + [last]
 
 # %% ../nbs/01_hashing.ipynb #e1a70007
-_PICKLE_INTS = np.array([2, 3, 5], np.int32), np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
+_PICKLE_INTS = (np.array([255, 65535], np.uint32), np.array([2, 3, 5], np.int32),
+                np.array([0x4B, 0x4D, 0x4A], np.uint8))  # largest BININT1 and BININT2 ids; widths, opcodes
 
 def _pickled_token_blocks(tokens: tuple, block_size: int) -> tuple[bytes, list[int]] | None:
     "`pickle.dumps(tokens, 5)` and where each block starts in it, if every id is an exact int in [0, 2**31)."
     values = _uint_values(tokens, "I") if len(tokens) > 3 else None  # 1 to 3 items pickle without MARK
     if values is None: return None
-    raw, (widths, opcodes) = pickle.dumps(tokens, 5), _PICKLE_INTS
-    size = (values > 255).view(np.int8) + (values > 65535).view(np.int8)  # 0, 1 or 2 more bytes than BININT1
+    raw, (bounds, widths, opcodes) = pickle.dumps(tokens, 5), _PICKLE_INTS
+    size = bounds.searchsorted(values)  # 0, 1 or 2: BININT1, BININT2 or BININT
     cuts = _item_starts(raw, 12, len(raw) - 3, widths.take(size), opcodes.take(size), block_size)
     return None if cuts is None else (raw, cuts)
 
@@ -359,7 +360,7 @@ def _cbor_token_blocks(tokens: tuple, block_size: int) -> list[bytes] | None:
     if not tokens: return []
     (bounds, widths, leads), head = _CBOR_UINTS, _cbor_head(4, block_size)
     size = bounds.searchsorted(values, "right")
-    lead = np.minimum(values, leads.take(size))  # below 24 the value itself, else 0x18 to 0x1b
+    lead = np.minimum(values, leads.take(size)).astype(np.uint8)  # below 24 the value itself, else 0x18 to 0x1b
     cuts = _item_starts(raw, len(_cbor_head(4, len(tokens))), len(raw), widths.take(size), lead, block_size)
     return None if cuts is None else [head + raw[a:b] for a, b in zip(cuts, cuts[1:])]
 
