@@ -278,8 +278,12 @@ def _block_keys(profile: VllmProfile, block_size: int, first: int, last: int, pr
     plain = release_extra_keys(profile, block_size, 2 * block_size, lora=lora, lora_int_id=lora_int_id)
     own = {0} | {b for item in mm_items for b in range(item.offset // block_size, item.end // block_size + 1)}
     request = dict(lora=lora, lora_int_id=lora_int_id, mm_items=mm_items, cache_salt=cache_salt)
-    return [release_extra_keys(profile, s, s + block_size, decode=s + block_size > prompt_end, **request)
-            if s // block_size in own else plain for s in range(first * block_size, last * block_size, block_size)]
+    keys = [plain] * (last - first)
+    for b in own:  # few: every other block keeps the shared tuple
+        if first <= b < last:
+            s = b * block_size
+            keys[b - first] = release_extra_keys(profile, s, s + block_size, decode=s + block_size > prompt_end, **request)
+    return keys
 
 # %% ../nbs/05a_vllm_releases.ipynb #66bfce9c
 def _hash_value_chain(hash_fn: Callable, none_hash: int, parent: int | None, tokens: Sequence[int], block_size: int,
