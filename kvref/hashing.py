@@ -110,15 +110,18 @@ def _token_span(token_ids: Sequence[int], start: int, stop: int | None) -> tuple
     span = token_ids[start:stop]
     return tuple(span.tolist() if hasattr(span, "tolist") else span)
 
-def _checked_tokens(token_ids: Sequence[int], start: int, stop: int | None) -> tuple[int, ...]:
-    "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
-    tokens = _token_span(token_ids, start, stop)
+def _checked_span(tokens: tuple, start: int) -> tuple[int, ...]:
+    "`tokens` (`token_ids[start:...]`) as a tuple of Python ints in [0, 2**64), or an error naming the first bad one."
     if list(map(type, tokens)).count(int) == len(tokens):  # exact ints: vLLM hashes Python ints, numpy ints differ
         try:
             array("Q", tokens)  # range check in one C pass, no per-token objects
             return tokens
         except OverflowError: pass
     return tuple(_checked_token(token, i) for i, token in enumerate(tokens, start))
+
+def _checked_tokens(token_ids: Sequence[int], start: int, stop: int | None) -> tuple[int, ...]:
+    "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
+    return _checked_span(_token_span(token_ids, start, stop), start)
 
 # %% ../nbs/01_hashing.ipynb #78c910cc
 def hash_block_tokens(hash_fn: Callable[[Any], bytes],  # from `get_hash_fn_by_name`
@@ -450,7 +453,7 @@ def _hash_blocks(algo: str, parent: bytes | int, token_ids: Sequence[int], lo: i
     many = len(tokens) >= _PICKLE_MIN_BLOCKS * block_size
     cut = _pickled_token_blocks(tokens, block_size) if algo == "sha256" and many else None
     if cut and (hashes := _hash_pickled_blocks(parent, *cut, block_size, extra_keys)) is not None: return hashes
-    tokens, hash_fn, hashes = _checked_tokens(token_ids, lo, hi), HASH_FUNCTIONS[algo], []
+    tokens, hash_fn, hashes = _checked_span(tokens, lo), HASH_FUNCTIONS[algo], []
     if type(parent) is int: hash_fn = lambda obj, digest=hash_fn: int.from_bytes(digest(obj), "big")
     for s, keys in zip(range(0, len(tokens), block_size), repeat(None) if extra_keys is None else extra_keys):
         parent = hash_fn((parent, tokens[s:s + block_size], keys))
