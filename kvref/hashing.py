@@ -405,7 +405,8 @@ def _pickled_parent(parent: int) -> bytes:
 
 # %% ../nbs/01_hashing.ipynb #e1a70021
 _DIGEST_PARENT = b"C ", b"\x94", 35  # SHORT_BINBYTES of 32 bytes, the digest, MEMOIZE: 35 bytes
-_LONG1_DIGEST = (b"\x8a\x20", b"", 34), (b"\x8a\x21", b"\x00", 35)  # the digest reversed: first bit clear, set
+_LONG1_DIGEST = ((None,) + ((b"\x8a\x20", b"", 34),) * 127  # by first byte: 00 (none: shorter), first bit clear,
+                 + ((b"\x8a\x21", b"\x00", 35),) * 128)  # set (a sign byte follows); the digest reversed between
 
 # %% ../nbs/01_hashing.ipynb #e1a70010
 _FRAME_SIZE_TARGET = 64 * 1024  # pickle starts a new frame past this: a message below it is one frame
@@ -431,8 +432,9 @@ def _hash_pickled_blocks(parent: bytes | int, raw: bytes, cuts: list[int], block
         value = hashlib.sha256(b"".join((head, lead, value, sign, mark, raw[a:b], tail))).digest()
         hashes.append(value)
         if not as_int: continue
-        if value[0]: pieces, value = _LONG1_DIGEST[value[0] >> 7], value[::-1]
-        else: value = _pickled_parent(int.from_bytes(value, "big")); pieces = b"", b"", len(value)  # shorter
+        pieces = _LONG1_DIGEST[value[0]]
+        if pieces: value = value[::-1]
+        else: value = _pickled_parent(int.from_bytes(value, "big")); pieces = b"", b"", len(value)  # starts 00
     return list(map(int.from_bytes, hashes, repeat("big"))) if as_int else hashes
 
 # %% ../nbs/01_hashing.ipynb #d13cbd04
