@@ -340,15 +340,14 @@ def _item_starts(data: bytes, first: int, last: int, width: np.ndarray, lead: np
     return starts[::block_size].tolist() + [last]
 
 # %% ../nbs/01_hashing.ipynb #e1a70007
-_PICKLE_INTS = (np.array([255, 65535], np.uint32), np.array([2, 3, 5], np.int32),
-                np.array([0x4B, 0x4D, 0x4A], np.uint8))  # largest BININT1 and BININT2 ids; widths, opcodes
+_PICKLE_INTS = np.array([2, 3, 5], np.int32), np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
 
 def _pickled_token_blocks(tokens: tuple, block_size: int) -> tuple[bytes, list[int]] | None:
     "`pickle.dumps(tokens, 5)` and where each block starts in it, if every id is an exact int in [0, 2**31)."
     values = _uint_values(tokens, "I") if len(tokens) > 3 else None  # 1 to 3 items pickle without MARK
     if values is None: return None
-    raw, (bounds, widths, opcodes) = pickle.dumps(tokens, 5), _PICKLE_INTS
-    size = bounds.searchsorted(values)  # 0, 1 or 2: BININT1, BININT2 or BININT
+    raw, (widths, opcodes) = pickle.dumps(tokens, 5), _PICKLE_INTS
+    size = (values > 255).view(np.int8) + (values > 65535).view(np.int8)  # 0, 1 or 2 more bytes than BININT1
     cuts = _item_starts(raw, 12, len(raw) - 3, widths.take(size), opcodes.take(size), block_size)
     return None if cuts is None else (raw, cuts)
 
