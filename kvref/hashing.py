@@ -110,15 +110,18 @@ def _token_span(token_ids: Sequence[int], start: int, stop: int | None) -> tuple
     span = token_ids[start:stop]
     return tuple(span.tolist() if hasattr(span, "tolist") else span)
 
-def _checked_tokens(token_ids: Sequence[int], start: int, stop: int | None) -> tuple[int, ...]:
-    "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
-    tokens = _token_span(token_ids, start, stop)
+def _checked_span(tokens: tuple, start: int) -> tuple[int, ...]:
+    "`tokens` (`token_ids[start:...]`) as a tuple of Python ints in [0, 2**64), or an error naming the first bad one."
     if list(map(type, tokens)).count(int) == len(tokens):  # exact ints: vLLM hashes Python ints, numpy ints differ
         try:
             array("Q", tokens)  # range check in one C pass, no per-token objects
             return tokens
         except OverflowError: pass
     return tuple(_checked_token(token, i) for i, token in enumerate(tokens, start))
+
+def _checked_tokens(token_ids: Sequence[int], start: int, stop: int | None) -> tuple[int, ...]:
+    "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
+    return _checked_span(_token_span(token_ids, start, stop), start)
 
 # %% ../nbs/01_hashing.ipynb #78c910cc
 def hash_block_tokens(hash_fn: Callable[[Any], bytes],  # from `get_hash_fn_by_name`
@@ -184,6 +187,8 @@ def _embedding_rows_bytes(rows) -> bytes:
     raise TypeError(f"prompt_embeds must be a numpy array or a torch tensor, got {type(rows).__name__}")
 
 # %% ../nbs/01_hashing.ipynb #fb0f504d
+_ITEM_END = operator.attrgetter("end")  # a C getter for bisect: a lambda costs a call more per block
+
 def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the block
                                    end_token_idx: int,  # one past its last token
                                    *, lora: LoRARequest | None = None,
@@ -196,7 +201,7 @@ def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the b
     _check_int("end_token_idx", end_token_idx, start_token_idx)
     keys: list[tuple] = []
     if lora is not None: keys.append(("lora", lora.name, lora.path))
-    first = bisect.bisect_right(mm_items, start_token_idx, key=lambda item: item.end)  # first to end after start
+    first = bisect.bisect_right(mm_items, start_token_idx, key=_ITEM_END)  # first to end after start
     for item in islice(mm_items, first, None):
         if item.offset >= end_token_idx: break
         keys.append(("mm", item.identifier, item.offset - start_token_idx))
@@ -326,13 +331,13 @@ def _uint_values(tokens: tuple, code: str) -> np.ndarray | None:
 def _item_starts(data: bytes, first: int, last: int, width: np.ndarray, lead: np.ndarray,
                  block_size: int) -> list[int] | None:
     "Offsets in `data` of every `block_size`-th item, then `last`, if the items fill `data[first:last]`; else None."
-    ends = width.cumsum(dtype=np.int32)  # int32 and in place: small temporaries, no fresh pages per chunk
-    ends += first
-    if ends[-1] != last: return None
-    width -= ends
-    width *= -1  # now each item's start
-    if not (np.frombuffer(data, np.uint8).take(width) == lead).all(): return None  # each item's first byte
-    return width[::block_size].tolist() + [last]
+    width[0] += first  # the running sum then counts from `first`: one small int32 array, no more
+    starts = width.cumsum(dtype=np.int32)
+    if starts[-1] != last: return None
+    width[0] -= first
+    starts -= width  # now each item's start
+    if np.frombuffer(data, np.uint8).take(starts).tobytes() != lead.tobytes(): return None  # each item's first byte
+    return starts[::block_size].tolist() + [last]
 
 # %% ../nbs/01_hashing.ipynb #e1a70007
 _PICKLE_INTS = np.array([2, 3, 5], np.int32), np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
@@ -359,7 +364,7 @@ def _cbor_token_blocks(tokens: tuple, block_size: int) -> list[bytes] | None:
     if not tokens: return []
     (bounds, widths, leads), head = _CBOR_UINTS, _cbor_head(4, block_size)
     size = bounds.searchsorted(values, "right")
-    lead = np.minimum(values, leads.take(size))  # below 24 the value itself, else 0x18 to 0x1b
+    lead = np.minimum(values, leads.take(size)).astype(np.uint8)  # below 24 the value itself, else 0x18 to 0x1b
     cuts = _item_starts(raw, len(_cbor_head(4, len(tokens))), len(raw), widths.take(size), lead, block_size)
     return None if cuts is None else [head + raw[a:b] for a, b in zip(cuts, cuts[1:])]
 
@@ -397,6 +402,11 @@ def _pickled_parent(parent: int) -> bytes:
         return bytes((0x8A, n)) + parent.to_bytes(n, "little")
     return pickle.dumps((parent,), 5)[11:-3]  # what follows the frame header, before TUPLE1 MEMOIZE STOP
 
+# %% ../nbs/01_hashing.ipynb #e1a70021
+_DIGEST_PARENT = b"C ", b"\x94", 35  # SHORT_BINBYTES of 32 bytes, the digest, MEMOIZE: 35 bytes
+_LONG1_DIGEST = ((None,) + ((b"\x8a\x20", b"", 34),) * 127  # by first byte: 00 (none: shorter), first bit clear,
+                 + ((b"\x8a\x21", b"\x00", 35),) * 128)  # set (a sign byte follows); the digest reversed between
+
 # %% ../nbs/01_hashing.ipynb #e1a70010
 _FRAME_SIZE_TARGET = 64 * 1024  # pickle starts a new frame past this: a message below it is one frame
 
@@ -404,23 +414,27 @@ def _hash_pickled_blocks(parent: bytes | int, raw: bytes, cuts: list[int], block
                          extra_keys: list | None) -> list[bytes | int] | None:
     "sha256 of each `(parent, block, keys)`, the block's ids cut from the chunk's pickle `raw`; None: not one frame."
     as_int, hashes, heads, last_keys = type(parent) is int, [], {}, None
-    if not as_int and len(parent) != 32: return None  # a digest: `43 20`, its bytes, `94`
-    stamp, memo = (b"", b"") if as_int else (b"C ", b"\x94")
+    if as_int: value = _pickled_parent(parent); pieces = b"", b"", len(value)
+    elif len(parent) == 32: value, pieces = parent, _DIGEST_PARENT
+    else: return None
     mark, close = (b"(", b"t\x94") if block_size > 3 else (b"", bytes((0x84 + block_size, 0x94)))  # TUPLE1 to 3
     tail = close + b"N\x87\x94."
-    fixed, value = len(stamp) + len(memo) + len(mark) + len(tail), parent
+    fixed = len(mark) + len(tail)
     for a, b, keys in zip(cuts, cuts[1:], repeat(None) if extra_keys is None else extra_keys):
-        if keys is not last_keys:
+        if keys is not last_keys:  # the keys' bytes depend on the parent's type only: an int is never memoized
             last_keys, tail = keys, close + _pickled_keys(parent, keys) + b"\x87\x94."
-            fixed = len(stamp) + len(memo) + len(mark) + len(tail)
-        if as_int: value = _pickled_parent(parent)
-        size = fixed + len(value) + b - a
+            fixed = len(mark) + len(tail)
+        lead, sign, size = pieces
+        size += fixed + b - a
         if size >= _FRAME_SIZE_TARGET: return None
-        head = heads.get(size) or heads.setdefault(size, b"\x80\x05\x95" + size.to_bytes(8, "little") + stamp)
-        value = parent = hashlib.sha256(b"".join((head, value, memo, mark, raw[a:b], tail))).digest()
-        if as_int: parent = int.from_bytes(parent, "big")
-        hashes.append(parent)
-    return hashes
+        head = heads.get(size) or heads.setdefault(size, b"\x80\x05\x95" + size.to_bytes(8, "little"))
+        value = hashlib.sha256(b"".join((head, lead, value, sign, mark, raw[a:b], tail))).digest()
+        hashes.append(value)
+        if not as_int: continue
+        pieces = _LONG1_DIGEST[value[0]]
+        if pieces: value = value[::-1]
+        else: value = _pickled_parent(int.from_bytes(value, "big")); pieces = b"", b"", len(value)  # starts 00
+    return list(map(int.from_bytes, hashes, repeat("big"))) if as_int else hashes
 
 # %% ../nbs/01_hashing.ipynb #d13cbd04
 _CHUNK_TOKENS = 8192  # token ids checked and hashed together: small enough to stay in cache
@@ -442,7 +456,7 @@ def _hash_blocks(algo: str, parent: bytes | int, token_ids: Sequence[int], lo: i
     many = len(tokens) >= _PICKLE_MIN_BLOCKS * block_size
     cut = _pickled_token_blocks(tokens, block_size) if algo == "sha256" and many else None
     if cut and (hashes := _hash_pickled_blocks(parent, *cut, block_size, extra_keys)) is not None: return hashes
-    tokens, hash_fn, hashes = _checked_tokens(token_ids, lo, hi), HASH_FUNCTIONS[algo], []
+    tokens, hash_fn, hashes = _checked_span(tokens, lo), HASH_FUNCTIONS[algo], []
     if type(parent) is int: hash_fn = lambda obj, digest=hash_fn: int.from_bytes(digest(obj), "big")
     for s, keys in zip(range(0, len(tokens), block_size), repeat(None) if extra_keys is None else extra_keys):
         parent = hash_fn((parent, tokens[s:s + block_size], keys))

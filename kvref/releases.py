@@ -276,10 +276,18 @@ def _block_keys(profile: VllmProfile, block_size: int, first: int, last: int, pr
                 cache_salt: str | None = None) -> list:
     "The extra keys of blocks `first` to `last` (exclusive); blocks without the salt or an item share one tuple."
     plain = release_extra_keys(profile, block_size, 2 * block_size, lora=lora, lora_int_id=lora_int_id)
-    own = {0} | {b for item in mm_items for b in range(item.offset // block_size, item.end // block_size + 1)}
-    request = dict(lora=lora, lora_int_id=lora_int_id, mm_items=mm_items, cache_salt=cache_salt)
-    return [release_extra_keys(profile, s, s + block_size, decode=s + block_size > prompt_end, **request)
-            if s // block_size in own else plain for s in range(first * block_size, last * block_size, block_size)]
+    near: dict[int, list] = {0: []}  # block -> the items its keys may name (block 0: the salt)
+    for item in mm_items:  # from the item's first block to the one its end falls in, within these blocks
+        for b in range(max(first, item.offset // block_size), min(last, item.end // block_size + 1)):
+            near.setdefault(b, []).append(item)
+    keys = [plain] * (last - first)
+    for b, items in near.items():  # few: every other block keeps the shared tuple
+        if first <= b < last:
+            s, decode = b * block_size, (b + 1) * block_size > prompt_end  # a decode block may name the last item
+            keys[b - first] = release_extra_keys(profile, s, s + block_size, lora=lora, lora_int_id=lora_int_id,
+                                                 mm_items=mm_items if decode else items, cache_salt=cache_salt,
+                                                 decode=decode)
+    return keys
 
 # %% ../nbs/05a_vllm_releases.ipynb #66bfce9c
 def _hash_value_chain(hash_fn: Callable, none_hash: int, parent: int | None, tokens: Sequence[int], block_size: int,

@@ -171,6 +171,34 @@ def test_pickled_blocks_equal_the_definition(bs, key_cycle, parent_kind, data):
         cut = H._pickled_token_blocks(tuple(toks), bs)
         assert cut is not None and H._hash_pickled_blocks(parent, *cut, bs, keys) == expected
 
+class _ForcedLeadSha256:
+    "hashlib stand-in: SHA-256 with its first bytes replaced by `leads`, one after another (digests starting 00 ...)."
+    def __init__(self, leads): self.leads, self.n = leads, 0
+    def sha256(self, data):
+        lead, self.n = self.leads[self.n % len(self.leads)], self.n + 1
+        digest = lead + hashlib.sha256(data).digest()[len(lead):]
+        return type("Digest", (), {"digest": lambda _: digest})()
+
+digest_leads = st.sampled_from([b"\x00\x80", b"\x00\x00", b"\x00\x00\x00\x7f", b"\x00\x01", b"\x7f", b"\x80", b"\xff",
+                                b"\x01"])
+
+@given(st.integers(1, 40), st.lists(digest_leads, min_size=1, max_size=6), st.lists(repeated_keys, min_size=1, max_size=3),
+       st.data())
+def test_int_parents_pickle_as_long1_from_the_digest(bs, leads, key_cycle, data):
+    "Int parents (<= 0.10.1): each digest's LONG1 built from its bytes == pickle of the int, digests starting 00, 00 80,"
+    " 7f, 80, ff included (SHA-256 forced to start with them)."
+    n = data.draw(st.integers(1, max(1, 200 // bs)))
+    toks = data.draw(st.lists(st.integers(0, 2**31 - 1), min_size=max(4, n * bs), max_size=max(4, n * bs)))[:n * bs]
+    assume(len(toks) > 3)
+    keys = [key_cycle[i % len(key_cycle)] for i in range(n)]
+    parent = data.draw(st.sampled_from([2**255 + 12345, 2**248 - 1, 7, 2**31]))
+    expected, p, fake = [], parent, _ForcedLeadSha256(leads)
+    for i in range(n):
+        p = int.from_bytes(fake.sha256(pickle.dumps((p, tuple(toks[i * bs:(i + 1) * bs]), keys[i]), 5)).digest(), "big")
+        expected.append(p)
+    with patch.object(H, "hashlib", _ForcedLeadSha256(leads)):
+        assert H._hash_pickled_blocks(parent, *H._pickled_token_blocks(tuple(toks), bs), bs, keys) == expected
+
 @pytest.mark.parametrize("bs", [1, 2, 3, 4, 5, 7, 16])
 def test_pickle_cut_takes_every_width(bs):
     "Ids at each width's edges take the fast path (a wrong width only declines: this catches it) and cut right."
