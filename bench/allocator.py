@@ -17,6 +17,8 @@ kvref / vLLM per repetition, median and range (below 1: kvref is faster).
 
 `--memory` measures RSS growth per cached block: a pool of 1e6 blocks, every one filled, cached and freed (so all
 sit cached in the free queue), each side in its own fresh process. `--profile` runs kvref alone under cProfile.
+`--build` times building and hashing a request alone, step by step: kvref's `Request(...)`, then its first
+`update_block_hashes`; vLLM's `Request(...)` without a block hasher, and with one (the difference is its hashing).
 """
 from __future__ import annotations
 import argparse, cProfile, datetime, gc, io, os, platform, pstats, random, statistics, subprocess, sys, time
@@ -52,7 +54,8 @@ def load_vllm():
 
     hasher, params = get_request_block_hasher(BLOCK_SIZE, hash_fn), SamplingParams(max_tokens=DECODE_STEPS + 1)
     request = lambda rid, prompt: VllmRequest(rid, prompt, params, None, block_hasher=hasher)
-    return dict(version=vllm.__version__, manager=manager, request=request), None
+    bare_request = lambda rid, prompt: VllmRequest(rid, prompt, params, None)
+    return dict(version=vllm.__version__, manager=manager, request=request, bare_request=bare_request), None
 
 
 def prompts_of(prompt_len: int, num_requests: int, seed: int = 0) -> list[list[int]]:
@@ -169,6 +172,27 @@ def profile(prompt_len: int, num_requests: int, hashing: bool, top: int = 14) ->
 
 
 
+def build_and_hash(v, prompt_len: int, num_requests: int, repeats: int) -> dict:
+    "Microseconds per request to build it and to hash its prompt, each side, interleaved (medians, ratios)."
+    from kvref.kv_cache_manager import update_block_hashes
+    prompts, built = prompts_of(prompt_len, num_requests), []
+    steps = {"kvref build": lambda i, p: built.append(Request(f"r{i}", p)),
+             "kvref hash": lambda i, p: update_block_hashes(built[i], BLOCK_SIZE, ALGO)}
+    if v: steps.update({"vLLM build": lambda i, p: v["bare_request"](f"r{i}", p),
+                        "vLLM build+hash": lambda i, p: v["request"](f"r{i}", p)})
+    times = {name: [] for name in steps}
+    for rep in range(repeats):
+        built.clear()
+        for name in (list(steps) if rep % 2 == 0 else list(steps)[2:] + list(steps)[:2]):  # kvref: build, then hash
+            gc.collect()
+            start = time.process_time()
+            for i, p in enumerate(prompts): steps[name](i, p)
+            times[name].append((time.process_time() - start) / num_requests * 1e6)
+    out = {name: statistics.median(t) for name, t in times.items()}
+    if v: out["ratios"] = [(a + b) / c for a, b, c in zip(times["kvref build"], times["kvref hash"], times["vLLM build+hash"])]
+    return out
+
+
 def rss_bytes() -> int:
     "This process's resident set size (Linux)."
     with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -211,6 +235,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile kvref alone instead of comparing")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repetitions per case (default 7)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 repetitions, small memory pool")
+    parser.add_argument("--build", action="store_true", help="time building and hashing a request alone, by step")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child: return memory_child(args.memory_child[0], int(args.memory_child[1]))
@@ -228,6 +254,17 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
           f"{repeats} interleaved repetitions, CPU time\n")
     if v is None: print(f"vLLM is not importable here ({why}): kvref alone.\n")
+    if args.build:
+        print("| prompt tokens | requests | kvref build | kvref hash | vLLM build | vLLM build+hash | kvref / vLLM, both steps (range) |")
+        print("|---:|---:|---:|---:|---:|---:|---|")
+        for prompt_len in PROMPT_LENGTHS:
+            n = num_requests_for(prompt_len) // (8 if args.quick else 2)
+            out = build_and_hash(v, prompt_len, max(2 * LIVE, n), repeats)
+            r = out.get("ratios", [float("nan")])
+            print(f"| {prompt_len} | {max(2 * LIVE, n)} | {out['kvref build']:.0f} | {out['kvref hash']:.0f} | "
+                  f"{out.get('vLLM build', float('nan')):.0f} | {out.get('vLLM build+hash', float('nan')):.0f} | "
+                  f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f}) |", flush=True)
+        return
     print("| prompt tokens | requests | hashing | kvref us/request | vLLM us/request | kvref / vLLM median (range) |")
     print("|---:|---:|---|---:|---:|---|")
     cases = [(512, 2000, True), (512, 2000, False)] + [(n, num_requests_for(n), h) for n in PROMPT_LENGTHS
@@ -240,6 +277,7 @@ def main() -> None:
         print(f"| {prompt_len} | {num_requests} | {'included' if hashing else 'excluded'} | {out['kvref']:.0f} | "
               f"{out['vLLM']:.0f} | {ratio} |" if v else f"| {prompt_len} | {num_requests} | "
               f"{'included' if hashing else 'excluded'} | {out['kvref']:.0f} | | |", flush=True)
+    if args.no_memory: return
     num_blocks = 100_000 if args.quick else 1_000_000
     print(f"\n## Memory: RSS growth per block, {num_blocks:,} blocks all cached and free, fresh process per run\n")
     print("| side | bytes per block: pool alone (median) | pool + cache (median, range) |")

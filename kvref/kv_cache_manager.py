@@ -6,13 +6,17 @@ Docs: https://kvref.github.io/kvref/kv_cache_manager.html.md"""
 
 # %% ../nbs/04_kv_cache_manager.ipynb #3378ef3b
 from __future__ import annotations
+import pickle
+from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
+import numpy as np
 from fastcore.basics import patch
 from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count, _checked_blocks
 from .block_pool import BlockPool, KVCacheEvent
-from .hashing import (LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens,
-                           _checked_mm_items, _checked_tokens, _extra_keys_per_block)
+from .hashing import (LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens, init_none_hash,
+                           _checked_mm_items, _checked_tokens, _extra_keys_per_block, _hash_pickled_blocks,
+                           _item_starts, _PICKLE_INTS)
 
 # %% auto #0
 __all__ = ['BEHAVIORS', 'Request', 'cdiv', 'KVCacheManager', 'update_block_hashes', 'longest_cache_hit']
@@ -59,13 +63,18 @@ class Request:
     num_computed_tokens: int = 0           # tokens whose KV is computed (the scheduler advances it)
     all_token_ids: list[int] = field(init=False)  # prompt then output tokens
     block_hashes: list[bytes] = field(init=False, default_factory=list)  # hashes of full blocks, kept by the manager
+    _prompt_pickle: tuple | None = field(init=False, default=None, repr=False)  # see "Speed: long prompts" below
 
     def __post_init__(self):
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"request_id must be a non-empty str, got {self.request_id!r}")
         with _naming_request(self.request_id):
-            self.all_token_ids = _checked_token_ids(self.prompt_token_ids, "prompt_token_ids")
+            self.all_token_ids = self._checked_prompt_token_ids()
             _check_request_fields(self)
+
+    def _checked_prompt_token_ids(self) -> list[int]:
+        "The prompt as a new list of checked token ids."
+        return _checked_token_ids(self.prompt_token_ids, "prompt_token_ids")
 
 # %% ../nbs/04_kv_cache_manager.ipynb #7cdbe1fd
 @patch(as_prop=True)
@@ -336,6 +345,53 @@ def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int, 
     if self.enable_caching and total // size > self.num_cached_block.get(request.request_id, 0):
         self._cache_blocks(request, total // size)
     return new_blocks
+
+# %% ../nbs/04_kv_cache_manager.ipynb #a7c3e902
+_PICKLED_PROMPT_MIN_TOKENS = 512  # shorter: numpy's fixed cost outweighs the passes saved (bench/allocator.md)
+
+def _pickled_prompt(tokens: tuple) -> tuple[bytes, np.ndarray] | None:
+    "`tokens` pickled (protocol 2) and each id's int opcode (0, 1, 2), if every id is an exact int in [0, 2**31)."
+    try: values = np.frombuffer(array("I", tokens), np.uint32)
+    except Exception: return None  # not all ints in [0, 2**32), or a strange __index__: the definition says what
+    raw, (widths, opcodes) = pickle.dumps(tokens, 2), _PICKLE_INTS
+    size = (values > 255).view(np.int8) + (values > 65535).view(np.int8)
+    if _item_starts(raw, 3, len(raw) - 4, widths.take(size), opcodes.take(size), len(tokens)) is None: return None
+    return raw, size
+
+# %% ../nbs/04_kv_cache_manager.ipynb #a7c3e904
+_checked_prompt_token_ids_definition = Request._checked_prompt_token_ids  # the fast path must agree with it
+
+@patch
+def _checked_prompt_token_ids(self: Request) -> list[int]:
+    "The definition's list; a long prompt checked by pickling it, the pickle kept for the first hashing."
+    tokens = self.prompt_token_ids
+    if type(tokens) in (list, tuple) and len(tokens) >= _PICKLED_PROMPT_MIN_TOKENS:
+        self._prompt_pickle = _pickled_prompt(tuple(tokens))
+        if self._prompt_pickle is not None: return list(tokens)
+    return _checked_prompt_token_ids_definition(self)
+
+# %% ../nbs/04_kv_cache_manager.ipynb #a7c3e907
+def _hash_pickled_prompt(request: Request, block_size: int, hash_algo: str) -> list[bytes] | None:
+    "The hashes of the prompt's full blocks, cut from the pickle its check made (used once); None where it does not apply."
+    pickled, request._prompt_pickle = request._prompt_pickle, None
+    num_blocks = len(pickled[1]) // block_size if pickled is not None else 0
+    if num_blocks == 0 or hash_algo != "sha256" or request.block_hashes: return None
+    raw, size = pickled
+    ends = _PICKLE_INTS[0].take(size).cumsum(dtype=np.int32)
+    ends += 3  # the ids follow PROTO 2 and MARK
+    cuts = [3] + ends[block_size - 1:num_blocks * block_size:block_size].tolist()
+    items = sorted(request.mm_items, key=lambda item: item.offset)  # checked when the request was built
+    keys = _extra_keys_per_block(0, num_blocks * block_size, block_size, lora=request.lora_request,
+                                 mm_items=items, cache_salt=request.cache_salt, prompt_embeds=None)
+    return _hash_pickled_blocks(init_none_hash(hash_algo), raw, cuts, block_size, keys)
+
+_update_block_hashes_definition = update_block_hashes  # the fast path must agree with it
+
+def update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
+    "`update_block_hashes` as defined above, a long prompt's blocks first hashed from the pickle its check made."
+    if request._prompt_pickle is not None and len(request.block_hashes) < len(request.all_token_ids) // block_size:
+        request.block_hashes = _hash_pickled_prompt(request, block_size, hash_algo) or request.block_hashes
+    return _update_block_hashes_definition(request, block_size, hash_algo)
 
 # %% ../nbs/04_kv_cache_manager.ipynb #a15428cd
 @patch

@@ -5,17 +5,24 @@ and the whole state after each call.
 - the decode-step fast path of `allocate_slots` against `_allocate_slots_definition`;
 - the pool's unchecked work methods (`_touch`, `_cache_full_blocks`, `_free_blocks`), which the manager calls with
   its own tables: on the plain side each first runs the checks of its public twin, which must pass;
-- `BlockHashToBlockMap.get_cached_prefix` against `get_one_block` per hash."""
+- `BlockHashToBlockMap.get_cached_prefix` against `get_one_block` per hash;
+- a long prompt checked by pickling it (`Request._checked_prompt_token_ids`) and its blocks hashed from that
+  pickle (`update_block_hashes`) against the definitions: the same error, or the same tokens and the same hashes
+  as `request_block_hashes`."""
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import event, given, strategies as st
 
 from kvref.block_pool import BlockHashToBlockMap, BlockPool
 from kvref.free_queue import KVCacheBlock, block_ids
-from kvref.hashing import LoRARequest
-from kvref.kv_cache_manager import KVCacheManager, Request, _allocate_slots_definition
+from kvref.hashing import LoRARequest, MultiModalItem, request_block_hashes
+import kvref.kv_cache_manager as kvm
+from kvref.kv_cache_manager import (KVCacheManager, Request, _allocate_slots_definition,
+                                    _checked_prompt_token_ids_definition, _update_block_hashes_definition,
+                                    update_block_hashes)
 
 
 class CheckingPool(BlockPool):
@@ -171,3 +178,79 @@ def test_get_cached_prefix_is_get_one_block_up_to_the_first_miss(inserts, lookup
         if cache.get_one_block(h) is None: break
         expected.append(cache.get_one_block(h))
     assert cache.get_cached_prefix(hashes) == expected
+
+
+class PlainRequest(Request):
+    "A request checked by the definition alone: no pickle kept, hashed by `_update_block_hashes_definition`."
+    _checked_prompt_token_ids = _checked_prompt_token_ids_definition
+
+
+class Small(int):
+    "An int subclass: a valid token id (the definition converts it), never pickled as a plain int."
+
+
+odd_ids = st.sampled_from([True, False, np.int64(7), np.uint32(300), Small(5), 2**31, 2**32 - 1, 2**32, 2**64 - 1,
+                           2**64, -1, 1.0, "7", None])  # valid (the definition converts or accepts them) or refused
+
+
+def random_prompt(rng: random.Random) -> list:
+    "Up to 80 ids that pickle in one, two or four bytes (the pickled path)."
+    return [rng.choice((rng.randrange(256), rng.randrange(256, 65536), rng.randrange(65536, 2**31)))
+            for _ in range(rng.randrange(80))]
+
+
+def outcome_of(make):
+    "A built request, or its error's type and message."
+    try: return make()
+    except (TypeError, ValueError) as e: return type(e).__name__, str(e)
+
+
+def hashes_after(hash_update, request, block_size, algo, more) -> list:
+    "The request's hashes through `hash_update` after it is built, then after each batch of tokens in `more`."
+    got = [list(hash_update(request, block_size, algo))]
+    for batch in more:
+        request.append_output_token_ids(batch)
+        got.append(list(hash_update(request, block_size, algo)))
+    return got
+
+
+@given(st.randoms(use_true_random=False), st.one_of(st.none(), st.none(), odd_ids), st.integers(1, 40),
+       st.sampled_from(["sha256", "sha256", "sha256_cbor", "builtin"]), st.sampled_from([None, "", "salt"]),
+       st.booleans(), st.booleans(), st.booleans(), st.data())
+def test_long_prompt_speed_ups_agree_with_the_definitions(rng, odd, block_size, algo, salt, with_lora, as_tuple,
+                                                          hash_twice, data):
+    kvm._PICKLED_PROMPT_MIN_TOKENS, saved = 4, kvm._PICKLED_PROMPT_MIN_TOKENS  # every prompt of 4 ids or more
+    try:
+        tokens = random_prompt(rng)
+        if odd is not None: tokens.insert(rng.randrange(len(tokens) + 1), odd)
+        lora = LoRARequest("L", "/p") if with_lora else None
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(tokens)), max_size=4, unique=True)))
+        items = tuple(MultiModalItem(f"m{i}", a, b - a) for i, (a, b) in enumerate(zip(cuts[::2], cuts[1::2])))[::-1]
+        prompt = tuple(tokens) if as_tuple else tokens
+        kw = dict(cache_salt=salt, lora_request=lora, mm_items=items)
+        fast, plain = outcome_of(lambda: Request("r", prompt, **kw)), outcome_of(lambda: PlainRequest("r", prompt, **kw))
+        if isinstance(plain, tuple):
+            assert fast == plain
+            return
+        assert fast.all_token_ids == plain.all_token_ids
+        event(f"pickled: {fast._prompt_pickle is not None}, {algo}")
+        assert list(map(type, fast.all_token_ids)) == list(map(type, plain.all_token_ids))
+        if hash_twice: update_block_hashes(fast, block_size + 1, algo)  # the pickle is used once, by another block size
+        fast.block_hashes, plain.block_hashes = [], []
+        more = [random_prompt(rng)[:20] or [1] for _ in range(rng.randrange(4))]
+        got = hashes_after(update_block_hashes, fast, block_size, algo, more)
+        assert got == hashes_after(_update_block_hashes_definition, plain, block_size, algo, more)
+        assert got[-1] == request_block_hashes(plain.all_token_ids, block_size, algo, cache_salt=salt, lora=lora,
+                                               mm_items=items)
+    finally:
+        kvm._PICKLED_PROMPT_MIN_TOKENS = saved
+
+
+def test_a_long_prompt_is_hashed_from_its_pickle():
+    prompt = [i * 7919 % 100_003 for i in range(3000)]
+    r = Request("long", prompt, cache_salt="s")
+    assert r._prompt_pickle is not None and r.all_token_ids == prompt and r.all_token_ids is not prompt
+    want = request_block_hashes(prompt, 16, "sha256", cache_salt="s")
+    assert update_block_hashes(r, 16, "sha256") == want and r._prompt_pickle is None
+    with pytest.raises(TypeError, match=r"request 'bad': token_ids\[2999\] is True"):
+        Request("bad", prompt[:-1] + [True])
