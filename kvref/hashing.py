@@ -10,6 +10,7 @@ import bisect, hashlib, json, operator, os, pickle, struct, sys
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import islice, repeat
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,11 @@ def get_hash_fn_by_name(name: str  # one of `HASH_FUNCTIONS`
 NONE_HASH_SEED = "vllm-none-hash"  # vLLM 0.33's default seed for the SHA-256 family
 _PROCESS_NONE_HASHES: dict[str, bytes] = {}  # like vLLM's global NONE_HASH: random once per process and algorithm
 
+@lru_cache(maxsize=64)
+def _seeded_none_hash(hash_fn_name: str, seed: str) -> bytes:
+    "The hash of `seed`, made once per algorithm and seed: every request asks for it."
+    return HASH_FUNCTIONS[hash_fn_name](seed)
+
 def init_none_hash(hash_fn_name: str,  # algorithm, see `HASH_FUNCTIONS`
                    seed: str | None = None,  # overrides PYTHONHASHSEED and the default seed
                   ) -> bytes:
@@ -86,7 +92,7 @@ def init_none_hash(hash_fn_name: str,  # algorithm, see `HASH_FUNCTIONS`
     if seed is None and hash_fn_name in SHA256_FAMILY: seed = NONE_HASH_SEED
     if seed is None: return _PROCESS_NONE_HASHES.setdefault(hash_fn_name, os.urandom(32))
     if not isinstance(seed, str): raise TypeError(f"seed must be a str or None, got {type(seed).__name__}")
-    return hash_fn(seed)
+    return _seeded_none_hash(hash_fn_name, seed) if type(seed) is str else hash_fn(seed)  # a subclass pickles apart
 
 # %% ../nbs/01_hashing.ipynb #c1a00031
 def _check_int(name: str, value, low: int) -> None:

@@ -336,6 +336,20 @@ def test_none_hash_rules(monkeypatch):
     assert init_none_hash("sha256") == H.sha256("123") and init_none_hash("xxhash") == H.xxhash("123")
     assert init_none_hash("xxhash", seed="9") == H.xxhash("9")
 
+class _Seed(str):
+    "A str subclass: pickled as a subclass, so its hash differs from the plain string's."
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_seeded_none_hash_is_cached_by_algorithm_and_exact_seed(monkeypatch, algo):
+    "The seed's hash is made once (a cache), yet a new PYTHONHASHSEED and a str subclass are each hashed for real."
+    fn = H.HASH_FUNCTIONS[algo]
+    for seed in ("a", "b", "a"):
+        monkeypatch.setenv("PYTHONHASHSEED", seed)
+        assert init_none_hash(algo) == fn(seed) == init_none_hash(algo, seed=seed)
+    assert init_none_hash(algo, seed=_Seed("a")) == fn(_Seed("a"))  # "a" is cached by now
+    assert (fn(_Seed("a")) != fn("a")) == (algo in ("sha256", "xxhash"))  # pickled apart; CBOR writes a string
+    assert init_none_hash("sha256", seed="a") != init_none_hash("sha256_cbor", seed="a")
+
 def test_hash_block_tokens_defaults_to_none_hash(monkeypatch):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     assert hash_block_tokens(H.sha256, None, [1, 2]) == H.sha256((H.sha256(SEED), (1, 2), None))
