@@ -404,7 +404,7 @@ def _update_block_hashes(request: Request, block_size: int, hash_algo: str) -> l
 
 # %% ../nbs/04_kv_cache_manager.ipynb #a7c3e90b
 def update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
-    "`update_block_hashes` as defined above, faster: the request's own checks trusted, its long prompt cut from its pickle."
+    "`update_block_hashes` as defined above, faster: the request's checks trusted, a long prompt cut from its pickle."
     if not isinstance(request, Request): raise TypeError(f"request must be a Request, got {type(request).__name__}")
     _check_count("block_size", block_size, 1)
     get_hash_fn_by_name(hash_algo)
