@@ -10,6 +10,7 @@ import bisect, hashlib, json, operator, os, pickle, struct, sys
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import islice, repeat
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,11 @@ def get_hash_fn_by_name(name: str  # one of `HASH_FUNCTIONS`
 NONE_HASH_SEED = "vllm-none-hash"  # vLLM 0.33's default seed for the SHA-256 family
 _PROCESS_NONE_HASHES: dict[str, bytes] = {}  # like vLLM's global NONE_HASH: random once per process and algorithm
 
+@lru_cache(maxsize=64)
+def _seeded_none_hash(hash_fn_name: str, seed: str) -> bytes:
+    "The hash of `seed`, made once per algorithm and seed: every request asks for it."
+    return HASH_FUNCTIONS[hash_fn_name](seed)
+
 def init_none_hash(hash_fn_name: str,  # algorithm, see `HASH_FUNCTIONS`
                    seed: str | None = None,  # overrides PYTHONHASHSEED and the default seed
                   ) -> bytes:
@@ -86,7 +92,7 @@ def init_none_hash(hash_fn_name: str,  # algorithm, see `HASH_FUNCTIONS`
     if seed is None and hash_fn_name in SHA256_FAMILY: seed = NONE_HASH_SEED
     if seed is None: return _PROCESS_NONE_HASHES.setdefault(hash_fn_name, os.urandom(32))
     if not isinstance(seed, str): raise TypeError(f"seed must be a str or None, got {type(seed).__name__}")
-    return hash_fn(seed)
+    return _seeded_none_hash(hash_fn_name, seed) if type(seed) is str else hash_fn(seed)  # a subclass pickles apart
 
 # %% ../nbs/01_hashing.ipynb #c1a00031
 def _check_int(name: str, value, low: int) -> None:
@@ -322,10 +328,16 @@ def _cbor_head(major: int, n: int) -> bytes:
     raise ValueError(f"CBOR cannot encode {n} in one head (it must be < 2**64)")
 
 # %% ../nbs/01_hashing.ipynb #e1a70001
+_ARRAY_DTYPES = {code: np.dtype(f"u{width}") for code, width in (("I", 4), ("Q", 8))
+                 if array(code).itemsize == width}  # C's unsigned int and long long, where they have these widths
+
 def _uint_values(tokens: tuple, code: str) -> np.ndarray | None:
     "`tokens` as a numpy array of the unsigned struct type `code` (I or Q), or None if one is no such integer."
-    try: return np.frombuffer(struct.pack(f"<{len(tokens)}{code}", *tokens), f"<u{struct.calcsize(code)}")
-    except Exception: return None  # struct.error, or what a strange __index__ raises: the definition says what
+    try:
+        if code in _ARRAY_DTYPES: return np.frombuffer(array(code, tokens), _ARRAY_DTYPES[code])  # both native order
+        return np.frombuffer(struct.pack(f"<{len(tokens)}{code}", *tokens), f"<u{struct.calcsize('<' + code)}")
+    except Exception: return None  # OverflowError, TypeError, what a strange __index__ raises: the definition says what
+
 
 # %% ../nbs/01_hashing.ipynb #e1a70004
 def _item_starts(data: bytes, first: int, last: int, width: np.ndarray, lead: np.ndarray,
@@ -448,7 +460,8 @@ def _chunks(start: int, stop: int, block_size: int):
 _PICKLE_MIN_BLOCKS = 32  # fewer blocks in a chunk: numpy's fixed cost outweighs the calls saved (bench/hashing.md)
 
 def _hash_blocks(algo: str, parent: bytes | int, token_ids: Sequence[int], lo: int, hi: int, block_size: int,
-                 extra_keys: list | None) -> list[bytes | int]:
+                 extra_keys: list | None, ids_checked: bool = False,  # True: the ids were checked before
+                ) -> list[bytes | int]:
     "Chain the full blocks of `token_ids[lo:hi]` after `parent`, ids checked: one serialization, else the definition."
     tokens = _token_span(token_ids, lo, hi)
     if algo in _CBOR_DIGESTS and (blocks := _cbor_token_blocks(tokens, block_size)) is not None:
@@ -456,7 +469,7 @@ def _hash_blocks(algo: str, parent: bytes | int, token_ids: Sequence[int], lo: i
     many = len(tokens) >= _PICKLE_MIN_BLOCKS * block_size
     cut = _pickled_token_blocks(tokens, block_size) if algo == "sha256" and many else None
     if cut and (hashes := _hash_pickled_blocks(parent, *cut, block_size, extra_keys)) is not None: return hashes
-    tokens, hash_fn, hashes = _checked_span(tokens, lo), HASH_FUNCTIONS[algo], []
+    tokens, hash_fn, hashes = tokens if ids_checked else _checked_span(tokens, lo), HASH_FUNCTIONS[algo], []
     if type(parent) is int: hash_fn = lambda obj, digest=hash_fn: int.from_bytes(digest(obj), "big")
     for s, keys in zip(range(0, len(tokens), block_size), repeat(None) if extra_keys is None else extra_keys):
         parent = hash_fn((parent, tokens[s:s + block_size], keys))
@@ -481,6 +494,22 @@ def _extra_keys_per_block(start: int, stop: int, block_size: int, **request) -> 
     return keys
 
 # %% ../nbs/01_hashing.ipynb #31e22427
+def _hash_request_blocks(token_ids: Sequence[int], block_size: int, algo: str, *, cache_salt: str | None,
+                         lora: LoRARequest | None, mm_items: Sequence[MultiModalItem], prompt_embeds, seed: str | None,
+                         known_hashes: Sequence[bytes], ids_checked: bool = False) -> list[bytes]:
+    "`hash_request_tokens` after its checks (`mm_items` sorted by offset); the ids checked too unless `ids_checked`."
+    first, last = len(known_hashes), len(token_ids) // block_size
+    if first == last:  # the common decode step: no block completed, nothing to hash, no copy
+        return known_hashes if type(known_hashes) is list else list(known_hashes)
+    hashes = list(known_hashes)
+    request = dict(lora=lora, mm_items=mm_items, cache_salt=cache_salt, prompt_embeds=prompt_embeds)
+    has_keys = lora is not None or mm_items or prompt_embeds is not None or (cache_salt and first == 0)
+    for lo, hi in _chunks(first * block_size, last * block_size, block_size):
+        keys = _extra_keys_per_block(lo, hi, block_size, **request) if has_keys else None
+        parent = hashes[-1] if hashes else init_none_hash(algo, seed)
+        hashes += _hash_blocks(algo, parent, token_ids, lo, hi, block_size, keys, ids_checked)
+    return hashes
+
 def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: prompt, then generated
                         block_size: int,  # tokens per block
                         algo: str = "sha256",  # see `HASH_FUNCTIONS`
@@ -493,17 +522,9 @@ def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: promp
                        ) -> list[bytes]:
     "`request_block_hashes`, every input checked, fast: hashes of all full blocks, computed after `known_hashes`."
     items = _checked_hash_inputs(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds, known_hashes)
-    first, last = len(known_hashes), len(token_ids) // block_size
-    if first == last:  # the common decode step: no block completed, nothing to hash, no copy
-        return known_hashes if type(known_hashes) is list else list(known_hashes)
-    hashes = list(known_hashes)
-    request = dict(lora=lora, mm_items=items, cache_salt=cache_salt, prompt_embeds=prompt_embeds)
-    has_keys = lora is not None or items or prompt_embeds is not None or (cache_salt and first == 0)
-    for lo, hi in _chunks(first * block_size, last * block_size, block_size):
-        keys = _extra_keys_per_block(lo, hi, block_size, **request) if has_keys else None
-        parent = hashes[-1] if hashes else init_none_hash(algo, seed)
-        hashes += _hash_blocks(algo, parent, token_ids, lo, hi, block_size, keys)
-    return hashes
+    return _hash_request_blocks(token_ids, block_size, algo, cache_salt=cache_salt, lora=lora, mm_items=items,
+                                prompt_embeds=prompt_embeds, seed=seed, known_hashes=known_hashes)
+
 
 # %% ../nbs/01_hashing.ipynb #9bce485a
 def _lora_from_json(value) -> LoRARequest | None:

@@ -7,7 +7,6 @@ Docs: https://kvref.github.io/kvref/kv_cache_manager.html.md"""
 # %% ../nbs/04_kv_cache_manager.ipynb #3378ef3b
 from __future__ import annotations
 import pickle
-from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 import numpy as np
@@ -16,7 +15,7 @@ from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count, _che
 from .block_pool import BlockPool, KVCacheEvent
 from .hashing import (LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens, init_none_hash,
                            _checked_mm_items, _checked_tokens, _extra_keys_per_block, _hash_pickled_blocks,
-                           _item_starts, _PICKLE_INTS)
+                           _hash_request_blocks, _item_starts, _PICKLE_INTS, _uint_values)
 
 # %% auto #0
 __all__ = ['BEHAVIORS', 'Request', 'cdiv', 'KVCacheManager', 'update_block_hashes', 'longest_cache_hit']
@@ -351,8 +350,8 @@ _PICKLED_PROMPT_MIN_TOKENS = 512  # shorter: numpy's fixed cost outweighs the pa
 
 def _pickled_prompt(tokens: tuple) -> tuple[bytes, np.ndarray] | None:
     "`tokens` pickled (protocol 2) and each id's int opcode (0, 1, 2), if every id is an exact int in [0, 2**31)."
-    try: values = np.frombuffer(array("I", tokens), np.uint32)
-    except Exception: return None  # not all ints in [0, 2**32), or a strange __index__: the definition says what
+    values = _uint_values(tokens, "I")
+    if values is None: return None  # not all ints in [0, 2**32), or a strange __index__: the definition says what
     raw, (widths, opcodes) = pickle.dumps(tokens, 2), _PICKLE_INTS
     size = (values > 255).view(np.int8) + (values > 65535).view(np.int8)
     if _item_starts(raw, 3, len(raw) - 4, widths.take(size), opcodes.take(size), len(tokens)) is None: return None
@@ -371,6 +370,11 @@ def _checked_prompt_token_ids(self: Request) -> list[int]:
     return _checked_prompt_token_ids_definition(self)
 
 # %% ../nbs/04_kv_cache_manager.ipynb #a7c3e907
+def _request_hash_inputs(request: Request) -> dict:
+    "What besides its ids goes into a request's block hashes, as the hashing chapter takes it (items sorted)."
+    items = sorted(request.mm_items, key=lambda item: item.offset) if request.mm_items else ()  # checked when built
+    return dict(lora=request.lora_request, mm_items=items, cache_salt=request.cache_salt, prompt_embeds=None)
+
 def _hash_pickled_prompt(request: Request, block_size: int, hash_algo: str) -> list[bytes] | None:
     "The hashes of the prompt's full blocks, cut from the pickle its check made (used once); None where it does not apply."
     pickled, request._prompt_pickle = request._prompt_pickle, None
@@ -380,18 +384,37 @@ def _hash_pickled_prompt(request: Request, block_size: int, hash_algo: str) -> l
     ends = _PICKLE_INTS[0].take(size).cumsum(dtype=np.int32)
     ends += 3  # the ids follow PROTO 2 and MARK
     cuts = [3] + ends[block_size - 1:num_blocks * block_size:block_size].tolist()
-    items = sorted(request.mm_items, key=lambda item: item.offset)  # checked when the request was built
-    keys = _extra_keys_per_block(0, num_blocks * block_size, block_size, lora=request.lora_request,
-                                 mm_items=items, cache_salt=request.cache_salt, prompt_embeds=None)
+    keys = _extra_keys_per_block(0, num_blocks * block_size, block_size, **_request_hash_inputs(request))
     return _hash_pickled_blocks(init_none_hash(hash_algo), raw, cuts, block_size, keys)
 
+
+# %% ../nbs/04_kv_cache_manager.ipynb #a7c3e90a
 _update_block_hashes_definition = update_block_hashes  # the fast path must agree with it
 
+def _update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
+    "`update_block_hashes` for a checked block size and algorithm: a long prompt from its pickle, the rest unchecked."
+    if len(request.block_hashes) < len(request.all_token_ids) // block_size:
+        if request._prompt_pickle is not None:
+            request.block_hashes = _hash_pickled_prompt(request, block_size, hash_algo) or request.block_hashes
+        request.block_hashes = _hash_request_blocks(request.all_token_ids, block_size, hash_algo, seed=None,
+                                                    known_hashes=request.block_hashes, ids_checked=True,
+                                                    **_request_hash_inputs(request))
+    return request.block_hashes
+
+
+# %% ../nbs/04_kv_cache_manager.ipynb #a7c3e90b
 def update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
-    "`update_block_hashes` as defined above, a long prompt's blocks first hashed from the pickle its check made."
-    if request._prompt_pickle is not None and len(request.block_hashes) < len(request.all_token_ids) // block_size:
-        request.block_hashes = _hash_pickled_prompt(request, block_size, hash_algo) or request.block_hashes
-    return _update_block_hashes_definition(request, block_size, hash_algo)
+    "`update_block_hashes` as defined above, faster: the request's checks trusted, a long prompt cut from its pickle."
+    if not isinstance(request, Request): raise TypeError(f"request must be a Request, got {type(request).__name__}")
+    _check_count("block_size", block_size, 1)
+    get_hash_fn_by_name(hash_algo)
+    return _update_block_hashes(request, block_size, hash_algo)
+
+@patch
+def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
+    "The request's full-block hashes, brought up to date (the manager's block size and algorithm checked when built)."
+    return _update_block_hashes(request, self.block_size, self.hash_algo)
+
 
 # %% ../nbs/04_kv_cache_manager.ipynb #a15428cd
 @patch

@@ -254,3 +254,40 @@ def test_a_long_prompt_is_hashed_from_its_pickle():
     assert update_block_hashes(r, 16, "sha256") == want and r._prompt_pickle is None
     with pytest.raises(TypeError, match=r"request 'bad': token_ids\[2999\] is True"):
         Request("bad", prompt[:-1] + [True])
+
+
+@given(st.randoms(use_true_random=False), st.one_of(st.none(), st.none(), odd_ids), st.integers(1, 40),
+       st.sampled_from(["sha256", "sha256_cbor", "builtin"]), st.sampled_from([None, "", "salt"]), st.booleans(),
+       st.data())
+def test_short_prompts_hash_unchecked_like_the_definition(rng, odd, block_size, algo, salt, with_lora, data):
+    "Below `_PICKLED_PROMPT_MIN_TOKENS` every block goes through the trusted body: the definition's hashes, by step."
+    tokens = random_prompt(rng)
+    if odd is not None: tokens.insert(rng.randrange(len(tokens) + 1), odd)
+    lora = LoRARequest("L", "/p") if with_lora else None
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(tokens)), max_size=6, unique=True)))
+    items = tuple(MultiModalItem(f"m{i}", a, b - a) for i, (a, b) in enumerate(zip(cuts[::2], cuts[1::2])))[::-1]
+    kw = dict(cache_salt=salt, lora_request=lora, mm_items=items)
+    fast, plain = outcome_of(lambda: Request("r", tokens, **kw)), outcome_of(lambda: PlainRequest("r", tokens, **kw))
+    if isinstance(plain, tuple):
+        assert fast == plain
+        return
+    assert fast._prompt_pickle is None
+    m = KVCacheManager(64, block_size, hash_algo=algo)
+    more = [random_prompt(rng)[:block_size + 3] or [1] for _ in range(rng.randrange(5))]
+    got = hashes_after(lambda r, *_: m._block_hashes(r), fast, block_size, algo, more)
+    assert got == hashes_after(_update_block_hashes_definition, plain, block_size, algo, more)
+    assert got[-1] == request_block_hashes(plain.all_token_ids, block_size, algo, cache_salt=salt, lora=lora,
+                                           mm_items=items)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    (("r", 0, "sha256"), ValueError, "block_size must be an int >= 1, got 0"),
+    (("r", True, "sha256"), ValueError, "block_size must be an int >= 1, got True"),
+    (("r", 4, "sha1"), ValueError, "sha1"),
+    ((None, 4, "sha256"), TypeError, "request must be a Request, got NoneType"),
+])
+def test_update_block_hashes_refuses_bad_arguments(args, error, message):
+    r = Request("r", list(range(10)))
+    with pytest.raises(error, match=message):
+        update_block_hashes(r if args[0] == "r" else args[0], *args[1:])
+    assert r.block_hashes == []

@@ -1,7 +1,7 @@
 """Properties of kvref.hashing: a naive model of vLLM 0.33's block hasher, prefix/salt/LoRA properties,
 incremental == batch (a state machine), the CBOR fast path, errors and the `kvref hash` command."""
 from __future__ import annotations
-import hashlib, json, pickle, re
+import hashlib, json, pickle, re, struct
 from array import array
 from unittest.mock import patch
 
@@ -96,6 +96,36 @@ def test_fast_path_equals_the_definition(req, chunk_tokens):
     cut = len(req["token_ids"]) // 2  # incrementally too: the definition chains onto known hashes the same way
     known = request_block_hashes(**{**req, "token_ids": req["token_ids"][:cut]})
     assert hash_request_tokens(**req, known_hashes=known) == request_block_hashes(**req, known_hashes=known)
+
+@given(requests(), st.one_of(st.integers(1, 300), st.just(H._CHUNK_TOKENS)))
+def test_trusted_body_equals_the_checked_path(req, chunk_tokens):
+    "`_hash_request_blocks` with `ids_checked=True` (what the KV cache manager calls) == hash_request_tokens."
+    items = sorted(req["mm_items"], key=lambda item: item.offset)
+    body = dict(req, mm_items=items, prompt_embeds=req.get("prompt_embeds"), ids_checked=True)
+    with patch.object(H, "_CHUNK_TOKENS", chunk_tokens):
+        want = hash_request_tokens(**req)
+        assert H._hash_request_blocks(**body, known_hashes=[]) == want
+        known = want[:len(want) // 2]  # incrementally too
+        assert H._hash_request_blocks(**body, known_hashes=known) == want
+
+uint_edges = st.lists(st.one_of(st.integers(0, 2**32 + 5), st.sampled_from([0, 255, 256, 2**31, 2**32 - 1, 2**32,
+                                                                               2**63, 2**64 - 1, 2**64, -1])),
+                      max_size=40)
+
+@given(uint_edges, st.sampled_from("IQ"), st.booleans())
+def test_uint_values_by_array_equal_struct(values, code, odd):
+    "`array`'s values (native order) == `struct`'s (little-endian, the fallback), and both refuse the same ids."
+    if odd and values: values[len(values) // 2] = 1.0
+    values = tuple(values)
+    layout = f"<{len(values)}{code}"
+    try: want = list(struct.unpack(layout, struct.pack(layout, *values)))
+    except Exception: want = None
+    got = H._uint_values(values, code)
+    assert (got if got is None else got.tolist()) == want
+    with patch.object(H, "_ARRAY_DTYPES", {}):  # a platform where C's unsigned int is not 4 bytes: struct does it
+        got = H._uint_values(values, code)
+        assert (got if got is None else got.tolist()) == want
+    assert code in H._ARRAY_DTYPES  # this platform takes the array route
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_long_request_crosses_chunks(algo):
@@ -305,6 +335,20 @@ def test_none_hash_rules(monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", "123")
     assert init_none_hash("sha256") == H.sha256("123") and init_none_hash("xxhash") == H.xxhash("123")
     assert init_none_hash("xxhash", seed="9") == H.xxhash("9")
+
+class _Seed(str):
+    "A str subclass: pickled as a subclass, so its hash differs from the plain string's."
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_seeded_none_hash_is_cached_by_algorithm_and_exact_seed(monkeypatch, algo):
+    "The seed's hash is made once (a cache), yet a new PYTHONHASHSEED and a str subclass are each hashed for real."
+    fn = H.HASH_FUNCTIONS[algo]
+    for seed in ("a", "b", "a"):
+        monkeypatch.setenv("PYTHONHASHSEED", seed)
+        assert init_none_hash(algo) == fn(seed) == init_none_hash(algo, seed=seed)
+    assert init_none_hash(algo, seed=_Seed("a")) == fn(_Seed("a"))  # "a" is cached by now
+    assert (fn(_Seed("a")) != fn("a")) == (algo in ("sha256", "xxhash"))  # pickled apart; CBOR writes a string
+    assert init_none_hash("sha256", seed="a") != init_none_hash("sha256_cbor", seed="a")
 
 def test_hash_block_tokens_defaults_to_none_hash(monkeypatch):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
