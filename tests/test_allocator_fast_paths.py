@@ -109,7 +109,9 @@ def apply(m: KVCacheManager, reqs: dict, op: tuple):
     r = reqs[args[0]]
     if name == "append": return outcome(lambda: r.append_output_token_ids(args[1]))
     if name == "step": return outcome(lambda: m.allocate_slots(r, *args[1:]))
-    if name == "stranger": return outcome(lambda: m.allocate_slots(Request(r.request_id, [1, 2]), 1))
+    if name == "stranger":  # a second object under a live id is refused; under a free id it would be a new request
+        if r.request_id not in m.live_requests: return "not live"
+        return outcome(lambda: m.allocate_slots(Request(r.request_id, [1, 2]), 1))
     if name == "computed":
         slots = len(m.req_to_blocks.get(r.request_id, ())) * m.block_size
         if args[1] == "beyond": r.append_output_token_ids([1] * max(0, slots + 3 - r.num_tokens))  # room to compute
