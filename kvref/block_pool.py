@@ -83,12 +83,16 @@ class BlockStored:
     block_size: int                  # tokens per block
     lora_name: str | None            # the LoRA adapter the request used, if any
     extra_keys: list[tuple | None] | None = None  # each block's hash extra keys (tagged), when the caller gives them
+    group_idx: int = 0                             # the KV cache group (a hybrid model has several)
+    kv_cache_spec_kind: str = "full_attention"     # that group's kind of layers
+    kv_cache_spec_sliding_window: int | None = None  # its window, for a sliding-window group
 
 # %% ../nbs/03_block_pool.ipynb #53a2003c
 @dataclass(slots=True, frozen=True)
 class BlockRemoved:
     "These blocks were evicted: their hashes no longer hit here."
     block_hashes: list[bytes]
+    group_idx: int = 0  # the KV cache group the hashes were cached under
 
 # %% ../nbs/03_block_pool.ipynb #698a6670
 @dataclass(slots=True, frozen=True)

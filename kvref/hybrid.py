@@ -13,8 +13,8 @@ from typing import ClassVar, Sequence
 from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
 from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count
-from .block_pool import BlockPool
-from .hashing import get_hash_fn_by_name
+from .block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheEvent
+from .hashing import get_hash_fn_by_name, _checked_mm_items, _extra_keys_per_block
 from .kv_cache_manager import Request, cdiv, longest_cache_hit, update_block_hashes
 
 # %% auto #0
@@ -29,6 +29,7 @@ __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'HYBRID_CONFIG_DE
 @dataclass(frozen=True, slots=True)
 class FullAttentionSpec:
     "Layers that attend to every earlier token: they hold every block until the request ends."
+    kv_cache_spec_kind: ClassVar[str] = "full_attention"  # the group kind its KV events name
     block_size: int  # tokens per block
     def __post_init__(self): _check_count("block_size", self.block_size, 1)
 
@@ -36,6 +37,7 @@ class FullAttentionSpec:
 @dataclass(frozen=True, slots=True)
 class SlidingWindowSpec:
     "Layers that attend to the last `sliding_window` tokens only (the new token included)."
+    kv_cache_spec_kind: ClassVar[str] = "sliding_window"  # the group kind its KV events name
     block_size: int      # tokens per block
     sliding_window: int  # tokens each query sees
     def __post_init__(self):
@@ -45,6 +47,7 @@ class SlidingWindowSpec:
 @dataclass(frozen=True, slots=True)
 class ChunkedLocalAttentionSpec:
     "Layers that attend only to the tokens of the current `attention_chunk_size`-token chunk."
+    kv_cache_spec_kind: ClassVar[str] = "chunked_local_attention"  # the group kind its KV events name
     block_size: int            # tokens per block
     attention_chunk_size: int  # tokens per chunk
     def __post_init__(self):
@@ -90,9 +93,11 @@ def get_cached_blocks(block_pool: BlockPool, block_hash: bytes, group_ids: Seque
 # %% ../nbs/04a_hybrid.ipynb #5k7e0a02
 class HybridBlockPool(BlockPool):
     "The block pool, where a block may be cached under further keys beside its `block_hash` (vLLM's `cached_block_hashes_by_block`)."
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False):
+        _check_bool("enable_kv_cache_events", enable_kv_cache_events)
+        super().__init__(num_blocks, enable_caching)  # the plain pool records no events: its keys carry group ids
         self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}  # block id -> its keys besides `block_hash`
+        self.group_event_queue: list[KVCacheEvent] | None = [] if enable_kv_cache_events else None  # each with its group
 
 # %% ../nbs/04a_hybrid.ipynb #5k7e0a04
 @patch
@@ -110,8 +115,12 @@ def insert_block_hash(self: HybridBlockPool, block: KVCacheBlock, key: bytes, bl
 @patch
 def _maybe_evict_cached_block(self: HybridBlockPool, block: KVCacheBlock) -> bool:
     "Forget every key of `block`, its own first (vLLM's `_remove_cached_block_hashes`); whether it had any."
+    keys = [block.block_hash] if block.block_hash is not None else []
     evicted = BlockPool._maybe_evict_cached_block(self, block)
-    for key in self.cached_block_hashes_by_block.pop(block.block_id, ()): self.cached_block_hash_to_block.pop(key, block.block_id)
+    keys += self.cached_block_hashes_by_block.pop(block.block_id, ())
+    for key in keys[evicted:]: self.cached_block_hash_to_block.pop(key, block.block_id)
+    if self.group_event_queue is not None:  # one event per key: the hash, and the group from the key's last 4 bytes
+        self.group_event_queue += [BlockRemoved([key[:-4]], int.from_bytes(key[-4:], "big")) for key in keys]
     return evicted
 
 # %% ../nbs/04a_hybrid.ipynb #5k7e0a08
@@ -120,7 +129,16 @@ def reset_prefix_cache(self: HybridBlockPool) -> bool:
     "Forget every key of every block, if no block is held; return whether it did."
     if not BlockPool.reset_prefix_cache(self): return False
     self.cached_block_hashes_by_block.clear()
+    if self.group_event_queue is not None: self.group_event_queue.append(AllBlocksCleared())
     return True
+
+# %% ../nbs/04a_hybrid.ipynb #5k7e0a0a
+@patch
+def take_events(self: HybridBlockPool) -> list[KVCacheEvent]:
+    "The KV events recorded since the last call, each naming its group (empty when events are off)."
+    if not self.group_event_queue: return []
+    events, self.group_event_queue = self.group_event_queue, []
+    return events
 
 # %% ../nbs/04a_hybrid.ipynb #e3e1010f
 @dataclass(eq=False)
@@ -238,7 +256,21 @@ def cache_blocks(self: SingleTypeKVCacheManager, request: HybridRequest, block_h
     keys = [hash_with_group_id(block_hashes[j], gid) for j in chosen]
     for j in chosen: self.block_pool._maybe_evict_cached_block(table[j])  # a partial tail's keys give way to the full one
     self.block_pool.cache_full_blocks([table[j] for j in chosen], keys, 0, len(chosen), self.block_size)
+    queue = getattr(self.block_pool, "group_event_queue", None)  # None: events off, or a plain `BlockPool`
+    if queue is not None: queue.append(self.stored_event(request, block_hashes, num_cached, num_full, chosen))
     self.num_cached_block[rid] = num_full
+
+# %% ../nbs/04a_hybrid.ipynb #7a6e815a
+@patch
+def stored_event(self: SingleTypeKVCacheManager, request: HybridRequest, block_hashes: Sequence[bytes],
+                 start: int, stop: int, chosen: Sequence[int], block_size: int | None = None) -> BlockStored:
+    "vLLM's `BlockStored` for caching blocks `[start, stop)` (of `block_size`, default the group's) of which `chosen` got keys."
+    bs, lora, spec = block_size or self.block_size, request.lora_request, self.spec
+    keys = _extra_keys_per_block(start * bs, stop * bs, bs, lora=lora, cache_salt=request.cache_salt, prompt_embeds=None,
+                                 mm_items=_checked_mm_items(request.mm_items, len(request.all_token_ids)))
+    return BlockStored([block_hashes[j] for j in chosen], block_hashes[start - 1] if start else None,
+                       request.all_token_ids[start * bs:stop * bs], bs, lora and lora.name, [keys[j - start] for j in chosen],
+                       self.kv_cache_group_id, spec.kv_cache_spec_kind, getattr(spec, "sliding_window", None))
 
 # %% ../nbs/04a_hybrid.ipynb #9e1cb20a
 @patch
@@ -404,11 +436,12 @@ class HybridKVCacheCoordinator:
     "All KV cache groups of a model over one block pool: the hit every group agrees on, and the per-group loops."
     def __init__(self, specs: Sequence, num_blocks: int, *, enable_caching: bool = True,
                  prefix_match_unit: int | None = None, max_model_len: int = 65536,
-                 max_in_flight_tokens: int | None = None, retention_interval: int | None = 0):
+                 max_in_flight_tokens: int | None = None, retention_interval: int | None = 0,
+                 enable_kv_cache_events: bool = False):
         self.specs, self.enable_caching, self.retention_interval = list(specs), enable_caching, retention_interval
         self.scheduler_block_size, self.hash_block_size = resolve_block_sizes(
             [s.block_size for s in specs], enable_caching, prefix_match_unit)
-        self.block_pool = HybridBlockPool(num_blocks, enable_caching)
+        self.block_pool = HybridBlockPool(num_blocks, enable_caching, enable_kv_cache_events)
         in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
         self.single_type_managers = tuple(
             MANAGER_FOR_SPEC[type(spec)](spec, self.block_pool, i, self.scheduler_block_size,
@@ -516,12 +549,14 @@ class HybridKVCacheManager:
                  max_model_len: int = 65536,               # longest request
                  retention_interval: int | None = 0,       # sliding-window checkpoints: 0 junctions only, None all, K > 0 every K tokens
                  max_in_flight_tokens: int | None = None,  # sizes the admission gate's window cap (default max_model_len)
-                 prefix_match_unit: int | None = None):    # hash granularity (default: gcd of the block sizes)
+                 prefix_match_unit: int | None = None,     # hash granularity (default: gcd of the block sizes)
+                 enable_kv_cache_events: bool = False):    # record KV events for routers (`take_events`)
         _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_len, retention_interval,
                             max_in_flight_tokens, prefix_match_unit)
         self.coordinator = HybridKVCacheCoordinator(
             specs, num_blocks, enable_caching=enable_caching, prefix_match_unit=prefix_match_unit,
-            max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens, retention_interval=retention_interval)
+            max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens, retention_interval=retention_interval,
+            enable_kv_cache_events=enable_kv_cache_events)
         self.enable_caching, self.hash_algo, self.max_model_len = enable_caching, hash_algo, max_model_len
         self.block_pool, self.num_groups = self.coordinator.block_pool, len(specs)
 
@@ -614,6 +649,12 @@ def free(self: HybridKVCacheManager, request: HybridRequest | str) -> None:
 def reset_prefix_cache(self: HybridKVCacheManager) -> bool:
     "Forget every cached block, if no request holds one; return whether it did."
     return self.block_pool.reset_prefix_cache()
+
+# %% ../nbs/04a_hybrid.ipynb #33c1834c
+@patch
+def take_events(self: HybridKVCacheManager) -> list[KVCacheEvent]:
+    "KV events since the last call, each naming its group (when created with `enable_kv_cache_events=True`)."
+    return self.block_pool.take_events()
 
 # %% ../nbs/04a_hybrid.ipynb #97e23b6a
 @patch

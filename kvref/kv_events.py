@@ -98,14 +98,15 @@ def lora_id(lora_ids: dict[tuple[str, str], int],  # (name, path) -> id, kept pe
 def _wire_stored(event: block_pool.BlockStored, hash_form: str, lora_ids: dict, make: type = BlockStored) -> BlockStored:
     "The wire `BlockStored` of a pool one (built by `make`: the dataclass, or its msgspec twin)."
     keys = event.extra_keys if event.extra_keys is not None else [None] * len(event.block_hashes)
-    lora = next((k for k in keys[0] or () if k[0] == "lora"), None)
-    if (event.lora_name is None) != (lora is None):
+    lora = next((k for k in (keys[0] if keys else None) or () if k[0] == "lora"), None)
+    if keys and (event.lora_name is None) != (lora is None):
         raise ValueError(f"BlockStored of LoRA {event.lora_name!r} needs the adapter's key in its extra keys, got {keys[0]!r}")
     parent = event.parent_block_hash
     return make([external_block_hash(h, hash_form) for h in event.block_hashes],
                 None if parent is None else external_block_hash(parent, hash_form), list(event.token_ids),
                 event.block_size, lora and lora_id(lora_ids, lora[1], lora[2]), MEDIUM_GPU, event.lora_name,
-                [event_extra_keys(k) for k in keys], 0, "full_attention")
+                [event_extra_keys(k) for k in keys] or None, event.group_idx, event.kv_cache_spec_kind,
+                event.kv_cache_spec_sliding_window)
 
 # %% ../nbs/03a_kv_events.ipynb #6babc440
 WIRE_CLASSES = {cls: cls for cls in EVENT_TYPES.values()}  # what `wire_events` builds: the dataclasses themselves
@@ -122,7 +123,8 @@ def wire_events(events: Sequence[block_pool.KVCacheEvent],  # from `BlockPool.ta
     for event in events:
         if isinstance(event, block_pool.BlockStored): out.append(_wire_stored(event, hash_form, lora_ids, build[BlockStored]))
         elif isinstance(event, block_pool.BlockRemoved):
-            out += [build[BlockRemoved]([external_block_hash(h, hash_form)], MEDIUM_GPU, 0) for h in event.block_hashes]
+            out += [build[BlockRemoved]([external_block_hash(h, hash_form)], MEDIUM_GPU, event.group_idx)
+                    for h in event.block_hashes]
         elif isinstance(event, block_pool.AllBlocksCleared): out.append(build[AllBlocksCleared]())
         else: raise TypeError(f"not a block pool event: {type(event).__name__}")
     return out

@@ -24,6 +24,7 @@ __all__ = ['MambaSpec', 'MambaManager', 'mamba_prefill_checkpoint_position', 'is
 @dataclass(frozen=True, slots=True)
 class MambaSpec:
     "State-space / linear-attention layers: one running state per request, cached at block boundaries (align mode)."
+    kv_cache_spec_kind: ClassVar[str] = "mamba"  # the group kind its KV events name
     block_size: int                           # tokens per state slot
     checkpoint_alignment: int | None = None   # the in-pass prefill checkpoint's alignment; None: the mixer saves none
     mamba_cache_mode: str | None = "align"    # vLLM's `mamba_cache_mode`; None: unset, the engine picks "align"
@@ -276,6 +277,13 @@ def tokens_of_key(self: MambaManager, block: KVCacheBlock) -> int | None:
     key, num_tokens = self.key_tokens.get(block.block_id, (None, None))
     return num_tokens if block.block_hash is not None and block.block_hash == key else None
 
+# %% ../nbs/04b_mamba.ipynb #c0f1a0e1
+@patch
+def record_partial_key(self: SingleTypeKVCacheManager, request: HybridRequest, num_tokens: int, hash_block_size: int) -> None:
+    "With events on, vLLM's `BlockStored` for a key at `num_tokens` inside a block: the last hash unit before it only."
+    queue, n = getattr(self.block_pool, "group_event_queue", None), num_tokens // hash_block_size
+    if queue is not None: queue.append(self.stored_event(request, request.block_hashes, n - 1, n, [n - 1], hash_block_size))
+
 # %% ../nbs/04b_mamba.ipynb #c0f1a015
 @patch
 def cache_partial_block(self: MambaManager, request: HybridRequest, block: KVCacheBlock, num_tokens: int,
@@ -285,11 +293,14 @@ def cache_partial_block(self: MambaManager, request: HybridRequest, block: KVCac
     key = hash_with_group_id(request.block_hashes[num_tokens // self.hash_block_size - 1], self.kv_cache_group_id)
     if block.block_hash == key and not replace: return key
     held = self.tokens_of_key(block)
+    known = not replace and key in self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())  # no event then
     if block.block_hash is not None and not (replace or held is None or held < num_tokens):
-        self.block_pool.insert_block_hash(block, key, self.block_size); return key  # beside its key for more tokens
-    self.block_pool._maybe_evict_cached_block(block)
-    self.block_pool.cache_full_blocks([block], [key], 0, 1, self.block_size)
-    self.key_tokens[block.block_id] = (key, num_tokens)
+        self.block_pool.insert_block_hash(block, key, self.block_size)  # beside its key for more tokens
+    else:
+        self.block_pool._maybe_evict_cached_block(block)
+        self.block_pool.cache_full_blocks([block], [key], 0, 1, self.block_size)
+        self.key_tokens[block.block_id] = (key, num_tokens)
+    if not known: self.record_partial_key(request, num_tokens, self.hash_block_size)
     return key
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a13
@@ -308,7 +319,10 @@ def cache_partial_tail(self: FullAttentionManager, request: HybridRequest, num_t
     boundary = min((request.num_prompt_tokens - 1) // hash_block_size, len(fine_hashes)) * hash_block_size
     if boundary == 0 or boundary > num_tokens or boundary % bs == 0 or boundary // bs >= len(table): return
     key = hash_with_group_id(fine_hashes[boundary // hash_block_size - 1], self.kv_cache_group_id)
-    self.block_pool.insert_block_hash(table[boundary // bs], key, bs)  # a block full by now keeps its key: a second one
+    block = table[boundary // bs]
+    known = block.block_hash == key or key in self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())
+    self.block_pool.insert_block_hash(block, key, bs)  # a block full by now keeps its key: a second one
+    if not known: self.record_partial_key(request, boundary, hash_block_size)
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a02
 @patch
@@ -317,7 +331,9 @@ def copy_partial_state(self: MambaManager, request_id: str, slot: int, src: KVCa
     "Copy-on-write of a state keyed inside its block: a new request gets the copy; a running one keeps writing `src` and the copy takes its key."
     if not running: return self.apply_cow(request_id, slot, src, dst)  # the previous chapter's
     key, tokens = src.block_hash, self.tokens_of_key(src)
+    queue = getattr(self.block_pool, "group_event_queue", None); num_events = len(queue or ())
     self.block_pool._maybe_evict_cached_block(src); src.ref_cnt += 1
+    if queue is not None: del queue[num_events:]  # the key moves to `dst`: vLLM's `move_block_hashes` reports nothing
     if key is not None:
         self.block_pool.cache_full_blocks([dst], [key], 0, 1, self.block_size)
         self.key_tokens[dst.block_id] = (key, tokens); self.cached_blocks_this_step.add(key)

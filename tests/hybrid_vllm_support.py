@@ -53,8 +53,8 @@ def vllm_spec(v, group: dict):
 
 class VllmHybridReplayer:
     "Applies hybrid trace ops to vLLM's KVCacheManager the way kvref's `HybridTraceReplayer` (kvref.hybrid_replay) does; same decisions format."
-    def __init__(self, v: SimpleNamespace | None = None):
-        self.v = v or load_vllm()
+    def __init__(self, v: SimpleNamespace | None = None, enable_kv_cache_events: bool = False):
+        self.v, self.enable_kv_cache_events = v or load_vllm(), enable_kv_cache_events
         self.manager, self.requests, self.running, self.full_sequence_must_fit = None, {}, set(), False
         self.lora_ids: dict[str, int] = {}
 
@@ -78,7 +78,8 @@ class VllmHybridReplayer:
         self.max_model_len = op.get("max_model_len", 65536)
         self.manager = v.KVCacheManager(config, max_model_len=self.max_model_len,
                                         scheduler_block_size=self.scheduler_block_size, hash_block_size=self.hash_block_size,
-                                        max_in_flight_tokens=op.get("max_in_flight_tokens"), enable_caching=caching)
+                                        max_in_flight_tokens=op.get("max_in_flight_tokens"), enable_caching=caching,
+                                        enable_kv_cache_events=self.enable_kv_cache_events)
         hash_fn = v.get_hash_fn_by_name(op.get("hash_algo", "sha256"))
         v.init_none_hash(hash_fn)
         self.block_hasher = v.get_request_block_hasher(self.hash_block_size, hash_fn)
@@ -159,6 +160,11 @@ class VllmHybridReplayer:
         return {"copies": [[c.src_block_id, c.dst_block_id] for c in copies]}
 
     def _reset_prefix_cache(self, op: dict) -> dict: return {"ok": self.manager.reset_prefix_cache()}
+
+    def take_events(self) -> list[dict]:
+        "The events vLLM's manager recorded since the last call, as JSON objects (kvref's `event_to_json` shape, int hashes)."
+        import msgspec
+        return json.loads(json.dumps([{"type": type(e).__name__, **msgspec.structs.asdict(e)} for e in self.manager.take_events()]))
 
 
 # ---------------------------------------------------------------- random hybrid configurations and workloads
@@ -270,11 +276,44 @@ def lockstep(seed: int, num_ops: int = 60, v: SimpleNamespace | None = None, lay
     return ops, decisions, None
 
 
+def kvref_events(kvref_side) -> list[dict]:
+    "The events kvref's hybrid manager recorded since the last call, as vLLM publishes them (int hashes), as JSON objects."
+    from kvref.kv_events import event_to_json, wire_events
+    return json.loads(json.dumps([event_to_json(e) for e in wire_events(kvref_side.manager.take_events())]))
+
+
+def lockstep_events(seed: int, num_ops: int = 60, v: SimpleNamespace | None = None, layout: str | None = None):
+    "`lockstep`'s workload with KV events on in both managers; (ops, vLLM's events per op, first divergence or None)."
+    from kvref.hybrid_replay import HybridTraceReplayer
+    import kvref.mamba  # noqa: F401  (registers the Mamba kind)
+    rng = random.Random(seed)
+    vllm_side, kvref_side = VllmHybridReplayer(v, enable_kv_cache_events=True), HybridTraceReplayer()
+    ops, events = [], []
+    for op, want in random_workload(rng, vllm_side, random_config(rng, layout), num_ops):
+        ops.append(op); events.append(vllm_side.take_events())
+        got = kvref_side.apply(op)
+        if op["op"] == "config": kvref_side.manager.block_pool.group_event_queue = []  # the replayer builds it with events off
+        if got != want: return ops, events, f"seed {seed}, op {len(ops) - 1}: decisions differ (see lockstep)"
+        mine = kvref_events(kvref_side)
+        if mine != events[-1]:
+            at = next((i for i, (a, b) in enumerate(zip(mine, events[-1])) if a != b), min(len(mine), len(events[-1])))
+            return ops, events, (f"seed {seed}, op {len(ops) - 1} {json.dumps(op)[:120]}: event {at} kvref "
+                                 f"{json.dumps(mine[at:at + 1])[:600]} vs vLLM {json.dumps(events[-1][at:at + 1])[:600]}")
+    return ops, events, None
+
+
 def record(ops: list[dict], decisions: list[dict], out_dir: Path, name: str) -> None:
     "Write a run as a hybrid trace in the shared format: `name.jsonl` (ops) and `name.vllm.jsonl` (vLLM's decisions)."
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.jsonl").write_text("".join(json.dumps(op) + "\n" for op in ops))
     (out_dir / f"{name}.vllm.jsonl").write_text("".join(json.dumps(d) + "\n" for d in decisions))
+
+
+def record_events(ops: list[dict], events: list[list[dict]], out_dir: Path, name: str) -> None:
+    "Write a run with KV events: `name.jsonl` (ops) and `name.events.jsonl` (vLLM's events after each op, one list a line)."
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.jsonl").write_text("".join(json.dumps(op) + "\n" for op in ops))
+    (out_dir / f"{name}.events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
 if __name__ == "__main__":
