@@ -185,7 +185,7 @@ def reachable_block_mask(self: SingleTypeKVCacheManager, start_block: int, end_b
 # %% ../nbs/04a_hybrid.ipynb #30ec83c3
 @patch
 def cache_partial_tail(self: SingleTypeKVCacheManager, request, num_tokens: int, fine_hashes: Sequence[bytes], hash_block_size: int) -> None:
-    "With sub-block hits on: cache a block that holds a reachable boundary inside it (none, by default)."
+    "After `cache_blocks`, with the count cached: key a block that holds a reachable boundary inside it (none, by default)."
 
 # %% ../nbs/04a_hybrid.ipynb #8e2415fd
 @patch
@@ -491,12 +491,12 @@ def get_num_blocks_to_allocate(self: HybridKVCacheCoordinator, request_id: str, 
 # %% ../nbs/04a_hybrid.ipynb #89ac3062
 @patch
 def cache_blocks(self: HybridKVCacheCoordinator, request: HybridRequest, num_tokens: int) -> None:
-    "Cache every group's newly full blocks, up to a multiple of the hit alignment (and partial tails, with sub-block hits)."
+    "Cache every group's newly full blocks, up to a multiple of the hit alignment, then its partial tail (at the exact count with sub-block hits)."
     aligned = num_tokens // self.alignment_tokens * self.alignment_tokens
     for m in self.single_type_managers:
         view = group_block_hashes(request.block_hashes, self.hash_block_size, m.block_size)
         m.cache_blocks(request, view, aligned, self.retention_interval)
-        if self.partial_hash_hits: m.cache_partial_tail(request, num_tokens, request.block_hashes, self.hash_block_size)
+        m.cache_partial_tail(request, num_tokens if self.partial_hash_hits else aligned, request.block_hashes, self.hash_block_size)
 
 # %% ../nbs/04a_hybrid.ipynb #0a66c0dc
 @patch
@@ -738,7 +738,8 @@ def spec_from_group(group: dict, index: int):
 
 # %% ../nbs/04a_hybrid.ipynb #75f311b6
 @patch(cls_method=True)
-def from_config(cls: HybridKVCacheManager, config: dict) -> HybridKVCacheManager:
+def from_config(cls: HybridKVCacheManager, config: dict,
+                enable_kv_cache_events: bool = False) -> HybridKVCacheManager:  # record KV events (`take_events`)
     "The manager a hybrid trace's `config` op describes, `HYBRID_CONFIG_DEFAULTS` for the fields it leaves out."
     if not isinstance(config, dict): raise ValueError(f"config must be an object, got {config!r}")
     unknown = [k for k in config if k not in CONFIG_FIELDS]
@@ -749,7 +750,7 @@ def from_config(cls: HybridKVCacheManager, config: dict) -> HybridKVCacheManager
     return cls([spec_from_group(g, i) for i, g in enumerate(groups)], c.get("num_blocks"),
                enable_caching=c["enable_caching"], hash_algo=c["hash_algo"], max_model_len=c["max_model_len"],
                retention_interval=c["retention_interval"], max_in_flight_tokens=c["max_in_flight_tokens"],
-               prefix_match_unit=c["prefix_match_unit"])
+               prefix_match_unit=c["prefix_match_unit"], enable_kv_cache_events=enable_kv_cache_events)
 
 # %% ../nbs/04a_hybrid.ipynb #fd00b291
 def group_tables_svg(manager: HybridKVCacheManager, request_ids: Sequence[str], box: int = 30) -> str:

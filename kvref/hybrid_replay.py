@@ -7,12 +7,14 @@ Docs: https://kvref.github.io/kvref/hybrid_replay.html.md"""
 # %% ../nbs/05c_hybrid_replay.ipynb #f37cfd0f
 from __future__ import annotations
 import html, json, re
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, runtime_checkable
 from fastcore.basics import patch
 from .hybrid import (CONFIG_FIELDS, HYBRID_CONFIG_DEFAULTS, HybridKVCacheManager, HybridRequest, group_tables_svg,
                           spec_from_group)
+from .free_queue import _check_bool
 from .hashing import LoRARequest, MultiModalItem
 from .replay import MAX_LINE_CHARS, TraceDriver, load_trace, step, validate_op
 from .pictures import progress
@@ -93,8 +95,9 @@ class HybridAllocatorAdapter(Protocol):
 class KVRefHybridAdapter:
     "kvref's `HybridKVCacheManager` behind the hybrid adapter protocol."
     protocol_version = 2
-    def __init__(self, config: dict):  # the trace's config, defaults filled in
-        self.manager = HybridKVCacheManager.from_config(config)
+    def __init__(self, config: dict,  # the trace's config, defaults filled in
+                 enable_kv_cache_events: bool = False):  # the manager records KV events (`manager.take_events()`)
+        self.manager = HybridKVCacheManager.from_config(config, enable_kv_cache_events)
         self.full_sequence_must_fit = config.get("full_sequence_must_fit", False)
         self.requests: dict[str, HybridRequest] = {}
         self._hits: dict[str, list] = {}
@@ -185,10 +188,12 @@ def _new_step(self: HybridTraceDriver, op: dict) -> dict: return {"copies": [lis
 # %% ../nbs/05c_hybrid_replay.ipynb #b7e1a002
 class HybridTraceReplayer(HybridTraceDriver):
     "A `HybridTraceDriver` over kvref's own hybrid manager (`KVRefHybridAdapter`): kvref's side of a hybrid replay or check."
-    def __init__(self, behavior: str = "vllm_0_33"):  # the only behaviour hybrid traces have
+    def __init__(self, behavior: str = "vllm_0_33",  # the only behaviour hybrid traces have
+                 enable_kv_cache_events: bool = False):  # the manager records KV events, as vLLM with `--kv-events-config`
         if behavior != "vllm_0_33":
             raise ValueError(f"hybrid traces replay as vLLM 0.33 does: behavior {behavior!r} does not apply to them")
-        super().__init__(KVRefHybridAdapter)
+        _check_bool("enable_kv_cache_events", enable_kv_cache_events)
+        super().__init__(partial(KVRefHybridAdapter, enable_kv_cache_events=enable_kv_cache_events))
 
     @property
     def manager(self) -> HybridKVCacheManager | None: return self.adapter and self.adapter.manager

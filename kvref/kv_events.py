@@ -94,6 +94,15 @@ def lora_id(lora_ids: dict[tuple[str, str], int],  # (name, path) -> id, kept pe
     if not isinstance(name, str) or not isinstance(path, str): raise TypeError(f"a LoRA's name and path must be strings, got {name!r}, {path!r}")
     return lora_ids.setdefault((name, path), len(lora_ids) + 1)
 
+# %% ../nbs/03a_kv_events.ipynb #a7c3e0d2
+def _stored_lora_id(event: block_pool.BlockStored, lora: tuple | None, lora_ids: dict) -> int | None:
+    "The adapter id a `BlockStored` carries: from its first block's LoRA key `lora`, else the id `lora_ids` gave its name."
+    if lora: return lora_id(lora_ids, lora[1], lora[2])
+    if event.lora_name is None: return None
+    known = [i for (name, _), i in lora_ids.items() if name == event.lora_name]
+    if not known: raise ValueError(f"BlockStored of LoRA {event.lora_name!r} holds no block to name the adapter: lora_ids must hold its id")
+    return known[0]
+
 # %% ../nbs/03a_kv_events.ipynb #cd6641ef
 def _wire_stored(event: block_pool.BlockStored, hash_form: str, lora_ids: dict, make: type = BlockStored) -> BlockStored:
     "The wire `BlockStored` of a pool one (built by `make`: the dataclass, or its msgspec twin)."
@@ -104,7 +113,7 @@ def _wire_stored(event: block_pool.BlockStored, hash_form: str, lora_ids: dict, 
     parent = event.parent_block_hash
     return make([external_block_hash(h, hash_form) for h in event.block_hashes],
                 None if parent is None else external_block_hash(parent, hash_form), list(event.token_ids),
-                event.block_size, lora and lora_id(lora_ids, lora[1], lora[2]), MEDIUM_GPU, event.lora_name,
+                event.block_size, _stored_lora_id(event, lora, lora_ids), MEDIUM_GPU, event.lora_name,
                 [event_extra_keys(k) for k in keys] or None, event.group_idx, event.kv_cache_spec_kind,
                 event.kv_cache_spec_sliding_window)
 

@@ -217,15 +217,14 @@ def reachable_block_mask(self: MambaManager, start_block, end_block, retention_i
 @patch
 def cache_blocks(self: MambaManager, request: HybridRequest, block_hashes: Sequence[bytes], num_tokens: int,
                  retention_interval: int | None) -> None:
-    "Cache the retained states `num_tokens` tokens complete; the checkpoint or prompt-tail key (with sub-block hits: after the exact count arrives)."
+    "Cache the retained states `num_tokens` tokens complete; the checkpoint or prompt-tail key follows in `cache_partial_tail`."
     rid, bs = request.request_id, self.block_size
     start = self.num_cached_block.get(rid, 0)
     SingleTypeKVCacheManager.cache_blocks(self, request, block_hashes, num_tokens, retention_interval)
     table, end = self.req_to_blocks[rid], self.num_cached_block.get(rid, 0)
     for j in range(start, end):
         if not table[j].is_null and table[j].block_hash is not None: self.key_tokens[table[j].block_id] = (table[j].block_hash, (j + 1) * bs)
-    self._caching = (request, start, end, retention_interval)
-    if not self.partial_hash_hits: self.finish_caching(num_tokens)  # else `cache_partial_tail` brings the exact count
+    self._caching = (request, start, end, retention_interval)  # `cache_partial_tail` brings the count the tail sees
 
 # %% ../nbs/04b_mamba.ipynb #c0f1a006
 @patch
@@ -236,6 +235,13 @@ def finish_caching(self: MambaManager, num_tokens: int) -> None:
     if key is not None: self.cached_blocks_this_step.add(key)
     table = self.req_to_blocks[request.request_id]
     self.cached_blocks_this_step.update(b.block_hash for b in table[start:end] if not b.is_null and b.block_hash is not None)
+
+# %% ../nbs/04b_mamba.ipynb #5b1f0a13
+@patch
+def cache_partial_tail(self: MambaManager, request: HybridRequest, num_tokens: int, fine_hashes: Sequence[bytes],
+                       hash_block_size: int) -> None:
+    "The coordinator's call after `cache_blocks` (the exact token count with sub-block hits), which finishes this step's caching."
+    self.finish_caching(num_tokens)
 
 # %% ../nbs/04b_mamba.ipynb #c0f1a013
 @patch
@@ -302,13 +308,6 @@ def cache_partial_block(self: MambaManager, request: HybridRequest, block: KVCac
         self.key_tokens[block.block_id] = (key, num_tokens)
     if not known: self.record_partial_key(request, num_tokens, self.hash_block_size)
     return key
-
-# %% ../nbs/04b_mamba.ipynb #5b1f0a13
-@patch
-def cache_partial_tail(self: MambaManager, request: HybridRequest, num_tokens: int, fine_hashes: Sequence[bytes],
-                       hash_block_size: int) -> None:
-    "Sub-block hits on: the coordinator's call with the exact token count, which finishes this step's caching."
-    self.finish_caching(num_tokens)
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a23
 @patch

@@ -276,10 +276,31 @@ def lockstep(seed: int, num_ops: int = 60, v: SimpleNamespace | None = None, lay
     return ops, decisions, None
 
 
-def kvref_events(kvref_side) -> list[dict]:
-    "The events kvref's hybrid manager recorded since the last call, as vLLM publishes them (int hashes), as JSON objects."
-    from kvref.kv_events import event_to_json, wire_events
-    return json.loads(json.dumps([event_to_json(e) for e in wire_events(kvref_side.manager.take_events())]))
+def kvref_events(kvref_side, op: dict, lora_ids: dict) -> list[dict]:
+    """The events kvref's hybrid manager recorded for `op` (applied last), as vLLM publishes them (int hashes), as JSON
+    objects; `lora_ids` holds the adapters' ids, each given when a request first names it (as vLLM's front end does)."""
+    from kvref.kv_events import event_to_json, lora_id, wire_events
+    if op["op"] == "add" and op.get("lora"): lora_id(lora_ids, op["lora"]["name"], op["lora"]["path"])
+    return json.loads(json.dumps([event_to_json(e) for e in wire_events(kvref_side.manager.take_events(), "int", lora_ids)]))
+
+
+def first_event_difference(mine: list[dict], theirs: list[dict], where: str) -> str | None:
+    "Where kvref's events for one op first differ from vLLM's, or None."
+    if mine == theirs: return None
+    at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+    return f"{where}: event {at} kvref {json.dumps(mine[at:at + 1])[:600]} vs vLLM {json.dumps(theirs[at:at + 1])[:600]}"
+
+
+def events_in_lockstep(ops: list[dict], v: SimpleNamespace | None = None) -> str | None:
+    "Apply fixed hybrid ops to vLLM's and kvref's managers, events on; where the events first differ, or None."
+    from kvref.hybrid_replay import HybridTraceReplayer
+    import kvref.mamba  # noqa: F401  (registers the Mamba kind)
+    vllm_side, kvref_side, lora_ids = VllmHybridReplayer(v, enable_kv_cache_events=True), HybridTraceReplayer(enable_kv_cache_events=True), {}
+    for i, op in enumerate(ops):
+        if vllm_side.apply(op) != kvref_side.apply(op): return f"op {i}: decisions differ"
+        diff = first_event_difference(kvref_events(kvref_side, op, lora_ids), vllm_side.take_events(), f"op {i} {json.dumps(op)[:120]}")
+        if diff: return diff
+    return None
 
 
 def lockstep_events(seed: int, num_ops: int = 60, v: SimpleNamespace | None = None, layout: str | None = None):
@@ -287,18 +308,14 @@ def lockstep_events(seed: int, num_ops: int = 60, v: SimpleNamespace | None = No
     from kvref.hybrid_replay import HybridTraceReplayer
     import kvref.mamba  # noqa: F401  (registers the Mamba kind)
     rng = random.Random(seed)
-    vllm_side, kvref_side = VllmHybridReplayer(v, enable_kv_cache_events=True), HybridTraceReplayer()
-    ops, events = [], []
+    vllm_side, kvref_side = VllmHybridReplayer(v, enable_kv_cache_events=True), HybridTraceReplayer(enable_kv_cache_events=True)
+    ops, events, lora_ids = [], [], {}
     for op, want in random_workload(rng, vllm_side, random_config(rng, layout), num_ops):
         ops.append(op); events.append(vllm_side.take_events())
         got = kvref_side.apply(op)
-        if op["op"] == "config": kvref_side.manager.block_pool.group_event_queue = []  # the replayer builds it with events off
         if got != want: return ops, events, f"seed {seed}, op {len(ops) - 1}: decisions differ (see lockstep)"
-        mine = kvref_events(kvref_side)
-        if mine != events[-1]:
-            at = next((i for i, (a, b) in enumerate(zip(mine, events[-1])) if a != b), min(len(mine), len(events[-1])))
-            return ops, events, (f"seed {seed}, op {len(ops) - 1} {json.dumps(op)[:120]}: event {at} kvref "
-                                 f"{json.dumps(mine[at:at + 1])[:600]} vs vLLM {json.dumps(events[-1][at:at + 1])[:600]}")
+        diff = first_event_difference(kvref_events(kvref_side, op, lora_ids), events[-1], f"seed {seed}, op {len(ops) - 1} {json.dumps(op)[:120]}")
+        if diff: return ops, events, diff
     return ops, events, None
 
 
