@@ -318,6 +318,28 @@ def find_longest_cache_hit(cls: FullAttentionManager, block_hashes: Sequence[byt
         return hits, end
     return hits, hit_length
 
+# %% ../nbs/04a_hybrid.ipynb #c0f1a0e1
+@patch
+def record_partial_key(self: SingleTypeKVCacheManager, request: HybridRequest, num_tokens: int, hash_block_size: int) -> None:
+    "With events on, vLLM's `BlockStored` for a key at `num_tokens` inside a block: the last hash unit before it only."
+    queue, n = getattr(self.block_pool, "group_event_queue", None), num_tokens // hash_block_size
+    if queue is not None: queue.append(self.stored_event(request, request.block_hashes, n - 1, n, [n - 1], hash_block_size))
+
+# %% ../nbs/04a_hybrid.ipynb #5b1f0a23
+@patch
+def cache_partial_tail(self: FullAttentionManager, request: HybridRequest, num_tokens: int,
+                       fine_hashes: Sequence[bytes], hash_block_size: int) -> None:
+    "Key the block holding the prompt's last hash boundary, if that boundary ends inside it (vLLM's `_cache_partial_tail_block`)."
+    boundary, bs = min((request.num_prompt_tokens - 1) // hash_block_size, len(fine_hashes)) * hash_block_size, self.block_size
+    if boundary == 0 or boundary > num_tokens or boundary % bs == 0: return
+    table = self.req_to_blocks[request.request_id]
+    if boundary // bs >= len(table): return
+    key = hash_with_group_id(fine_hashes[boundary // hash_block_size - 1], self.kv_cache_group_id)
+    block = table[boundary // bs]
+    known = block.block_hash == key or key in self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())
+    self.block_pool.insert_block_hash(block, key, bs)  # a block full by now keeps its key: a second one
+    if not known: self.record_partial_key(request, boundary, hash_block_size)
+
 # %% ../nbs/04a_hybrid.ipynb #d874ea71
 class SlidingWindowManager(SingleTypeKVCacheManager):
     "Sliding window: hits are the last window's blocks, older blocks go back to the pool as the window slides."
@@ -705,11 +727,12 @@ _coordinator_cache_blocks_plain = HybridKVCacheCoordinator.cache_blocks  # the d
 
 @patch
 def cache_blocks(self: HybridKVCacheCoordinator, request: HybridRequest, num_tokens: int) -> None:
-    "Shortcut: no group has a newly full block (and no partial tail is kept): nothing to cache; otherwise as above."
+    "Shortcut: no group has a newly full block (and no prompt tail to key): nothing to cache; otherwise as above."
     aligned, rid = num_tokens // self.alignment_tokens * self.alignment_tokens, request.request_id
     if not self.partial_hash_hits:
         for m in self.single_type_managers:
             if aligned // m.block_size > m.num_cached_block.get(rid, 0): break  # a block newly full here
+            if isinstance(m, FullAttentionManager) and m.block_size > self.hash_block_size: break  # a tail, any step
         else: return
     _coordinator_cache_blocks_plain(self, request, num_tokens)
 

@@ -13,7 +13,7 @@ from fastcore.test import test_eq, test_fail
 from .free_queue import KVCacheBlock, _check_count
 from .block_pool import BlockPool
 from .kv_cache_manager import cdiv
-from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionManager, FullAttentionSpec, HybridKVCacheCoordinator,
+from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionSpec, HybridKVCacheCoordinator,
                           HybridKVCacheManager, HybridRequest, SingleTypeKVCacheManager, _check_request,
                           get_cached_blocks, hash_with_group_id)
 
@@ -283,13 +283,6 @@ def tokens_of_key(self: MambaManager, block: KVCacheBlock) -> int | None:
     key, num_tokens = self.key_tokens.get(block.block_id, (None, None))
     return num_tokens if block.block_hash is not None and block.block_hash == key else None
 
-# %% ../nbs/04b_mamba.ipynb #c0f1a0e1
-@patch
-def record_partial_key(self: SingleTypeKVCacheManager, request: HybridRequest, num_tokens: int, hash_block_size: int) -> None:
-    "With events on, vLLM's `BlockStored` for a key at `num_tokens` inside a block: the last hash unit before it only."
-    queue, n = getattr(self.block_pool, "group_event_queue", None), num_tokens // hash_block_size
-    if queue is not None: queue.append(self.stored_event(request, request.block_hashes, n - 1, n, [n - 1], hash_block_size))
-
 # %% ../nbs/04b_mamba.ipynb #c0f1a015
 @patch
 def cache_partial_block(self: MambaManager, request: HybridRequest, block: KVCacheBlock, num_tokens: int,
@@ -308,20 +301,6 @@ def cache_partial_block(self: MambaManager, request: HybridRequest, block: KVCac
         self.key_tokens[block.block_id] = (key, num_tokens)
     if not known: self.record_partial_key(request, num_tokens, self.hash_block_size)
     return key
-
-# %% ../nbs/04b_mamba.ipynb #5b1f0a23
-@patch
-def cache_partial_tail(self: FullAttentionManager, request: HybridRequest, num_tokens: int,
-                       fine_hashes: Sequence[bytes], hash_block_size: int) -> None:
-    "Key the block holding the prompt's last hash boundary, if that boundary ends inside it (vLLM's `_cache_partial_tail_block`)."
-    table, bs = self.req_to_blocks[request.request_id], self.block_size
-    boundary = min((request.num_prompt_tokens - 1) // hash_block_size, len(fine_hashes)) * hash_block_size
-    if boundary == 0 or boundary > num_tokens or boundary % bs == 0 or boundary // bs >= len(table): return
-    key = hash_with_group_id(fine_hashes[boundary // hash_block_size - 1], self.kv_cache_group_id)
-    block = table[boundary // bs]
-    known = block.block_hash == key or key in self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())
-    self.block_pool.insert_block_hash(block, key, bs)  # a block full by now keeps its key: a second one
-    if not known: self.record_partial_key(request, boundary, hash_block_size)
 
 # %% ../nbs/04b_mamba.ipynb #5b1f0a02
 @patch

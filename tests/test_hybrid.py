@@ -119,3 +119,43 @@ def test_group_tables_svg_escapes_request_ids():
     svg = group_tables_svg(manager, [rid])
     texts = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
     assert any(t.startswith(rid) for t in texts), texts
+
+
+ATTENTION_ONLY_RUN = """
+import json, sys
+import kvref.hybrid as hybrid
+if sys.argv[1] == "mamba": import kvref.mamba
+from kvref.kv_events import event_to_json, wire_events
+manager = hybrid.HybridKVCacheManager([hybrid.FullAttentionSpec(8), hybrid.SlidingWindowSpec(8, 16)], 16,
+                                      prefix_match_unit=2, enable_kv_cache_events=True)
+a = hybrid.HybridRequest("a", list(range(13)))
+manager.allocate_slots(a, 13); a.num_computed_tokens = 13
+for t in range(3):
+    a.append_output_token_ids(100 + t); manager.allocate_slots(a, 1); a.num_computed_tokens += 1
+pool = manager.block_pool
+print(json.dumps({"mamba_loaded": "kvref.mamba" in sys.modules,
+                  "keys": {b.block_id: [b.block_hash.hex(), *sorted(k.hex() for k in pool.cached_block_hashes_by_block.get(b.block_id, ()))]
+                           for b in pool.blocks if b.block_hash is not None},
+                  "events": [event_to_json(e) for e in wire_events(manager.take_events(), "int", {})]}))
+"""
+
+
+def attention_only_run(extra: str) -> dict:
+    "ATTENTION_ONLY_RUN in a fresh interpreter: kvref.hybrid alone (`extra='none'`) or with kvref.mamba too (`'mamba'`)."
+    import os, subprocess, sys
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", ATTENTION_ONLY_RUN, extra], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_attention_only_prompt_tail_does_not_depend_on_importing_mamba():
+    """Full attention block 8, hash unit 2, no Mamba group: the block holding the prompt's last hash boundary is keyed
+    and reported (vLLM's `FullAttentionManager._cache_partial_tail_block`) whether or not `kvref.mamba` was imported."""
+    alone, with_mamba = attention_only_run("none"), attention_only_run("mamba")
+    assert (alone.pop("mamba_loaded"), with_mamba.pop("mamba_loaded")) == (False, True)
+    assert alone == with_mamba
+    tails = [e for e in alone["events"] if e["type"] == "BlockStored" and e["block_size"] == 2]
+    assert [(e["token_ids"], e["group_idx"]) for e in tails] == [([10, 11], 0)]  # the tail key of 12 tokens, in block 2
+    assert len(alone["keys"]["2"]) == 2  # its full key, and the tail's beside it

@@ -83,3 +83,25 @@ def test_lora_requests_name_their_adapter_even_in_a_store_of_no_block(vllm):
     "vLLM's `BlockStored` carries the request's adapter id whether or not it holds blocks (`block_pool.py`, `cache_full_blocks`)."
     ops = with_adapters(read(EVENTS / "hybrid-attention-0.jsonl"))
     assert events_in_lockstep(ops, vllm) is None
+
+
+ATTENTION_TAIL = {"op": "config", "groups": [{"kind": "full", "block_size": 8}, {"kind": "sliding_window", "block_size": 8, "sliding_window": 16}],
+                  "num_blocks": 7, "prefix_match_unit": 2}
+
+
+def test_attention_only_prompt_tail_as_the_chapter_shows_it(vllm):
+    "04a's worked example (full attention block 8 beside a sliding window, hash unit 2, no Mamba group), op by op against vLLM."
+    ops = [ATTENTION_TAIL, {"op": "add", "id": "a", "prompt": list(range(13))}, {"op": "schedule", "id": "a"}]
+    for t in range(3): ops += [{"op": "append", "id": "a", "tokens": [100 + t]}, {"op": "schedule", "id": "a"}]
+    ops += [{"op": "free", "id": "a"}, {"op": "add", "id": "c", "prompt": list(range(500, 524))}, {"op": "schedule", "id": "c"}]
+    assert events_in_lockstep(ops, vllm) is None
+
+
+def test_prompt_tail_keyed_in_a_step_that_fills_no_block(vllm):
+    """A preempted request resumes with a hit past its prompt's last hash boundary, on a block another request filled:
+    no block becomes full in that step, yet vLLM keys (and reports) the prompt tail in it."""
+    ops = [{**ATTENTION_TAIL, "num_blocks": 16}, {"op": "add", "id": "a", "prompt": list(range(13))}, {"op": "schedule", "id": "a"},
+           {"op": "append", "id": "a", "tokens": [13, 14, 15, 16]}, {"op": "preempt", "id": "a"},
+           {"op": "add", "id": "x", "prompt": list(range(20))}, {"op": "schedule", "id": "x"}, {"op": "new_step"},
+           {"op": "schedule", "id": "a"}]
+    assert events_in_lockstep(ops, vllm) is None
