@@ -70,7 +70,9 @@ _P0102 = replace(_P0101, name="vllm_0_10_2", first="0.10.2", hash_algos=("sha256
 # %% ../nbs/05a_vllm_releases.ipynb #43737437
 _P0111 = replace(_P0102, name="vllm_0_11_1", first="0.11.1", lora_key="lora_name", lora_event_raises=False)
 _P013 = replace(_P0111, name="vllm_0_13", first="0.13.0", hash_algos=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"))
-_P019 = replace(_P013, name="vllm_0_19", first="0.19.0", mm_key="offset", mm_boundary_fix=True)
+_P014 = replace(_P013, name="vllm_0_14", first="0.14.0",
+               zero_step_error="ValueError: num_new_tokens must be greater than 0 when there are no external computed tokens")
+_P019 = replace(_P014, name="vllm_0_19", first="0.19.0", mm_key="offset", mm_boundary_fix=True)
 
 # %% ../nbs/05a_vllm_releases.ipynb #ba663fd3
 _P024 = replace(_P019, name="vllm_0_24", first="0.24.0", free_order="reversed_unhashed_to_head",
@@ -79,13 +81,13 @@ _P027 = replace(_P024, name="vllm_0_27", first="0.27.0", free_order_caching_off=
 _P029 = replace(_P024, name="vllm_0_29", first="0.29.0", default_seed=NONE_HASH_SEED)
 _P031 = replace(_P029, name="vllm_0_31", first="0.31.0", lora_key="tagged", mm_key="tagged", decode_mm_scan_all=True)
 _P033 = replace(_P031, name="vllm_0_33", first="0.33.0")
-PROFILES = {p.name: p for p in (_P085, _P09, _P0101, _P0102, _P0111, _P013, _P019, _P024, _P027, _P029, _P031, _P033)}
+PROFILES = {p.name: p for p in (_P085, _P09, _P0101, _P0102, _P0111, _P013, _P014, _P019, _P024, _P027, _P029, _P031, _P033)}
 
 # %% ../nbs/05a_vllm_releases.ipynb #50556b11
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:\.?post\d+|rc\d+|\.dev\d+)?(?:\+[0-9A-Za-z.]+)?")
 RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 10, 1), "vllm_0_10_1"),
                   ((0, 10, 2), "vllm_0_10_2"), ((0, 11, 1), "vllm_0_11_1"), ((0, 13, 0), "vllm_0_13"),
-                  ((0, 19, 0), "vllm_0_19"), ((0, 24, 0), "vllm_0_24"), ((0, 27, 0), "vllm_0_27"),
+                  ((0, 14, 0), "vllm_0_14"), ((0, 19, 0), "vllm_0_19"), ((0, 24, 0), "vllm_0_24"), ((0, 27, 0), "vllm_0_27"),
                   ((0, 28, 0), "vllm_0_24"), ((0, 29, 0), "vllm_0_29"), ((0, 31, 0), "vllm_0_31"),
                   ((0, 33, 0), "vllm_0_33"), ((0, 34, 0), None))  # (first release, profile); None: not known yet
 
@@ -247,6 +249,10 @@ def _mm_in_block(profile: VllmProfile, items: Sequence[MultiModalItem], start: i
     return [item for item in items if item.offset < end and item.end > touches_start]
 
 # %% ../nbs/05a_vllm_releases.ipynb #31fdb3ae
+def _decoded(s: str) -> str:
+    "`s` as its own object, as a server holds each string it decoded (CPython shares only '' and 1-char latin-1 ones)."
+    return s.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
 def release_extra_keys(profile: VllmProfile, start: int, end: int, *, lora: LoRARequest | None = None,
                        lora_int_id: int | None = None,  # the adapter's int id (releases up to 0.11.0 hash it)
                        mm_items: Sequence[MultiModalItem] = (), cache_salt: str | None = None,
@@ -256,10 +262,11 @@ def release_extra_keys(profile: VllmProfile, start: int, end: int, *, lora: LoRA
     _check_profile(profile); _check_count("start", start); _check_count("end", end, start)
     if profile.lora_key == "tagged":
         return generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt)
-    keys: list = [] if lora is None else [lora_int_id if profile.lora_key == "lora_int_id" else lora.name]
+    keys: list = [] if lora is None else [lora_int_id if profile.lora_key == "lora_int_id" else _decoded(lora.name)]
     for item in _mm_in_block(profile, mm_items, start, end, decode):
-        keys.append(item.identifier if profile.mm_key == "bare" else (item.identifier, item.offset - start))
-    if cache_salt and start == 0: keys.append(cache_salt)
+        ident = _decoded(item.identifier)
+        keys.append(ident if profile.mm_key == "bare" else (ident, item.offset - start))
+    if cache_salt and start == 0: keys.append(_decoded(cache_salt))
     return tuple(keys) or None
 
 # %% ../nbs/05a_vllm_releases.ipynb #5933b25e
@@ -349,7 +356,7 @@ def release_event_block_hashes(profile: VllmProfile, block_hashes: Sequence, lor
     "What a `BlockStored` KV event of `profile`'s releases carries for `block_hashes`."
     _check_profile(profile)
     if profile.kv_events is None: raise ValueError(f"{profile.name} has no KV events (they came in vLLM 0.9.0, #16750)")
-    if lora is not None and profile.lora_event_raises:
+    if lora is not None and profile.lora_event_raises and len(block_hashes):  # no full block: no event to raise in
         raise ValueError(f"{profile.name} raises {LORA_EVENT_ERROR} emitting a LoRA request's BlockStored (until 0.11.0)")
     return list(block_hashes) if profile.kv_events == "hash_value" else [block_hash_to_int64(h) for h in block_hashes]
 
@@ -398,10 +405,11 @@ def _block_hashes(self: ReleaseKVCacheManager, request: Request) -> list[bytes]:
     num_full = self.kept_hashes.get(request, 0) if profile.hashes_in_manager else request.num_tokens // bs
     if len(request.block_hashes) < num_full:
         num_prompt = self.prompt_blocks.get(request, 0) * bs if profile.hashes_in_manager else len(request.prompt_token_ids)
-        hashes = release_block_hashes(profile, request.all_token_ids[:num_full * bs], bs, "sha256",
+        mm_end = max((item.end for item in request.mm_items), default=0)  # an item may lie in the unfinished block
+        hashes = release_block_hashes(profile, request.all_token_ids[:max(num_full * bs, mm_end)], bs, "sha256",
                                       cache_salt=request.cache_salt if profile.cache_salt else None, lora=lora,
                                       lora_int_id=self._lora_int_id(lora), mm_items=request.mm_items, pythonhashseed="0",
-                                      num_prompt_tokens=num_prompt)
+                                      num_prompt_tokens=num_prompt)[:num_full]
         request.block_hashes = [h.to_bytes(32, "big") if type(h) is int else h for h in hashes]
     return request.block_hashes
 
