@@ -79,7 +79,8 @@ _P024 = replace(_P019, name="vllm_0_24", first="0.24.0", free_order="reversed_un
                 free_order_caching_off="reversed_unhashed_to_head")
 _P027 = replace(_P024, name="vllm_0_27", first="0.27.0", free_order_caching_off="reversed")
 _P029 = replace(_P024, name="vllm_0_29", first="0.29.0", default_seed=NONE_HASH_SEED)
-_P031 = replace(_P029, name="vllm_0_31", first="0.31.0", lora_key="tagged", mm_key="tagged", decode_mm_scan_all=True)
+_P031 = replace(_P029, name="vllm_0_31", first="0.31.0", lora_key="tagged", mm_key="tagged", decode_mm_scan_all=True,
+               zero_step_error="ValueError: num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
 _P033 = replace(_P031, name="vllm_0_33", first="0.33.0")
 PROFILES = {p.name: p for p in (_P085, _P09, _P0101, _P0102, _P0111, _P013, _P014, _P019, _P024, _P027, _P029, _P031, _P033)}
 

@@ -8,7 +8,8 @@ Reads one JSON object on stdin and prints one JSON object:
   `Request` and `KVCacheManager` through a prefill and one decode step per output token (the scheduler's order). The
   process's PYTHONHASHSEED is the caller's: releases up to 0.10.0 read it once at import.
 - `{"kind": "trace", "ops": [...]}`: the decisions of an allocator trace (the format of `golden/versions/*/traces`),
-  with kvref's `TraceDriver` acting as the scheduler over the release's `KVCacheManager`.
+  with kvref's `TraceDriver` acting as the scheduler over the release's `KVCacheManager`; `{"kind": "traces",
+  "traces": [[...], ...]}`: the same for several traces, one list of decisions each.
 
 Nothing of vLLM is edited or re-implemented; only a missing `torch.compile` on CPU is not needed here. Used by
 `tests/release_vllm_support.py`."""
@@ -285,6 +286,7 @@ def main() -> None:
     if query["kind"] == "info": out = info()
     elif query["kind"] == "hash": out = [hash_case(c) for c in query["cases"]]
     elif query["kind"] == "trace": out = trace_decisions(query["ops"])
+    elif query["kind"] == "traces": out = [trace_decisions(ops) for ops in query["traces"]]
     else: raise ValueError(f"unknown kind {query['kind']!r}")
     json.dump(out, sys.stdout)
 

@@ -163,8 +163,10 @@ def random_trace(rng: random.Random, info: dict, num_ops: int = 60) -> list[dict
             rid = f"r{n}"
             prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randint(0 if n else 1, 3 * size))]
             prompt = prompt or [rng.randrange(1000)]
-            mm = [dict(identifier=rng.choice(["imgA", "imgB"]), offset=o, length=l) for o, l in
-                  [(rng.randrange(len(prompt)), 1)] if rng.random() < 0.2 and o + l <= len(prompt)]
+            mm, offset = [], rng.randrange(len(prompt))
+            if rng.random() < 0.25:  # one image, anywhere in the prompt, the unfinished block included
+                mm = [dict(identifier=rng.choice(["imgA", "imgB"]), offset=offset,
+                           length=rng.randint(1, min(len(prompt) - offset, size + 2)))]
             ops.append(dict(op="add", id=rid, prompt=prompt, cache_salt=rng.choice([None, None, None, "a", "X"]),
                             lora=rng.choice([None, None, None, dict(name="X", path="/x"), dict(name="L", path="/l")]),
                             **({"mm": mm} if mm else {})))
@@ -209,8 +211,8 @@ def record(version: str, where: Path, seed: int, num_cases: int, num_traces: int
     hash_diffs = hash_divergences(version, cases, ask_hashes(where, cases))
     traces = [random_trace(rng, info) for _ in range(num_traces)]
     trace_diffs = []
-    for k, trace in enumerate(traces):
-        want = ask(where, {"kind": "trace", "ops": as_ops(trace)})
+    answers = ask(where, {"kind": "traces", "traces": [as_ops(trace) for trace in traces]}) if traces else []
+    for k, (trace, want) in enumerate(zip(traces, answers)):
         at = trace_divergence(version, trace, want)
         if at is not None: trace_diffs.append((f"diff-{seed}-{k}", trace, want, at))
     folder = out / version
