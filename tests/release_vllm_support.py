@@ -94,7 +94,7 @@ def random_case(rng: random.Random, info: dict) -> dict:
         end = num_prompt
         mm = [i for i in mm if i["offset"] + i["length"] < end - 1][:1]
         mm.append(dict(identifier="img-end", offset=end - 2, length=2))
-    seeds = ["0", "0", "0", "42"] + ([None] if algo in ("sha256", "sha256_cbor") else [])
+    seeds = ["0", "0", "0", "42", None] + ([None] if algo in ("sha256", "sha256_cbor") else [])
     return dict(algo=algo, block_size=size, prompt_token_ids=prompt, output_token_ids=outputs, cache_salt=salt,
                 lora=lora, mm=mm or None, pythonhashseed=rng.choice(seeds))
 
