@@ -62,8 +62,9 @@ _P085 = VllmProfile("vllm_0_8_5", "0.8.5", ("builtin", "sha256"), "builtin", int
 _P09 = replace(_P085, name="vllm_0_9", first="0.9.0", cache_salt=True, kv_events="hash_value",
                lora_event_raises=True, free_order_caching_off="reversed",
                zero_step_error="ValueError: num_new_tokens must be greater than 0")
-_P0101 = replace(_P09, name="vllm_0_10_1", first="0.10.1", hash_algos=("builtin", "sha256", "sha256_cbor_64bit"),
-                 none_hash_from_algo=True, hashes_in_manager=False)
+_P010 = replace(_P09, name="vllm_0_10", first="0.10.0", hash_algos=("builtin", "sha256", "sha256_cbor_64bit"),
+                none_hash_from_algo=True)
+_P0101 = replace(_P010, name="vllm_0_10_1", first="0.10.1", hashes_in_manager=False)
 _P0102 = replace(_P0101, name="vllm_0_10_2", first="0.10.2", hash_algos=("sha256", "sha256_cbor"),
                  default_hash_algo="sha256", int_hash_value=False, kv_events="int64")
 
@@ -82,11 +83,12 @@ _P029 = replace(_P024, name="vllm_0_29", first="0.29.0", default_seed=NONE_HASH_
 _P031 = replace(_P029, name="vllm_0_31", first="0.31.0", lora_key="tagged", mm_key="tagged", decode_mm_scan_all=True,
                zero_step_error="ValueError: num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
 _P033 = replace(_P031, name="vllm_0_33", first="0.33.0")
-PROFILES = {p.name: p for p in (_P085, _P09, _P0101, _P0102, _P0111, _P013, _P014, _P019, _P024, _P027, _P029, _P031, _P033)}
+PROFILES = {p.name: p for p in (_P085, _P09, _P010, _P0101, _P0102, _P0111, _P013, _P014, _P019, _P024, _P027, _P029, _P031, _P033)}
 
 # %% ../nbs/05a_vllm_releases.ipynb #50556b11
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:\.?post\d+|rc\d+|\.dev\d+)?(?:\+[0-9A-Za-z.]+)?")
-RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 10, 1), "vllm_0_10_1"),
+RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 10, 0), "vllm_0_10"),
+                  ((0, 10, 1), "vllm_0_10_1"),
                   ((0, 10, 2), "vllm_0_10_2"), ((0, 11, 1), "vllm_0_11_1"), ((0, 13, 0), "vllm_0_13"),
                   ((0, 14, 0), "vllm_0_14"), ((0, 19, 0), "vllm_0_19"), ((0, 24, 0), "vllm_0_24"), ((0, 27, 0), "vllm_0_27"),
                   ((0, 28, 0), "vllm_0_24"), ((0, 29, 0), "vllm_0_29"), ((0, 31, 0), "vllm_0_31"),

@@ -49,9 +49,10 @@ def _hash_fns() -> dict:
     except ImportError:
         try: from vllm.utils import get_hash_fn_by_name
         except ImportError: get_hash_fn_by_name = None
-    if get_hash_fn_by_name is None:  # 0.8.5-0.10.0: the manager picks sha256 or builtin hash()
-        from vllm.utils import sha256
-        return {"builtin": hash, "sha256": sha256}
+    if get_hash_fn_by_name is None:  # 0.8.5-0.10.0: the manager picks builtin hash(), sha256 (or sha256_cbor_64bit)
+        import vllm.utils as utils
+        return {"builtin": hash, "sha256": utils.sha256,
+                **({"sha256_cbor_64bit": utils.sha256_cbor_64bit} if hasattr(utils, "sha256_cbor_64bit") else {})}
     names = ("builtin", "sha256", "sha256_cbor_64bit", "sha256_cbor", "xxhash", "xxhash_cbor")
     fns = {}
     for name in names:
