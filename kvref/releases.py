@@ -22,11 +22,11 @@ from .kv_cache_manager import KVCacheManager, Request
 from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, read_jsonl
 
 # %% auto #0
-__all__ = ['PROFILES', 'RELEASE_RANGES', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile',
-           'parse_version', 'profile_for_version', 'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash',
-           'release_extra_keys', 'release_block_hashes', 'release_event_block_hashes', 'ReleaseBlockPool',
-           'ReleaseKVCacheManager', 'release_factory', 'ReleaseTraceReplayer', 'load_release_trace', 'replay_release',
-           'ReleaseMismatch', 'check_release_vectors', 'diagnose']
+__all__ = ['PROFILES', 'RELEASE_RANGES', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'LOOKUP_INDEX_ERROR', 'PROJECTIONS', 'MISTAKES',
+           'VllmProfile', 'parse_version', 'profile_for_version', 'siphash13', 'python_hash', 'release_hash_fn',
+           'release_none_hash', 'release_extra_keys', 'release_block_hashes', 'release_event_block_hashes',
+           'ReleaseBlockPool', 'ReleaseKVCacheManager', 'release_factory', 'ReleaseTraceReplayer', 'load_release_trace',
+           'replay_release', 'ReleaseMismatch', 'check_release_vectors', 'diagnose']
 
 # %% ../nbs/05a_vllm_releases.ipynb #fe458b03
 @dataclass(frozen=True)
@@ -50,19 +50,21 @@ class VllmProfile:
     free_order: str              # see FREE_ORDERS
     free_order_caching_off: str  # the same with prefix caching off
     zero_step_error: str         # what allocate_slots raises for a step with nothing to compute
+    lookup_past_hashes_raises: bool  # a lookup indexed the kept hashes up to the hit cap: IndexError (0.9.0-0.9.0.1)
 
 # %% ../nbs/05a_vllm_releases.ipynb #a3f5b250
 _P085 = VllmProfile("vllm_0_8_5", "0.8.5", ("builtin", "sha256"), "builtin", int_hash_value=True,
     none_hash_from_algo=False, default_seed=None, lora_key="lora_int_id", mm_key="bare", cache_salt=False,
     mm_boundary_fix=False, decode_mm_scan_all=False, kv_events=None, lora_event_raises=False,
     hashes_in_manager=True, free_order="reversed", free_order_caching_off="request_order",
-    zero_step_error="ValueError: num_tokens must be greater than 0")
+    zero_step_error="ValueError: num_tokens must be greater than 0", lookup_past_hashes_raises=False)
 
 # %% ../nbs/05a_vllm_releases.ipynb #0ecd059c
 _P09 = replace(_P085, name="vllm_0_9", first="0.9.0", cache_salt=True, kv_events="hash_value",
                lora_event_raises=True, free_order_caching_off="reversed",
-               zero_step_error="ValueError: num_new_tokens must be greater than 0")
-_P010 = replace(_P09, name="vllm_0_10", first="0.10.0", hash_algos=("builtin", "sha256", "sha256_cbor_64bit"),
+               zero_step_error="ValueError: num_new_tokens must be greater than 0", lookup_past_hashes_raises=True)
+_P091 = replace(_P09, name="vllm_0_9_1", first="0.9.1", lookup_past_hashes_raises=False)
+_P010 = replace(_P091, name="vllm_0_10", first="0.10.0", hash_algos=("builtin", "sha256", "sha256_cbor_64bit"),
                 none_hash_from_algo=True)
 _P0101 = replace(_P010, name="vllm_0_10_1", first="0.10.1", hashes_in_manager=False)
 _P0102 = replace(_P0101, name="vllm_0_10_2", first="0.10.2", hash_algos=("sha256", "sha256_cbor"),
@@ -83,11 +85,11 @@ _P029 = replace(_P024, name="vllm_0_29", first="0.29.0", default_seed=NONE_HASH_
 _P031 = replace(_P029, name="vllm_0_31", first="0.31.0", lora_key="tagged", mm_key="tagged", decode_mm_scan_all=True,
                zero_step_error="ValueError: num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
 _P033 = replace(_P031, name="vllm_0_33", first="0.33.0")
-PROFILES = {p.name: p for p in (_P085, _P09, _P010, _P0101, _P0102, _P0111, _P013, _P014, _P019, _P024, _P027, _P029, _P031, _P033)}
+PROFILES = {p.name: p for p in (_P085, _P09, _P091, _P010, _P0101, _P0102, _P0111, _P013, _P014, _P019, _P024, _P027, _P029, _P031, _P033)}
 
 # %% ../nbs/05a_vllm_releases.ipynb #50556b11
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:\.?post\d+|rc\d+|\.dev\d+)?(?:\+[0-9A-Za-z.]+)?")
-RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 10, 0), "vllm_0_10"),
+RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 9, 1), "vllm_0_9_1"), ((0, 10, 0), "vllm_0_10"),
                   ((0, 10, 1), "vllm_0_10_1"),
                   ((0, 10, 2), "vllm_0_10_2"), ((0, 11, 1), "vllm_0_11_1"), ((0, 13, 0), "vllm_0_13"),
                   ((0, 14, 0), "vllm_0_14"), ((0, 19, 0), "vllm_0_19"), ((0, 24, 0), "vllm_0_24"), ((0, 27, 0), "vllm_0_27"),
@@ -424,6 +426,15 @@ def get_computed_blocks(self: ReleaseKVCacheManager, request: Request):
         self.kept_hashes[request] = self.prompt_blocks[request] = request.num_tokens // self.block_size
     return KVCacheManager.get_computed_blocks(self, request)
 
+LOOKUP_INDEX_ERROR = "IndexError: list index out of range"
+
+@patch
+def _lookup_runs_past_hashes(self: ReleaseKVCacheManager, request: Request) -> bool:
+    "Whether 0.9.0's lookup raises: kept hashes shorter than the hit cap, and every kept block cached."
+    kept, cap = self.kept_hashes.get(request, 0), (request.num_tokens - 1) // self.block_size
+    if not (self.profile.lookup_past_hashes_raises and self.enable_caching and 0 < kept < cap): return False
+    return len(self.block_pool.cached_block_hash_to_block.get_cached_prefix(self._block_hashes(request)[:kept])) == kept
+
 # %% ../nbs/05a_vllm_releases.ipynb #5c518553
 @patch
 def _cache_blocks(self: ReleaseKVCacheManager, request: Request, num_full_blocks: int) -> None:
@@ -467,6 +478,8 @@ def _config(self: ReleaseTraceReplayer, op: dict) -> dict:
 def _schedule(self: ReleaseTraceReplayer, op: dict) -> dict:
     request = self._request(op)
     if request.num_computed_tokens == request.num_tokens: return {"error": self.profile.zero_step_error}
+    if request.num_computed_tokens == 0 and self.manager._lookup_runs_past_hashes(self.adapter.requests[op["id"]]):
+        return {"error": LOOKUP_INDEX_ERROR}  # 0.9.0-0.9.0.1; nothing changed before it raised
     return TraceDriver._schedule(self, op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #19e2f818
