@@ -37,7 +37,7 @@ class VllmProfile:
     hash_algos: tuple[str, ...]  # names --prefix-caching-hash-algo accepts
     default_hash_algo: str
     int_hash_value: bool         # block hash is BlockHash.hash_value, an int (up to 0.10.1); else digest bytes
-    none_hash_from_algo: bool    # NONE_HASH = hash_fn(seed) (0.10.1+); before: pickle-SHA-256 of the seed, any algo
+    none_hash_from_algo: bool    # NONE_HASH = hash_fn(seed) (0.10.0+); before: pickle-SHA-256 of the seed, any algo
     default_seed: str | None     # seed used when PYTHONHASHSEED is unset (sha256 family, 0.29+); None: random
     lora_key: str                # "lora_int_id", "lora_name", or "tagged" (("lora", name, path))
     mm_key: str                  # "bare" (identifier), "offset" ((identifier, offset)), "tagged"
@@ -85,14 +85,15 @@ _P029 = replace(_P024, name="vllm_0_29", first="0.29.0", default_seed=NONE_HASH_
 _P031 = replace(_P029, name="vllm_0_31", first="0.31.0", lora_key="tagged", mm_key="tagged", decode_mm_scan_all=True,
                zero_step_error="ValueError: num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
 _P033 = replace(_P031, name="vllm_0_33", first="0.33.0")
-PROFILES = {p.name: p for p in (_P085, _P09, _P091, _P010, _P0101, _P0102, _P0111, _P013, _P014, _P019, _P024, _P027, _P029, _P031, _P033)}
+PROFILES = {p.name: p for p in (_P085, _P09, _P091, _P010, _P0101, _P0102, _P0111, _P013, _P014, _P019, _P024, _P027,
+                                 _P029, _P031, _P033)}
 
 # %% ../nbs/05a_vllm_releases.ipynb #50556b11
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:\.?post\d+|rc\d+|\.dev\d+)?(?:\+[0-9A-Za-z.]+)?")
-RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 9, 1), "vllm_0_9_1"), ((0, 10, 0), "vllm_0_10"),
-                  ((0, 10, 1), "vllm_0_10_1"),
-                  ((0, 10, 2), "vllm_0_10_2"), ((0, 11, 1), "vllm_0_11_1"), ((0, 13, 0), "vllm_0_13"),
-                  ((0, 14, 0), "vllm_0_14"), ((0, 19, 0), "vllm_0_19"), ((0, 24, 0), "vllm_0_24"), ((0, 27, 0), "vllm_0_27"),
+RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 9, 1), "vllm_0_9_1"),
+                  ((0, 10, 0), "vllm_0_10"), ((0, 10, 1), "vllm_0_10_1"), ((0, 10, 2), "vllm_0_10_2"),
+                  ((0, 11, 1), "vllm_0_11_1"), ((0, 13, 0), "vllm_0_13"), ((0, 14, 0), "vllm_0_14"),
+                  ((0, 19, 0), "vllm_0_19"), ((0, 24, 0), "vllm_0_24"), ((0, 27, 0), "vllm_0_27"),
                   ((0, 28, 0), "vllm_0_24"), ((0, 29, 0), "vllm_0_29"), ((0, 31, 0), "vllm_0_31"),
                   ((0, 33, 0), "vllm_0_33"), ((0, 34, 0), None))  # (first release, profile); None: not known yet
 
