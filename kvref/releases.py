@@ -22,11 +22,11 @@ from .kv_cache_manager import KVCacheManager, Request
 from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, read_jsonl
 
 # %% auto #0
-__all__ = ['PROFILES', 'RELEASE_RANGES', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile',
-           'parse_version', 'profile_for_version', 'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash',
-           'release_extra_keys', 'release_block_hashes', 'release_event_block_hashes', 'ReleaseBlockPool',
-           'ReleaseKVCacheManager', 'release_factory', 'ReleaseTraceReplayer', 'load_release_trace', 'replay_release',
-           'ReleaseMismatch', 'check_release_vectors', 'diagnose']
+__all__ = ['PROFILES', 'RELEASE_RANGES', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'LOOKUP_INDEX_ERROR', 'PROJECTIONS', 'MISTAKES',
+           'VllmProfile', 'parse_version', 'profile_for_version', 'siphash13', 'python_hash', 'release_hash_fn',
+           'release_none_hash', 'release_extra_keys', 'release_block_hashes', 'release_event_block_hashes',
+           'ReleaseBlockPool', 'ReleaseKVCacheManager', 'release_factory', 'ReleaseTraceReplayer', 'load_release_trace',
+           'replay_release', 'ReleaseMismatch', 'check_release_vectors', 'diagnose']
 
 # %% ../nbs/05a_vllm_releases.ipynb #fe458b03
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class VllmProfile:
     hash_algos: tuple[str, ...]  # names --prefix-caching-hash-algo accepts
     default_hash_algo: str
     int_hash_value: bool         # block hash is BlockHash.hash_value, an int (up to 0.10.1); else digest bytes
-    none_hash_from_algo: bool    # NONE_HASH = hash_fn(seed) (0.10.1+); before: pickle-SHA-256 of the seed, any algo
+    none_hash_from_algo: bool    # NONE_HASH = hash_fn(seed) (0.10.0+); before: pickle-SHA-256 of the seed, any algo
     default_seed: str | None     # seed used when PYTHONHASHSEED is unset (sha256 family, 0.29+); None: random
     lora_key: str                # "lora_int_id", "lora_name", or "tagged" (("lora", name, path))
     mm_key: str                  # "bare" (identifier), "offset" ((identifier, offset)), "tagged"
@@ -50,41 +50,49 @@ class VllmProfile:
     free_order: str              # see FREE_ORDERS
     free_order_caching_off: str  # the same with prefix caching off
     zero_step_error: str         # what allocate_slots raises for a step with nothing to compute
+    lookup_past_hashes_raises: bool  # a lookup indexed the kept hashes up to the hit cap: IndexError (0.9.0-0.9.0.1)
 
 # %% ../nbs/05a_vllm_releases.ipynb #a3f5b250
 _P085 = VllmProfile("vllm_0_8_5", "0.8.5", ("builtin", "sha256"), "builtin", int_hash_value=True,
     none_hash_from_algo=False, default_seed=None, lora_key="lora_int_id", mm_key="bare", cache_salt=False,
     mm_boundary_fix=False, decode_mm_scan_all=False, kv_events=None, lora_event_raises=False,
     hashes_in_manager=True, free_order="reversed", free_order_caching_off="request_order",
-    zero_step_error="ValueError: num_tokens must be greater than 0")
+    zero_step_error="ValueError: num_tokens must be greater than 0", lookup_past_hashes_raises=False)
 
 # %% ../nbs/05a_vllm_releases.ipynb #0ecd059c
 _P09 = replace(_P085, name="vllm_0_9", first="0.9.0", cache_salt=True, kv_events="hash_value",
                lora_event_raises=True, free_order_caching_off="reversed",
-               zero_step_error="ValueError: num_new_tokens must be greater than 0")
-_P0101 = replace(_P09, name="vllm_0_10_1", first="0.10.1", hash_algos=("builtin", "sha256", "sha256_cbor_64bit"),
-                 none_hash_from_algo=True, hashes_in_manager=False)
+               zero_step_error="ValueError: num_new_tokens must be greater than 0", lookup_past_hashes_raises=True)
+_P091 = replace(_P09, name="vllm_0_9_1", first="0.9.1", lookup_past_hashes_raises=False)
+_P010 = replace(_P091, name="vllm_0_10", first="0.10.0", hash_algos=("builtin", "sha256", "sha256_cbor_64bit"),
+                none_hash_from_algo=True)
+_P0101 = replace(_P010, name="vllm_0_10_1", first="0.10.1", hashes_in_manager=False)
 _P0102 = replace(_P0101, name="vllm_0_10_2", first="0.10.2", hash_algos=("sha256", "sha256_cbor"),
                  default_hash_algo="sha256", int_hash_value=False, kv_events="int64")
 
 # %% ../nbs/05a_vllm_releases.ipynb #43737437
 _P0111 = replace(_P0102, name="vllm_0_11_1", first="0.11.1", lora_key="lora_name", lora_event_raises=False)
 _P013 = replace(_P0111, name="vllm_0_13", first="0.13.0", hash_algos=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"))
-_P019 = replace(_P013, name="vllm_0_19", first="0.19.0", mm_key="offset", mm_boundary_fix=True)
+_P014 = replace(_P013, name="vllm_0_14", first="0.14.0",
+               zero_step_error="ValueError: num_new_tokens must be greater than 0 when there are no external computed tokens")
+_P019 = replace(_P014, name="vllm_0_19", first="0.19.0", mm_key="offset", mm_boundary_fix=True)
 
 # %% ../nbs/05a_vllm_releases.ipynb #ba663fd3
 _P024 = replace(_P019, name="vllm_0_24", first="0.24.0", free_order="reversed_unhashed_to_head",
                 free_order_caching_off="reversed_unhashed_to_head")
 _P027 = replace(_P024, name="vllm_0_27", first="0.27.0", free_order_caching_off="reversed")
 _P029 = replace(_P024, name="vllm_0_29", first="0.29.0", default_seed=NONE_HASH_SEED)
-_P031 = replace(_P029, name="vllm_0_31", first="0.31.0", lora_key="tagged", mm_key="tagged", decode_mm_scan_all=True)
+_P031 = replace(_P029, name="vllm_0_31", first="0.31.0", lora_key="tagged", mm_key="tagged", decode_mm_scan_all=True,
+               zero_step_error="ValueError: num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
 _P033 = replace(_P031, name="vllm_0_33", first="0.33.0")
-PROFILES = {p.name: p for p in (_P085, _P09, _P0101, _P0102, _P0111, _P013, _P019, _P024, _P027, _P029, _P031, _P033)}
+PROFILES = {p.name: p for p in (_P085, _P09, _P091, _P010, _P0101, _P0102, _P0111, _P013, _P014, _P019, _P024, _P027,
+                                 _P029, _P031, _P033)}
 
 # %% ../nbs/05a_vllm_releases.ipynb #50556b11
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:\.?post\d+|rc\d+|\.dev\d+)?(?:\+[0-9A-Za-z.]+)?")
-RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 10, 1), "vllm_0_10_1"),
-                  ((0, 10, 2), "vllm_0_10_2"), ((0, 11, 1), "vllm_0_11_1"), ((0, 13, 0), "vllm_0_13"),
+RELEASE_RANGES = ((( 0, 8, 5), "vllm_0_8_5"), ((0, 9, 0), "vllm_0_9"), ((0, 9, 1), "vllm_0_9_1"),
+                  ((0, 10, 0), "vllm_0_10"), ((0, 10, 1), "vllm_0_10_1"), ((0, 10, 2), "vllm_0_10_2"),
+                  ((0, 11, 1), "vllm_0_11_1"), ((0, 13, 0), "vllm_0_13"), ((0, 14, 0), "vllm_0_14"),
                   ((0, 19, 0), "vllm_0_19"), ((0, 24, 0), "vllm_0_24"), ((0, 27, 0), "vllm_0_27"),
                   ((0, 28, 0), "vllm_0_24"), ((0, 29, 0), "vllm_0_29"), ((0, 31, 0), "vllm_0_31"),
                   ((0, 33, 0), "vllm_0_33"), ((0, 34, 0), None))  # (first release, profile); None: not known yet
@@ -247,6 +255,10 @@ def _mm_in_block(profile: VllmProfile, items: Sequence[MultiModalItem], start: i
     return [item for item in items if item.offset < end and item.end > touches_start]
 
 # %% ../nbs/05a_vllm_releases.ipynb #31fdb3ae
+def _decoded(s: str) -> str:
+    "`s` as its own object, as a server holds each string it decoded (CPython shares only '' and 1-char latin-1 ones)."
+    return s.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
 def release_extra_keys(profile: VllmProfile, start: int, end: int, *, lora: LoRARequest | None = None,
                        lora_int_id: int | None = None,  # the adapter's int id (releases up to 0.11.0 hash it)
                        mm_items: Sequence[MultiModalItem] = (), cache_salt: str | None = None,
@@ -256,10 +268,11 @@ def release_extra_keys(profile: VllmProfile, start: int, end: int, *, lora: LoRA
     _check_profile(profile); _check_count("start", start); _check_count("end", end, start)
     if profile.lora_key == "tagged":
         return generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt)
-    keys: list = [] if lora is None else [lora_int_id if profile.lora_key == "lora_int_id" else lora.name]
+    keys: list = [] if lora is None else [lora_int_id if profile.lora_key == "lora_int_id" else _decoded(lora.name)]
     for item in _mm_in_block(profile, mm_items, start, end, decode):
-        keys.append(item.identifier if profile.mm_key == "bare" else (item.identifier, item.offset - start))
-    if cache_salt and start == 0: keys.append(cache_salt)
+        ident = _decoded(item.identifier)
+        keys.append(ident if profile.mm_key == "bare" else (ident, item.offset - start))
+    if cache_salt and start == 0: keys.append(_decoded(cache_salt))
     return tuple(keys) or None
 
 # %% ../nbs/05a_vllm_releases.ipynb #5933b25e
@@ -357,7 +370,7 @@ def release_event_block_hashes(profile: VllmProfile, block_hashes: Sequence, lor
     "What a `BlockStored` KV event of `profile`'s releases carries for `block_hashes`."
     _check_profile(profile)
     if profile.kv_events is None: raise ValueError(f"{profile.name} has no KV events (they came in vLLM 0.9.0, #16750)")
-    if lora is not None and profile.lora_event_raises:
+    if lora is not None and profile.lora_event_raises and len(block_hashes):  # no full block: no event to raise in
         raise ValueError(f"{profile.name} raises {LORA_EVENT_ERROR} emitting a LoRA request's BlockStored (until 0.11.0)")
     return list(block_hashes) if profile.kv_events == "hash_value" else [block_hash_to_int64(h) for h in block_hashes]
 
@@ -406,10 +419,11 @@ def _block_hashes(self: ReleaseKVCacheManager, request: Request) -> list[bytes]:
     num_full = self.kept_hashes.get(request, 0) if profile.hashes_in_manager else request.num_tokens // bs
     if len(request.block_hashes) < num_full:
         num_prompt = self.prompt_blocks.get(request, 0) * bs if profile.hashes_in_manager else len(request.prompt_token_ids)
-        hashes = release_block_hashes(profile, request.all_token_ids[:num_full * bs], bs, "sha256",
+        mm_end = max((item.end for item in request.mm_items), default=0)  # an item may lie in the unfinished block
+        hashes = release_block_hashes(profile, request.all_token_ids[:max(num_full * bs, mm_end)], bs, "sha256",
                                       cache_salt=request.cache_salt if profile.cache_salt else None, lora=lora,
                                       lora_int_id=self._lora_int_id(lora), mm_items=request.mm_items, pythonhashseed="0",
-                                      num_prompt_tokens=num_prompt)
+                                      num_prompt_tokens=num_prompt)[:num_full]
         request.block_hashes = [h.to_bytes(32, "big") if type(h) is int else h for h in hashes]
     return request.block_hashes
 
@@ -420,6 +434,15 @@ def get_computed_blocks(self: ReleaseKVCacheManager, request: Request):
     if self.profile.hashes_in_manager and self.enable_caching and not self.kept_hashes.get(request):
         self.kept_hashes[request] = self.prompt_blocks[request] = request.num_tokens // self.block_size
     return KVCacheManager.get_computed_blocks(self, request)
+
+LOOKUP_INDEX_ERROR = "IndexError: list index out of range"
+
+@patch
+def _lookup_runs_past_hashes(self: ReleaseKVCacheManager, request: Request) -> bool:
+    "Whether 0.9.0's lookup raises: kept hashes shorter than the hit cap, and every kept block cached."
+    kept, cap = self.kept_hashes.get(request, 0), (request.num_tokens - 1) // self.block_size
+    if not (self.profile.lookup_past_hashes_raises and self.enable_caching and 0 < kept < cap): return False
+    return len(self.block_pool.cached_block_hash_to_block.get_cached_prefix(self._block_hashes(request)[:kept])) == kept
 
 # %% ../nbs/05a_vllm_releases.ipynb #5c518553
 @patch
@@ -464,6 +487,8 @@ def _config(self: ReleaseTraceReplayer, op: dict) -> dict:
 def _schedule(self: ReleaseTraceReplayer, op: dict) -> dict:
     request = self._request(op)
     if request.num_computed_tokens == request.num_tokens: return {"error": self.profile.zero_step_error}
+    if request.num_computed_tokens == 0 and self.manager._lookup_runs_past_hashes(self.adapter.requests[op["id"]]):
+        return {"error": LOOKUP_INDEX_ERROR}  # 0.9.0-0.9.0.1; nothing changed before it raised
     return TraceDriver._schedule(self, op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #19e2f818

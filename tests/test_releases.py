@@ -37,8 +37,8 @@ def test_release_replayer_is_a_trace_driver():
     assert replayer.apply({"op": "schedule", "id": "r"})["error"] == PROFILES["vllm_0_9"].zero_step_error
     with pytest.raises(ValueError, match="unknown or already freed"): replayer.apply({"op": "free", "id": "q"})
 
-@pytest.mark.parametrize("version,name", [("0.8.5", "vllm_0_8_5"), ("0.10.0", "vllm_0_9"), ("0.10.1", "vllm_0_10_1"),
-    ("0.11.0", "vllm_0_10_2"), ("0.12.3", "vllm_0_11_1"), ("0.18.1", "vllm_0_13"), ("0.23.9", "vllm_0_19"),
+@pytest.mark.parametrize("version,name", [("0.8.5", "vllm_0_8_5"), ("0.9.0.1", "vllm_0_9"), ("0.9.1", "vllm_0_9_1"), ("0.10.0", "vllm_0_10"), ("0.10.1", "vllm_0_10_1"),
+    ("0.11.0", "vllm_0_10_2"), ("0.12.3", "vllm_0_11_1"), ("0.13.0", "vllm_0_13"), ("0.18.1", "vllm_0_14"), ("0.23.9", "vllm_0_19"),
     ("0.27.1", "vllm_0_27"), ("0.28.0", "vllm_0_24"), ("0.30.0", "vllm_0_29"), ("0.32.0", "vllm_0_31"), ("v0.33.2+cpu", "vllm_0_33")])
 def test_profile_for_version(version, name): assert profile_for_version(version).name == name
 
