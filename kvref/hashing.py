@@ -192,6 +192,11 @@ def _embedding_rows_bytes(rows) -> bytes:
         return rows.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
     raise TypeError(f"prompt_embeds must be a numpy array or a torch tensor, got {type(rows).__name__}")
 
+# %% ../nbs/01_hashing.ipynb #d3c0de02
+def _decoded(s: str) -> str:
+    "`s` as its own object, as a server holds each string it decoded (CPython shares only '' and 1-char latin-1 ones)."
+    return s.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
 # %% ../nbs/01_hashing.ipynb #fb0f504d
 _ITEM_END = operator.attrgetter("end")  # a C getter for bisect: a lambda costs a call more per block
 
@@ -206,12 +211,12 @@ def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the b
     _check_int("start_token_idx", start_token_idx, 0)
     _check_int("end_token_idx", end_token_idx, start_token_idx)
     keys: list[tuple] = []
-    if lora is not None: keys.append(("lora", lora.name, lora.path))
+    if lora is not None: keys.append(("lora", _decoded(lora.name), _decoded(lora.path)))
     first = bisect.bisect_right(mm_items, start_token_idx, key=_ITEM_END)  # first to end after start
     for item in islice(mm_items, first, None):
         if item.offset >= end_token_idx: break
-        keys.append(("mm", item.identifier, item.offset - start_token_idx))
-    if cache_salt and start_token_idx == 0: keys.append(("cache_salt", cache_salt))
+        keys.append(("mm", _decoded(item.identifier), item.offset - start_token_idx))
+    if cache_salt and start_token_idx == 0: keys.append(("cache_salt", _decoded(cache_salt)))
     if prompt_embeds is not None:
         rows = _embedding_rows_bytes(prompt_embeds[start_token_idx:end_token_idx])
         keys.append(("prompt_embeds", hashlib.sha256(rows).digest()))

@@ -15,7 +15,7 @@ from weakref import WeakKeyDictionary
 from fastcore.basics import patch
 from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem, sha256, sha256_cbor,
     get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, hash_request_tokens, block_hash_to_int64,
-    _checked_request, _checked_tokens, _chunks, _hash_blocks, _lora_from_json, _mm_from_json)
+    _checked_request, _checked_tokens, _chunks, _decoded, _hash_blocks, _lora_from_json, _mm_from_json)
 from .block_pool import BlockPool
 from .free_queue import _check_count
 from .kv_cache_manager import KVCacheManager, Request
@@ -255,10 +255,6 @@ def _mm_in_block(profile: VllmProfile, items: Sequence[MultiModalItem], start: i
     return [item for item in items if item.offset < end and item.end > touches_start]
 
 # %% ../nbs/05a_vllm_releases.ipynb #31fdb3ae
-def _decoded(s: str) -> str:
-    "`s` as its own object, as a server holds each string it decoded (CPython shares only '' and 1-char latin-1 ones)."
-    return s.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
-
 def release_extra_keys(profile: VllmProfile, start: int, end: int, *, lora: LoRARequest | None = None,
                        lora_int_id: int | None = None,  # the adapter's int id (releases up to 0.11.0 hash it)
                        mm_items: Sequence[MultiModalItem] = (), cache_salt: str | None = None,

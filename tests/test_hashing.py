@@ -29,17 +29,22 @@ def _serialize(algo, obj):
 def _digest(algo, data):
     return hashlib.sha256(data).digest() if algo.startswith("sha256") else xxhash.xxh3_128_digest(data)
 
+def own(s: str) -> str:
+    "An equal string as a separate object, as a server decodes each string of a request (pickle memoizes by identity)."
+    return s.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
+
 def naive_hashes(tokens, block_size, algo="sha256", salt=None, lora=None, mm=(), embeds=None, seed=SEED):
     H_ = lambda obj: _digest(algo, _serialize(algo, obj))
     parent, out = H_(seed), []
     for b in range(len(tokens) // block_size):
         start, end = b * block_size, (b + 1) * block_size
         keys = []
-        if lora is not None: keys.append(("lora", lora.name, lora.path))
+        if lora is not None: keys.append(("lora", own(lora.name), own(lora.path)))
         for item in sorted(mm, key=lambda m: m.offset):
             if item.offset < end and item.offset + item.length > start:
-                keys.append(("mm", item.identifier, item.offset - start))
-        if b == 0 and salt: keys.append(("cache_salt", salt))
+                keys.append(("mm", own(item.identifier), item.offset - start))
+        if b == 0 and salt: keys.append(("cache_salt", own(salt)))
         if embeds is not None:
             keys.append(("prompt_embeds", hashlib.sha256(np.ascontiguousarray(embeds[start:end]).tobytes()).digest()))
         parent = H_((parent, tuple(tokens[start:end]), tuple(keys) if keys else None))
