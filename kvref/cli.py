@@ -652,7 +652,10 @@ def check_router_main(argv: list[str] | None = None) -> int:
     "`kvref check-router`: 0 if the router agrees with `KVIndex` on every prompt, 1 on a divergence, 2 on bad input."
     from kvref.router_conformance import check_router, shrink_router
     args = _check_router_parser().parse_args(argv)
-    out, traces = _out_folder(args.out), {Path(t).name: load_trace_for_cli(t) for t in args.traces}
+    names = [Path(t).name for t in args.traces]  # each engine's stream is named by its file
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice: raise ValueError(f"two traces have the file name {twice!r}: rename one (a stream is named by its file)")
+    out, traces = _out_folder(args.out), {name: load_trace_for_cli(t) for name, t in zip(names, args.traces)}
     factory = load_adapter(args.adapter)
     found = check_router(factory, traces, args.hash_form)
     if found is None: print(f"kvref check-router: the router agrees on every prompt of {len(traces)} traces"); return 0
