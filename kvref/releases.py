@@ -22,12 +22,12 @@ from .kv_cache_manager import KVCacheManager, Request
 from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, read_jsonl
 
 # %% auto #0
-__all__ = ['PROFILES', 'RELEASE_RANGES', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'LOOKUP_INDEX_ERROR', 'VECTOR_FIELDS', 'PROJECTIONS',
-           'MISTAKES', 'VllmProfile', 'parse_version', 'profile_for_version', 'siphash13', 'python_hash',
-           'release_hash_fn', 'release_none_hash', 'release_extra_keys', 'release_block_hashes',
-           'release_event_block_hashes', 'ReleaseBlockPool', 'ReleaseKVCacheManager', 'release_factory',
-           'ReleaseTraceReplayer', 'load_release_trace', 'replay_release', 'ReleaseMismatch', 'check_release_vectors',
-           'diagnose']
+__all__ = ['PROFILES', 'RELEASE_RANGES', 'PYTHON_HASH_MAX_DEPTH', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'LOOKUP_INDEX_ERROR',
+           'VECTOR_FIELDS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile', 'parse_version', 'profile_for_version',
+           'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash', 'release_extra_keys',
+           'release_block_hashes', 'release_event_block_hashes', 'ReleaseBlockPool', 'ReleaseKVCacheManager',
+           'release_factory', 'ReleaseTraceReplayer', 'load_release_trace', 'replay_release', 'ReleaseMismatch',
+           'check_release_vectors', 'diagnose']
 
 # %% ../nbs/05a_vllm_releases.ipynb #fe458b03
 @dataclass(frozen=True)
@@ -195,9 +195,17 @@ def python_hash(obj: Any, pythonhashseed: int) -> int:
     "`hash(obj)` as CPython 3.11 computes it in a process started with PYTHONHASHSEED=`pythonhashseed`."
     if type(pythonhashseed) is not int or not 0 <= pythonhashseed <= 0xFFFFFFFF:
         raise ValueError(f"pythonhashseed must be an int in [0, 4294967295], got {pythonhashseed!r}")
+    return _python_hash(obj, pythonhashseed, PYTHON_HASH_MAX_DEPTH)
+
+PYTHON_HASH_MAX_DEPTH = 100  # tuples nested deeper are refused by name (a block's hash input nests 3 deep)
+
+def _python_hash(obj: Any, pythonhashseed: int, depth: int) -> int:
+    "`python_hash` of `obj`, inside tuples nested at most `depth` more levels."
     if type(obj) is str: return _str_hash(obj, pythonhashseed)
     if type(obj) is int: return _int_hash(obj)
-    if type(obj) is tuple: return _tuple_hash([python_hash(item, pythonhashseed) for item in obj])
+    if type(obj) is tuple:
+        if depth == 0: raise ValueError(f"python_hash: tuples nested more than PYTHON_HASH_MAX_DEPTH={PYTHON_HASH_MAX_DEPTH} deep")
+        return _tuple_hash([_python_hash(item, pythonhashseed, depth - 1) for item in obj])
     if obj is None:
         raise ValueError("hash(None) on CPython 3.11 is derived from None's memory address, different in every "
                          "process (3.12 made it a constant): a 'builtin' block without extra keys cannot be reproduced")
@@ -340,6 +348,7 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
                          num_prompt_tokens: int | None = None,  # blocks ending after it were completed by decoding
                          known_hashes: Sequence = ()) -> list:
     "Hashes of all full blocks of `token_ids` as `profile`'s releases compute them (ints up to 0.10.1, else bytes)."
+    _check_profile(profile)
     algo = algo or profile.default_hash_algo
     hash_fn = release_hash_fn(profile, algo, pythonhashseed or "0")
     chain = _builtin_chain if algo == "builtin" else _hash_value_chain  # int hash values, up to 0.10.1

@@ -408,3 +408,18 @@ def test_sweep_bad_arguments_exit_2(tmp_path, capsys, args):
                   if "--jobs" not in args else ["sweep", str(tmp_path / "in"), "--block-size", "4", "--hash-block-size", "16", *args])
     out, err = capsys.readouterr()
     assert status == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, (status, err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["convert", "/dev/zero", "--from", "mooncake"], "/dev/zero: line 1 is longer than MOONCAKE_MAX_LINE_BYTES"),
+    (["sweep", "/dev/zero", "--blocks", "100"], "/dev/zero: line 1 is longer than MOONCAKE_MAX_LINE_BYTES"),
+    (["convert", "{f}/big.jsonl", "--from", "mooncake", "--hash-block-size", str(1 << 20)],
+     "input_length 1073741824 is above MAX_SYNTHESIZED_TOKENS"),
+])
+def test_production_trace_commands_refuse_what_would_exhaust_memory(tmp_path, capsys, argv, message):
+    "Issue 32: /dev/zero (one endless line) and a 5 KB line asking 2**30 tokens ran out of memory."
+    line = {"timestamp": 0, "input_length": 1 << 30, "output_length": 1, "hash_ids": list(range(1 << 10))}
+    (tmp_path / "big.jsonl").write_text(json.dumps(line) + "\n")
+    assert main([a.replace("{f}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
