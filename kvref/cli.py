@@ -13,6 +13,7 @@ from typing import NoReturn
 import kvref
 from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens)
+from .block_pool import MAX_NUM_BLOCKS
 from .kv_cache_manager import BEHAVIORS
 from .replay import (TRACE_FORMAT_VERSION, Divergence, TraceReplayer, list_vectors, load_decisions, load_trace,
                           replay_lockstep, vector_path)
@@ -26,11 +27,11 @@ from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
 # %% auto #0
-__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
-           'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
-           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
-           'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'vectors_main', 'main']
+__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS', 'SUBCOMMANDS',
+           'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand', 'token_id',
+           'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli', 'replay_main',
+           'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main', 'convert_main',
+           'sweep_main', 'events_main', 'check_router_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -241,9 +242,6 @@ def hash_main(argv: list[str] | None = None) -> int:
         events = [block_hash_to_int64(h) for h in hashes]
     _print_hashes(hashes, events, args.format)
     return 0
-
-# %% ../nbs/12_cli.ipynb #e6a376bd
-MAX_NUM_BLOCKS = 1 << 20  # the largest pool `replay` and `check` build: kvref allocates every block up front
 
 # %% ../nbs/12_cli.ipynb #214977b1
 def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace) -> list[dict]:
