@@ -183,7 +183,8 @@ def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
 @patch
 def get_cached_block(self: BlockPool, block_hash: bytes) -> KVCacheBlock | None:
     "The block cached earliest under `block_hash`, or None on a miss."
-    return self.cached_block_hash_to_block.get_one_block(block_hash)
+    try: return self.cached_block_hash_to_block.get_one_block(block_hash)
+    except TypeError: raise TypeError(f"block_hash must be bytes, got {type(block_hash).__name__}") from None  # unhashable
 
 # %% ../nbs/03_block_pool.ipynb #834c1a46
 @patch

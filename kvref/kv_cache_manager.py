@@ -149,6 +149,7 @@ def usage(self: KVCacheManager) -> float: return self.block_pool.get_usage()
 @patch
 def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
     "The request's block table as block ids (empty if it holds none)."
+    if not isinstance(request_id, str): raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
     return block_ids(self.req_to_blocks.get(request_id, ()))
 
 # %% ../nbs/04_kv_cache_manager.ipynb #2173b5ea

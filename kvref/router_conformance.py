@@ -51,6 +51,8 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
     "Each op of the trace with the events kvref's allocator (vLLM 0.33 behaviour) emits for it."
     _check_hash_form(hash_form)
     if data_parallel_rank is not None: _check_count("data_parallel_rank", data_parallel_rank)
+    if not isinstance(trace, (str, Path)) and (isinstance(trace, (bytes, dict)) or not hasattr(trace, "__iter__")):
+        raise TypeError(f"trace must be a list of ops or a trace file's path, got {type(trace).__name__}")
     driver, lora_ids, seq = TraceDriver(kvref_factory("vllm_0_33", EventfulKVCacheManager)), {}, 0
     for i, op in enumerate(_trace_ops(trace)):
         try: driver.apply(op)
