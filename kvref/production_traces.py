@@ -82,6 +82,7 @@ def parse_mooncake_line(text: str, line: int, hash_block_size: int = 512) -> Moo
 # %% ../nbs/06c_production_traces.ipynb #18d44ee0
 MOONCAKE_MAX_LINE_BYTES = 1 << 24  # a longer line is refused by name (a 1M-token prompt's ids at 16 tokens each: ~0.5 MB)
 
+# %% ../nbs/06c_production_traces.ipynb #f2bf1b63
 def read_mooncake(path: str | Path,  # a Mooncake JSONL trace
                   hash_block_size: int = 512,  # tokens per hash id (512 for Mooncake, 16 for bailian)
                   ) -> Iterator[MooncakeRequest]:
@@ -107,6 +108,7 @@ def read_mooncake(path: str | Path,  # a Mooncake JSONL trace
 # %% ../nbs/06c_production_traces.ipynb #838e78f3
 MAX_SYNTHESIZED_TOKENS = 1 << 22  # the longest prompt synthesized as a list (replays read longer ones lazily)
 
+# %% ../nbs/06c_production_traces.ipynb #dfe57fa7
 def synthesize_prompt(hash_ids: Sequence[int], input_length: int, hash_block_size: int = 512) -> list[int]:
     "The prompt's token ids: block `h` is `h * hash_block_size + range(hash_block_size)`, cut at `input_length`."
     _check_positive(0, input_length=input_length); _check_positive(hash_block_size=hash_block_size)
@@ -241,6 +243,7 @@ def _check_hashes(hashes, requests: Sequence[MooncakeRequest], block_size: int) 
         if type(keys) is not list or len(keys) != r.input_length // block_size:
             raise ValueError(f"hashes[{i}] must be a list of the {r.input_length // block_size} block keys of line {r.line}, got {keys!r:.60}")
 
+# %% ../nbs/06c_production_traces.ipynb #06b581b9
 def _check_fits(requests: Sequence[MooncakeRequest], num_blocks: int, block_size: int) -> int:
     "`max_model_len` for the trace: its longest request; refuse a pool that cannot hold it (vLLM refuses to start)."
     if not requests: raise ValueError("the trace has no requests")
