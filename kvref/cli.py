@@ -13,6 +13,7 @@ from typing import NoReturn
 import kvref
 from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens)
+from .block_pool import MAX_NUM_BLOCKS
 from .kv_cache_manager import BEHAVIORS
 from .replay import (TRACE_FORMAT_VERSION, Divergence, TraceReplayer, list_vectors, load_decisions, load_trace,
                           replay_lockstep, vector_path)
@@ -26,12 +27,12 @@ from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
 # %% auto #0
-__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
-           'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
-           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
-           'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'events_main',
-           'check_router_main', 'vectors_main', 'main']
+__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS', 'SUBCOMMANDS',
+           'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand', 'token_id',
+           'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli', 'replay_main',
+           'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main', 'convert_main',
+           'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'events_main', 'check_router_main',
+           'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -242,9 +243,6 @@ def hash_main(argv: list[str] | None = None) -> int:
         events = [block_hash_to_int64(h) for h in hashes]
     _print_hashes(hashes, events, args.format)
     return 0
-
-# %% ../nbs/12_cli.ipynb #e6a376bd
-MAX_NUM_BLOCKS = 1 << 20  # the largest pool `replay` and `check` build: kvref allocates every block up front
 
 # %% ../nbs/12_cli.ipynb #214977b1
 def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace) -> list[dict]:
@@ -674,7 +672,10 @@ def check_router_main(argv: list[str] | None = None) -> int:
     "`kvref check-router`: 0 if the router agrees with `KVIndex` on every prompt, 1 on a divergence, 2 on bad input."
     from kvref.router_conformance import check_router, shrink_router
     args = _check_router_parser().parse_args(argv)
-    out, traces = _out_folder(args.out), {Path(t).name: load_trace_for_cli(t) for t in args.traces}
+    names = [Path(t).name for t in args.traces]  # each engine's stream is named by its file
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice: raise ValueError(f"two traces have the file name {twice!r}: rename one (a stream is named by its file)")
+    out, traces = _out_folder(args.out), {name: load_trace_for_cli(t) for name, t in zip(names, args.traces)}
     factory = load_adapter(args.adapter)
     found = check_router(factory, traces, args.hash_form)
     if found is None: print(f"kvref check-router: the router agrees on every prompt of {len(traces)} traces"); return 0

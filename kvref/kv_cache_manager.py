@@ -151,6 +151,7 @@ def usage(self: KVCacheManager) -> float: return self.block_pool.get_usage()
 @patch
 def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
     "The request's block table as block ids (empty if it holds none)."
+    if not isinstance(request_id, str): raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
     return block_ids(self.req_to_blocks.get(request_id, ()))
 
 # %% ../nbs/04_kv_cache_manager.ipynb #2173b5ea
@@ -312,6 +313,17 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
     if self.enable_caching: self._block_hashes(request)
     return table
 
+# %% ../nbs/04_kv_cache_manager.ipynb #50dc695e
+def _check_hits_match(request_id: str, name: str, hits: Sequence[KVCacheBlock], cached: Sequence,
+                      of: Callable[[KVCacheBlock], object] = lambda block: block.block_hash  # what is compared
+                     ) -> None:
+    "Refuse unless `of(hits[i]) == cached[i]` for every hit, in order: hits only from the cache map under the request's own hashes."
+    if len(hits) <= len(cached) and [of(b) for b in hits] == list(cached[:len(hits)]): return  # one pass; the culprit only on failure
+    for i, block in enumerate(hits):
+        if i >= len(cached) or of(block) != cached[i]:
+            raise ValueError(f"request {request_id!r}: {name}[{i}] (block {block.block_id}) "
+                             f"is not the block cached for the request's block {i}")
+
 # %% ../nbs/04_kv_cache_manager.ipynb #954cd520
 @patch
 def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]) -> None:
@@ -319,12 +331,7 @@ def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]
     rid = request.request_id
     if not self.enable_caching: raise ValueError(f"request {rid!r}: prefix caching is off, so no block can be a hit")
     self.block_pool._checked_own(hits, "new_computed_blocks")
-    hashes = self._block_hashes(request)
-    if [b.block_hash for b in hits] == hashes[:len(hits)]: return  # one pass; the culprit only on failure
-    for i, (block, block_hash) in enumerate(zip(hits, hashes)):
-        if block.block_hash != block_hash:
-            raise ValueError(f"request {rid!r}: new_computed_blocks[{i}] (block {block.block_id}) "
-                             f"is not the block cached for the request's block {i}")
+    _check_hits_match(rid, "new_computed_blocks", hits, self._block_hashes(request))
 
 # %% ../nbs/04_kv_cache_manager.ipynb #d5e0c1a1
 _allocate_slots_definition = KVCacheManager.allocate_slots  # the definition above; the fast path must agree with it
