@@ -16,9 +16,9 @@ from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to
 from .kv_cache_manager import BEHAVIORS
 from .replay import (TRACE_FORMAT_VERSION, Divergence, TraceReplayer, list_vectors, load_decisions, load_trace,
                           replay_lockstep, vector_path)
-from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, load_release_trace,
-                            profile_for_version, release_block_hashes, release_event_block_hashes)
-from .conformance import check, check_recorded, load_adapter, shrink
+from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, profile_for_version,
+                            release_block_hashes, release_event_block_hashes)
+from .conformance import check, check_recorded, load_adapter, load_any_trace, shrink
 from .hybrid_replay import (HybridTraceReplayer, hybrid_replay_stats, is_hybrid_file, load_hybrid_trace,
                                  write_hybrid_svgs)
 from .kv_events import HASH_FORMS
@@ -246,7 +246,7 @@ def hash_main(argv: list[str] | None = None) -> int:
 MAX_NUM_BLOCKS = 1 << 20  # the largest pool `replay` and `check` build: kvref allocates every block up front
 
 # %% ../nbs/12_cli.ipynb #214977b1
-def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace) -> list[dict]:
+def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_any_trace) -> list[dict]:
     "`load(path)` (a trace loader), refusing a pool larger than `MAX_NUM_BLOCKS`."
     ops = load(path)
     if not isinstance(ops[0].get("num_blocks"), int) or isinstance(ops[0]["num_blocks"], bool):
@@ -296,8 +296,7 @@ def replay_main(argv: list[str] | None = None) -> int:
     hybrid = is_hybrid_file(args.trace)
     decide, keep = _decider(args, hybrid), args.stats or args.svg
     if keep and args.format == 2: raise ValueError("--stats and --svg read format 1 decisions: drop --format 2")
-    load = load_hybrid_trace if hybrid else load_release_trace if args.vllm_version else load_trace
-    ops = load_trace_for_cli(args.trace, load)
+    ops = load_trace_for_cli(args.trace)
     expected = load_decisions(args.expect) if args.expect else None
     if expected == []: raise ValueError(f"{args.expect}: no decisions, nothing to compare")
     lock = replay_lockstep(expected, decide=decide) if expected is not None else None
@@ -326,6 +325,8 @@ def _check_parser() -> CommandParser:
     p.add_argument("--adapter", help="module:factory or path/to/file.py:factory; factory(config dict) -> AllocatorAdapter")
     p.add_argument("--expect", action="append", metavar="DECISIONS.jsonl", help="recorded decisions instead of an adapter (one per trace, in order)")
     p.add_argument("--behavior", default="vllm_0_33", choices=["vllm_0_33", "design_doc"])
+    p.add_argument("--vllm-version", metavar="V", help="hold the adapter or decisions to vLLM release V's allocator "
+                   "(0.8.5 to 0.33.x; single-group traces)")
     p.add_argument("--fields", help="comma-separated decision fields to compare (default: all)")
     p.add_argument("--out", help="existing folder for minimal diverging traces (default: .)")
     p.add_argument("--free-queue-every", type=int_arg(1), metavar="K", help="compare whole free queues every K ops")
@@ -347,41 +348,51 @@ def _fields_arg(text: str | None) -> list[str] | None:
     if not fields: raise ValueError(f"--fields {text!r} names no field: nothing would be compared")
     return fields
 
-def _check_runs(ns) -> list[tuple[str, list[dict], list[dict] | None]]:
-    "Each trace with its `--expect` decisions (None: checked against the adapter), all read before any runs."
+def _check_options(ns) -> None:
+    "The options' own errors, before any trace is read."
     if (ns.adapter is None) == (not ns.expect): raise ValueError("give --adapter (an engine to check) or --expect (recorded decisions), one of the two")
     if ns.expect and len(ns.expect) != len(ns.traces):
         raise ValueError(f"--expect gives {len(ns.expect)} decisions files for {len(ns.traces)} traces: give one per trace, in order")
     if ns.expect and (ns.out or ns.free_queue_every): raise ValueError("--out and --free-queue-every go with --adapter, not --expect")
-    expected = [load_decisions(path) for path in ns.expect or ()]
-    if empty := next((path for path, d in zip(ns.expect or (), expected) if not d), None): raise ValueError(f"{empty}: no decisions, nothing to compare")
-    ops = [load_trace_for_cli(t, load_hybrid_trace if is_hybrid_file(t) else load_trace) for t in ns.traces]
-    return list(zip(ns.traces, ops, expected or [None] * len(ops)))
+    if ns.vllm_version: profile_for_version(ns.vllm_version)  # an unknown release is refused before any trace runs
 
 # %% ../nbs/12_cli.ipynb #6ecf92d5
+def _check_one(ns, path: str, expect: str | None, factory, fields: list[str] | None, out: Path | None) -> int:
+    "Check one trace: 0 if it conforms, 1 if it diverged (the minimal trace written); ValueError if it cannot be checked."
+    ops = load_trace_for_cli(path)
+    decisions = load_decisions(expect) if expect else None
+    if decisions == []: raise ValueError(f"{expect}: no decisions, nothing to compare")
+    try: d = (check(factory, ops, ns.behavior, fields, ns.free_queue_every, ns.vllm_version) if decisions is None
+              else check_recorded(decisions, ops, ns.behavior, fields, ns.vllm_version))
+    except ValueError as e: raise ValueError(f"{path}: {e}") from None
+    if d is None: print(f"{path}: conforms ({len(ops)} ops)"); return 0
+    if decisions is not None: print(f"{path}: {d.report()}"); return 1
+    minimal, target = shrink(factory, ops, ns.behavior, fields, ns.vllm_version), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
+    target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
+    print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}")
+    return 1
+
 @subcommand("kvref check")
 def check_main(argv: list[str] | None = None) -> int:
-    "`kvref check`: 0 if every trace conforms, 1 if one diverged (minimal traces written), 2 on bad input."
+    "`kvref check`: each trace reported; the worst status: 0 all conform, 1 one diverged, 2 one could not be checked."
     ns = _check_parser().parse_args(argv)
-    fields, runs = _fields_arg(ns.fields), _check_runs(ns)
+    fields = _fields_arg(ns.fields)
+    _check_options(ns)
     out = _out_folder(ns.out or ".") if ns.adapter else None
-    try: factory, status = (load_adapter(ns.adapter) if ns.adapter else None), 0
+    try: factory = load_adapter(ns.adapter) if ns.adapter else None
     except ValueError as e:
         if ns.traceback and e.__cause__ is not None: traceback.print_exception(e.__cause__)
         raise
-    found = []
-    for path, ops, expected in runs:  # every check first: a refused one (exit 2) writes nothing
-        try: found.append(check(factory, ops, ns.behavior, fields, ns.free_queue_every) if expected is None
-                          else check_recorded(expected, ops, ns.behavior, fields))
-        except ValueError as e: raise ValueError(f"{path}: {e}") from None
-    for (path, ops, expected), d in zip(runs, found):
-        if d is None: print(f"{path}: conforms ({len(ops)} ops)"); continue
-        status = 1
-        if expected is not None: print(f"{path}: {d.report()}"); continue
-        minimal, target = shrink(factory, ops, ns.behavior, fields), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
-        target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
-        print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}")
-    return status
+    statuses = []
+    for path, expect in zip(ns.traces, ns.expect or [None] * len(ns.traces)):
+        try: statuses.append(_check_one(ns, path, expect, factory, fields, out))
+        except ValueError as e:
+            print(f"kvref check: error: {_one_line(e)}", file=sys.stderr)
+            statuses.append(2)
+    if len(statuses) > 1:
+        print(f"kvref check: {len(statuses)} traces: {statuses.count(0)} conform, {statuses.count(1)} diverged, "
+              f"{statuses.count(2)} could not be checked")
+    return max(statuses)
 
 # %% ../nbs/12_cli.ipynb #022a7511
 MAX_CAPTURE_SIZE = 1 << 16  # the largest CUDA graph capture size `kvref cudagraph` accepts
