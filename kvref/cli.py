@@ -14,8 +14,8 @@ import kvref
 from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens)
 from .kv_cache_manager import BEHAVIORS
-from .replay import (TRACE_FORMAT_VERSION, Divergence, TraceReplayer, list_vectors, load_decisions, load_trace,
-                          replay_lockstep, vector_path)
+from .replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, Divergence, TraceReplayer, list_vectors, load_decisions,
+                          load_trace, replay_lockstep, vector_path)
 from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, profile_for_version,
                             release_block_hashes, release_event_block_hashes)
 from .conformance import check, check_recorded, load_adapter, load_any_trace, shrink
@@ -677,17 +677,28 @@ def _vectors_parser() -> CommandParser:
     "The options of `kvref vectors`."
     parser = CommandParser(prog="kvref vectors", description="List the recorded vectors shipped with kvref.")
     parser.add_argument("name", nargs="?", help="print this vector file's path (names as listed)")
+    parser.add_argument("--kind", choices=VECTOR_KINDS, help="only files of this kind")
+    parser.add_argument("--vllm", metavar="V", help="only answers of vLLM release V (0.33 covers 0.33.x)")
+    parser.add_argument("--checkable", action="store_true", help="only traces `kvref check --adapter` takes as they are "
+                        "(recorded with vLLM 0.33.0, vLLM raised nowhere; --kind trace for single-group adapters)")
+    parser.add_argument("--paths", action="store_true", help="print only the paths, one a line")
     return parser
 
 # %% ../nbs/12_cli.ipynb #f9d31a65
 @subcommand("kvref vectors")
 def vectors_main(argv: list[str] | None = None) -> int:
-    "`kvref vectors [NAME]`: list the shipped vector files, or print the path of one."
+    "`kvref vectors [NAME] [--kind K] [--vllm V] [--checkable] [--paths]`: list the shipped vector files, or print one's path."
     args = _vectors_parser().parse_args(argv)
-    if args.name is not None: print(vector_path(args.name)); return 0
-    found = list_vectors()
-    width = max(len(v.name) for v in found)
-    for v in found: print(f"{v.name:<{width}}  {v.count:>5}  {v.source}")
+    if args.name is not None:
+        if args.kind or args.vllm or args.checkable or args.paths: raise ValueError("NAME takes no other option: it prints that file's path")
+        print(vector_path(args.name)); return 0
+    found = list_vectors(args.kind, args.vllm, args.checkable)
+    if not found: raise ValueError("no shipped vector file matches " + " ".join(a for a in (args.kind and f"--kind {args.kind}",
+                                   args.vllm and f"--vllm {args.vllm}", args.checkable and "--checkable") if a))
+    if args.paths: print("\n".join(str(v.path) for v in found)); return 0
+    rows = [("name", "kind", "vLLM", "cases", "source")] + [(v.name, v.kind, v.release or "-", str(v.count), v.source) for v in found]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows: print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>{widths[3]}}  {r[4]}")
     return 0
 
 # %% ../nbs/12_cli.ipynb #9f06ef68

@@ -645,12 +645,22 @@ def _checkable(path: Path, kind: str, release: str | None) -> bool:
     decisions = _decisions_of(path)
     return decisions is None or '"error"' not in decisions.read_text()
 
-def list_vectors() -> list[Vector]:
-    "Every shipped vector file, by name, with its kind and release (`kvref vectors` filters on both)."
+def _same_release(release: str | None, wanted: str) -> bool:
+    "Whether `release` is `wanted` or one of its patch releases (`0.33` covers 0.33.0 and 0.33.1)."
+    return release is not None and (release == wanted or release.startswith(wanted + "."))
+
+def list_vectors(kind: str | None = None,  # only files of this kind (one of `VECTOR_KINDS`)
+                 vllm: str | None = None,  # only answers of this vLLM release (`0.33` covers 0.33.x)
+                 checkable: bool = False,  # only traces `kvref check --adapter` takes as they are
+                ) -> list[Vector]:
+    "The shipped vector files, by name, with their kind and release."
+    if kind is not None and kind not in VECTOR_KINDS: raise ValueError(f"unknown kind {kind!r}; kinds: {', '.join(VECTOR_KINDS)}")
     root, out = golden_dir(), []
     for p in sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".npz")):
-        source, count, kind, release = _describe(p, root)
-        out.append(Vector(str(p.relative_to(root).with_suffix("")), source, count, p, kind, release, _checkable(p, kind, release)))
+        source, count, found, release = _describe(p, root)
+        v = Vector(str(p.relative_to(root).with_suffix("")), source, count, p, found, release, _checkable(p, found, release))
+        if (kind is None or v.kind == kind) and (vllm is None or _same_release(release, vllm)) and (v.checkable or not checkable):
+            out.append(v)
     return out
 
 # %% ../nbs/05_replay.ipynb #b5a0f004

@@ -62,3 +62,36 @@ def test_a_trace_on_which_vllm_raised_holds_no_adapter(capsys):
     assert main(["check", str(trace), "--adapter", KVREF_ADAPTER, "--vllm-version", "0.33.0"]) == 2
     assert "vLLM 0.33.0 raises here" in capsys.readouterr().err
     assert main(["check", str(trace), "--expect", str(_decisions_of(trace)), "--vllm-version", "0.33.0"]) == 0
+
+
+# ------------------------------------------------------------------- item 3: kvref vectors says what each file is
+
+def test_every_vector_labelled_with_its_own_release_and_kind():
+    for v in list_vectors():
+        parts = v.name.split("/")
+        if parts[0] in ("versions", "versions-vllm"): assert v.release == parts[1] and parts[1] in v.source, v
+        if ".events" in v.name: assert v.kind == "events" and "trace (ops)" not in v.source, v
+        if v.name.endswith(".vllm") or ".vllm-" in v.name: assert v.kind == "decisions", v
+
+
+def _paths(capsys, *argv) -> list[str]:
+    assert main(["vectors", *argv, "--paths"]) == 0
+    return capsys.readouterr().out.split()
+
+
+def test_vectors_filters(capsys):
+    everything = _paths(capsys)
+    traces = _paths(capsys, "--kind", "trace", "--vllm", "0.33.0")
+    assert 0 < len(traces) < len(everything) / 5
+    assert all(json.loads(Path(p).read_text().splitlines()[0])["op"] == "config" for p in traces)
+    assert set(_paths(capsys, "--vllm", "0.9")) == set(_paths(capsys, "--vllm", "0.9.0")) | set(_paths(capsys, "--vllm", "0.9.2"))
+    assert main(["vectors", "--kind", "attention", "--vllm", "0.33.0"]) == 2
+    assert "no shipped vector file matches --kind attention --vllm 0.33.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind, adapter", [("trace", KVREF_ADAPTER), ("hybrid-trace", "kvref.hybrid_replay:KVRefHybridAdapter")])
+def test_checkable_traces_are_what_an_adapter_is_checked_on(kind, adapter, capsys):
+    "Every trace `kvref vectors --checkable` lists is taken by `kvref check --adapter` as it is, and kvref's own conforms."
+    paths = _paths(capsys, "--kind", kind, "--checkable")
+    assert len(paths) >= 10
+    assert main(["check", "--adapter", adapter, *paths]) == 0
