@@ -676,7 +676,8 @@ def check_router_main(argv: list[str] | None = None) -> int:
 def _vectors_parser() -> CommandParser:
     "The options of `kvref vectors`."
     parser = CommandParser(prog="kvref vectors", description="List the recorded vectors shipped with kvref.")
-    parser.add_argument("name", nargs="?", help="print this vector file's path (names as listed)")
+    parser.add_argument("name", nargs="?", help="print this vector file's path (names as listed); a folder ending in / "
+                        "(rules/) lists the files under it")
     parser.add_argument("--kind", choices=VECTOR_KINDS, help="only files of this kind")
     parser.add_argument("--vllm", metavar="V", help="only answers of vLLM release V (0.33 covers 0.33.x)")
     parser.add_argument("--checkable", action="store_true", help="only traces `kvref check --adapter` takes as they are "
@@ -689,11 +690,12 @@ def _vectors_parser() -> CommandParser:
 def vectors_main(argv: list[str] | None = None) -> int:
     "`kvref vectors [NAME] [--kind K] [--vllm V] [--checkable] [--paths]`: list the shipped vector files, or print one's path."
     args = _vectors_parser().parse_args(argv)
-    if args.name is not None:
+    folder = args.name if args.name is not None and args.name.endswith("/") else None
+    if args.name is not None and folder is None:
         if args.kind or args.vllm or args.checkable or args.paths: raise ValueError("NAME takes no other option: it prints that file's path")
         print(vector_path(args.name)); return 0
-    found = list_vectors(args.kind, args.vllm, args.checkable)
-    if not found: raise ValueError("no shipped vector file matches " + " ".join(a for a in (args.kind and f"--kind {args.kind}",
+    found = [v for v in list_vectors(args.kind, args.vllm, args.checkable) if folder is None or v.name.startswith(folder)]
+    if not found: raise ValueError("no shipped vector file matches " + " ".join(a for a in (folder, args.kind and f"--kind {args.kind}",
                                    args.vllm and f"--vllm {args.vllm}", args.checkable and "--checkable") if a))
     if args.paths: print("\n".join(str(v.path) for v in found)); return 0
     rows = [("name", "kind", "vLLM", "cases", "source")] + [(v.name, v.kind, v.release or "-", str(v.count), v.source) for v in found]

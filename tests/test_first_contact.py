@@ -95,3 +95,167 @@ def test_checkable_traces_are_what_an_adapter_is_checked_on(kind, adapter, capsy
     paths = _paths(capsys, "--kind", kind, "--checkable")
     assert len(paths) >= 10
     assert main(["check", "--adapter", adapter, *paths]) == 0
+
+
+# ------------------------------------------------------------------- item 4: every stated hashing rule, checked
+
+def _decide(*adds: dict) -> list[dict]:
+    "kvref's decisions for a trace adding and scheduling each request in turn (block size 4)."
+    from kvref.replay import replay
+    ops = [{"op": "config", "num_blocks": 32, "block_size": 4}]
+    for a in adds: ops += [{"op": "add", **a}, {"op": "schedule", "id": a["id"]}]
+    return ops, list(replay(ops))
+
+
+def _hit(first: dict, second: dict) -> int:
+    "The prefix-hit tokens of `second` after `first` (same 9-token prompt unless given)."
+    prompt = list(range(9))
+    return _decide({"id": "a", "prompt": prompt, **first}, {"id": "b", "prompt": prompt, **second})[1][-1]["hit_tokens"]
+
+
+def _lora_name_and_path():
+    "Name and path both enter every block hash: the same name at another path (or another name) shares nothing."
+    from kvref.hashing import LoRARequest, hash_request_tokens
+    hashes = [hash_request_tokens(list(range(8)), 4, lora=LoRARequest(n, p)) for n, p in (("a", "/p"), ("a", "/q"), ("b", "/p"))]
+    assert all(x != y for i, h in enumerate(hashes) for g in hashes[i + 1:] for x, y in zip(h, g))
+    same = {"name": "a", "path": "/p"}
+    assert _hit({"lora": same}, {"lora": same}) == 8
+    assert _hit({"lora": same}, {"lora": {"name": "a", "path": "/q"}}) == 0 == _hit({"lora": same}, {"lora": {"name": "b", "path": "/p"}})
+
+
+def _pictures_lora_key():
+    "The pictures chapter's cache keys: the same prompt under the same LoRA name at two paths is two keys."
+    from kvref.pictures import follow
+    lora = [{"name": "a", "path": p} for p in ("/p", "/q")]
+    ops, decisions = _decide(*({"id": f"r{i}", "prompt": list(range(9)), "lora": lora[i]} for i in range(2)))
+    last = list(follow(ops, decisions))[-1]
+    keys = [{last.cached[b] for b in last.tables[r] if b in last.cached} for r in ("r0", "r1")]
+    assert keys[0] and keys[1] and not keys[0] & keys[1]
+
+
+def _salt():
+    "Only requests with the same salt share blocks."
+    assert _hit({"cache_salt": "x"}, {"cache_salt": "x"}) == 8
+    assert _hit({"cache_salt": "x"}, {"cache_salt": "y"}) == 0 == _hit({"cache_salt": "x"}, {})
+
+
+def _mm_relative():
+    "A block overlapping an item hashes its identifier and its offset from the block's first token (negative if it began before)."
+    from kvref.hashing import MultiModalItem, generate_block_hash_extra_keys
+    image = [MultiModalItem("img", 2, 4)]
+    assert generate_block_hash_extra_keys(0, 4, mm_items=image) == (("mm", "img", 2),)
+    assert generate_block_hash_extra_keys(4, 8, mm_items=image) == (("mm", "img", -2),)
+    def mm(offset): return {"mm_items": [{"identifier": "img", "offset": offset, "length": 2}]}
+    assert _hit(mm(4), mm(4)) == 8 and _hit(mm(4), mm(5)) == 4  # block 0 overlaps neither; block 1 at offsets 0 and 1
+
+
+HASHING_RULES = [  # (where the rule is stated, the statement, the check of the code)
+    ("docs/trace-format.md", "its name and path both enter every block hash", _lora_name_and_path),
+    ("docs/engine-authors.md", "LoRA adapter's name and path", _lora_name_and_path),
+    ("nbs/05b_workloads.ipynb", "The adapter's name and path are part", _lora_name_and_path),
+    ("nbs/01_hashing.ipynb", '`("lora", name, path)` when the request uses a LoRA adapter', _lora_name_and_path),
+    ("nbs/01a_pictures.ipynb", "the LoRA adapter (its name and path", _pictures_lora_key),
+    ("docs/trace-format.md", "only requests with the same salt share blocks", _salt),
+    ("docs/trace-format.md", "its identifier and its offset relative to the block's first token", _mm_relative),
+    ("docs/engine-authors.md", "relative to the block's first token", _mm_relative),
+]
+
+
+def _prose(path: Path) -> str:
+    "A page's text, or a notebook's cells, with every run of whitespace one space (statements wrap across lines)."
+    text = path.read_text()
+    if path.suffix == ".ipynb": text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("doc, statement, rule", HASHING_RULES, ids=lambda x: x.__name__ if callable(x) else None)
+def test_stated_hashing_rule_holds(doc, statement, rule):
+    assert statement in _prose(ROOT / doc), f"{doc} no longer states {statement!r}"
+    rule()
+
+
+def test_no_page_keys_lora_by_name_alone():
+    "The old wording that sent an engine author to a real divergence is gone everywhere."
+    for path in [*ROOT.glob("docs/*.md"), ROOT / "README.md", *ROOT.glob("nbs/*.ipynb")]:
+        text = _prose(path)
+        for wrong in ("its name enters every block hash", "The adapter's name is part of", "the salt and the LoRA name."):
+            assert wrong not in text, (path, wrong)
+
+
+# ------------------------------------------------------------------- item 5: the rules an allocator must follow
+
+from kvref.block_pool import BlockHashToBlockMap, BlockPool  # noqa: E402
+from kvref.conformance import check, check_recorded  # noqa: E402
+from kvref.replay import KVRefAdapter, load_trace, vector_path  # noqa: E402
+
+
+class UnhashedToTail(KVRefAdapter):
+    "Wrong: a freed request's blocks all go to the tail (the design doc's order), none to the head."
+    def __init__(self, config):
+        super().__init__(config)
+        pool = self.manager.block_pool
+        pool._free_blocks = lambda blocks, unhashed_first=False: BlockPool._free_blocks(pool, blocks, False)
+
+
+class OneBlockPerHash(BlockHashToBlockMap):
+    "nano's map: a hash names one block, the copy cached last; evicting that copy forgets the hash."
+    def insert(self, block_hash, block): self._cache[block_hash] = block
+    def insert_all(self, block_hashes, blocks):
+        for h, b in zip(block_hashes, blocks): self.insert(h, b)
+    def pop(self, block_hash, block_id):
+        if getattr(self._cache.get(block_hash), "block_id", None) == block_id: del self._cache[block_hash]
+
+
+class OneIdPerHash(KVRefAdapter):
+    "Wrong: one block id per hash."
+    def __init__(self, config):
+        super().__init__(config)
+        self.manager.block_pool.cached_block_hash_to_block = OneBlockPerHash()
+
+
+class LoRANameOnly(KVRefAdapter):
+    "Wrong: LoRA adapters keyed by name alone."
+    def add(self, request_id, prompt, *, cache_salt=None, lora=None, mm_items=()):
+        super().add(request_id, prompt, cache_salt=cache_salt, lora=lora and {"name": lora["name"], "path": ""}, mm_items=mm_items)
+
+
+class MMBlockStart(KVRefAdapter):
+    "Wrong: a multimodal item keyed by the block it starts in, not by where in the block it starts."
+    def __init__(self, config):
+        super().__init__(config)
+        self.block_size = config["block_size"]
+    def add(self, request_id, prompt, *, cache_salt=None, lora=None, mm_items=()):
+        moved = [{**m, "offset": m["offset"] - m["offset"] % self.block_size} for m in mm_items]
+        super().add(request_id, prompt, cache_salt=cache_salt, lora=lora, mm_items=moved)
+
+
+RULES = {"free-unhashed-to-head": UnhashedToTail, "duplicate-blocks-stay-reachable": OneIdPerHash,
+         "lora-name-and-path": LoRANameOnly, "mm-offset-in-block": MMBlockStart}
+
+
+@pytest.mark.parametrize("rule, wrong", RULES.items(), ids=list(RULES))
+def test_rule_vector_passes_kvref_and_fails_the_planted_allocator(rule, wrong):
+    trace = vector_path(f"rules/{rule}")
+    assert check_recorded(vector_path(f"rules/{rule}.vllm"), trace) is None  # the shipped decisions are kvref's
+    assert check(KVRefAdapter, trace) is None
+    found = check(wrong, trace)
+    assert found is not None and found.error is None, found  # a divergence in decisions, not a crash
+    assert found.index == len(load_trace(trace)) - 1  # the shortest trace: it shows at its last op
+
+
+def test_rules_are_on_the_engine_authors_page_and_listed_as_vectors(capsys):
+    page = (ROOT / "docs" / "engine-authors.md").read_text()
+    section = page[page.index("## Rules an allocator must follow"):]
+    for rule in RULES: assert f"rules/{rule}" in section, rule
+    assert main(["vectors", "--kind", "trace", "--checkable", "--paths"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"rules/{rule}.jsonl" in listed for rule in RULES)
+    assert (GOLDEN / "rules" / "PROVENANCE.md").is_file()
+
+
+def test_rule_traces_run_from_the_command_the_page_gives(capsys, tmp_path, monkeypatch):
+    "The page's command: every rule trace, kvref's own adapter conforms on each."
+    monkeypatch.chdir(tmp_path)
+    paths = _paths(capsys, "rules/", "--kind", "trace")
+    assert sorted(Path(p).name for p in paths) == sorted(f"{r}.jsonl" for r in RULES)
+    assert main(["check", "--adapter", KVREF_ADAPTER, *paths]) == 0
