@@ -26,11 +26,12 @@ from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
 # %% auto #0
-__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
-           'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
-           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
-           'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'vectors_main', 'main']
+__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID',
+           'TRACE_FORMATS', 'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json',
+           'read_json', 'subcommand', 'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main',
+           'load_trace_for_cli', 'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs',
+           'thinking_budget_main', 'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'vectors_main',
+           'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -120,12 +121,16 @@ def token_id(text: str, index: int) -> int:
     return value
 
 # %% ../nbs/12_cli.ipynb #4ce7ed1e
+TOKEN_FILE_FORMATS = 'a JSON list of token ids, a JSON object {"prompt": [...]}, or integers separated by spaces or commas'
+
 def read_token_ids(path: str) -> list[int]:
-    "Token ids from a JSON list or whitespace/comma-separated integers in file `path` ('-' reads stdin)."
+    "Token ids in file `path` ('-' reads stdin), written in one of `TOKEN_FILE_FORMATS`."
     try: text = read_text(path)
     except ValueError as e: raise ValueError(f"--file {e}") from None
-    if text.lstrip().startswith("["):
+    if text.lstrip().startswith(("[", "{")):
         ids = parse_json(text, path)
+        if isinstance(ids, dict) and set(ids) == {"prompt"}: ids = ids["prompt"]
+        if not isinstance(ids, list): raise ValueError(f"{path}: expected {TOKEN_FILE_FORMATS}")
         for i, t in enumerate(ids):
             if type(t) is not int or not 0 <= t <= TOKEN_ID_MAX:
                 raise ValueError(f"{path}: token_ids[{i}] is {json.dumps(t)[:30]}; token ids are integers from 0 to {TOKEN_ID_MAX}")
@@ -133,7 +138,7 @@ def read_token_ids(path: str) -> list[int]:
         ids = []
         for n, line in enumerate(text.splitlines(), 1):
             try: ids += [token_id(w, len(ids) + k) for k, w in enumerate(line.replace(",", " ").split())]
-            except ValueError as e: raise ValueError(f"{path}, line {n}: {e}") from None
+            except ValueError as e: raise ValueError(f"{path}, line {n}: {e} (a token file holds {TOKEN_FILE_FORMATS})") from None
     if not ids: raise ValueError(f"{path}: no tokens")
     return ids
 
@@ -157,7 +162,8 @@ def _hash_parser() -> CommandParser:
     parser = CommandParser(prog="kvref hash", description="Hash token ids into vLLM 0.33 block hashes, "
                            "one per full block, or verify vector files with --check.")
     parser.add_argument("tokens", nargs="*", help=f"token ids (integers from 0 to {TOKEN_ID_MAX})")
-    parser.add_argument("--file", help="read token ids from FILE (JSON list or whitespace/comma separated; - for stdin)")
+    parser.add_argument("--file", help="read token ids from FILE (a JSON list, {\"prompt\": [...]}, or integers separated "
+                        "by spaces or commas; - for stdin)")
     parser.add_argument("--block-size", type=int_arg(), default=16, help="tokens per block (default 16)")
     parser.add_argument("--algo", default="sha256", help=f"hash algorithm: {', '.join(HASH_FUNCTIONS)} (default sha256)")
     parser.add_argument("--salt", help="cache salt")
@@ -606,6 +612,26 @@ def _sweep_parser() -> CommandParser:
     return p
 
 # %% ../nbs/12_cli.ipynb #2472db27
+def _too_small(requests: list, blocks: list[int], block_size: int) -> dict[int, str]:
+    "The sizes in `blocks` that cannot hold the trace's longest request, each with why (the production chapter's check)."
+    from kvref.production_traces import _check_fits
+    found = {}
+    for n in blocks:
+        try: _check_fits(requests, n, block_size)
+        except ValueError as e: found[n] = "too small: " + str(e).removeprefix(f"num_blocks={n} ")
+    return found
+
+def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int, str]) -> str:
+    "`format_results`'s output with a row for each size too small to replay, in the order of `blocks`."
+    if fmt == "json":
+        rows = iter(json.loads(text))
+        return json.dumps([{"num_blocks": n, "too_small": too_small[n]} if n in too_small else next(rows) for n in blocks], indent=1) + "\n"
+    lines = text.splitlines()
+    head, columns = (2, None) if fmt == "table" else (1, lines[0].count(",") + 1)
+    rows = iter(lines[head:])
+    small = (lambda n: f"| {n} | {too_small[n]} |") if fmt == "table" else (lambda n: str(n) + "," * (columns - 1))
+    return "\n".join(lines[:head] + [small(n) if n in too_small else next(rows) for n in blocks]) + "\n"
+
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
     "`kvref sweep TRACE --blocks 1000,2000 [--format table|csv|json] [--plot OUT]`; the exit status."
@@ -613,9 +639,11 @@ def sweep_main(argv: list[str] | None = None) -> int:
     a = _sweep_parser().parse_args(argv)
     blocks = [parse_int(b, "--blocks", 1, MAX_NUM_BLOCKS) for b in a.blocks.split(",")]
     requests = list(read_mooncake(a.trace, a.hash_block_size))
-    results = sweep(requests, blocks, a.block_size, a.max_num_batched_tokens, a.max_num_seqs, a.ms_per_step,
-                    a.hash_block_size, a.jobs)
-    sys.stdout.write(format_results(results, a.format))
+    too_small = _too_small(requests, blocks, a.block_size)
+    if len(too_small) == len(blocks): raise ValueError(f"no size in --blocks can hold the trace: {too_small[max(blocks)]}")
+    results = sweep(requests, [n for n in blocks if n not in too_small], a.block_size, a.max_num_batched_tokens,
+                    a.max_num_seqs, a.ms_per_step, a.hash_block_size, a.jobs)
+    sys.stdout.write(_with_too_small(format_results(results, a.format), a.format, blocks, too_small))
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0
 

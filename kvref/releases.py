@@ -524,10 +524,12 @@ def _event_answer(profile: VllmProfile, hashes: Sequence, lora: LoRARequest | No
 
 # %% ../nbs/05a_vllm_releases.ipynb #900bc70c
 def _vector_answers(profile: VllmProfile, entry: dict) -> dict:
-    "What `profile` computes for a vector: the fields a release file records."
-    inputs, tokens, size, algo = _vector_inputs(entry), entry["prompt_token_ids"], entry["block_size"], entry["algo"]
-    hashes = release_block_hashes(profile, tokens, size, algo, **inputs)
-    keys = [release_extra_keys(profile, s, s + size, **{k: v for k, v in inputs.items() if k != "pythonhashseed"})
+    "What `profile` computes for a vector: the fields a release file records (its `output_token_ids`, if any, hashed as decode)."
+    inputs, prompt, size, algo = _vector_inputs(entry), entry["prompt_token_ids"], entry["block_size"], entry["algo"]
+    tokens = prompt + (entry.get("output_token_ids") or [])
+    hashes = release_block_hashes(profile, tokens, size, algo, num_prompt_tokens=len(prompt), **inputs)
+    keys = [release_extra_keys(profile, s, s + size, decode=s + size > len(prompt),
+                               **{k: v for k, v in inputs.items() if k != "pythonhashseed"})
             for s in range(0, len(hashes) * size, size)]
     answers = dict(none_hash=_encoded([release_none_hash(profile, algo, inputs["pythonhashseed"])])[0],
                    block_hashes=_encoded(hashes), extra_keys=json.loads(json.dumps(keys)))

@@ -259,3 +259,62 @@ def test_rule_traces_run_from_the_command_the_page_gives(capsys, tmp_path, monke
     paths = _paths(capsys, "rules/", "--kind", "trace")
     assert sorted(Path(p).name for p in paths) == sorted(f"{r}.jsonl" for r in RULES)
     assert main(["check", "--adapter", KVREF_ADAPTER, *paths]) == 0
+
+
+# ------------------------------------------------------------------- item 6: the README's commands, as a pip user runs them
+
+import os  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+MY_ENGINE = "from kvref.replay import KVRefAdapter as make  # an engine that conforms: kvref's own allocator\n"
+
+
+def readme_commands() -> list[str]:
+    "The shell lines of the README's 'Use it as an oracle' section, the pip installs left out."
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Use it as an oracle"):text.index("From Python: ")]
+    return [line for block in re.findall(r"```sh\n(.*?)```", section, re.S) for line in block.splitlines()
+            if line.strip() and not line.startswith("pip ")]
+
+
+def run_readme(bin_dir: Path, cwd: Path, env: dict) -> None:
+    "Run every README oracle command from `cwd` with `bin_dir`'s `kvref`: each exits 0 and prints what it claims."
+    (cwd / "my_engine.py").write_text(MY_ENGINE)
+    shutil.copy(GOLDEN / "traces" / "design-doc-example.jsonl", cwd / "my-engine-trace.jsonl")
+    env = {**env, "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"}
+    env.pop("PYTHONHASHSEED", None)
+    commands = readme_commands()
+    assert len(commands) >= 12 and not any("golden/" in c for c in commands)
+    for command in commands:
+        r = subprocess.run(["bash", "-c", f"set -o pipefail; {command}"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (command, r.stdout[-2000:], r.stderr[-2000:])
+        if claim := re.search(r"# (\d+ vectors, \d+ match)", command): assert claim.group(1) in r.stdout, (command, r.stdout)
+    assert (cwd / "curve.svg").is_file()
+
+
+def test_readme_oracle_commands_from_outside_the_clone(tmp_path):
+    "The console script of this environment, run from a folder outside the clone: no command needs a `golden/` path."
+    run_readme(Path(sys.executable).parent, tmp_path, dict(os.environ))
+
+
+@pytest.mark.slow
+def test_readme_oracle_commands_after_a_non_editable_install(tmp_path):
+    "A wheel of the clone installed into a throwaway venv (its dependencies read from this one), the clone out of sight."
+    import sysconfig
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+                   check=True, timeout=900)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # a plain path: its editable kvref is not activated
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
+                    str(next(tmp_path.glob("kvref-*.whl")))], env=env, check=True, timeout=900)
+    where = subprocess.run([venv / "bin" / "python", "-c", "import kvref.replay as r; print(r.golden_dir())"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert where.startswith(str(venv)), where  # the installed copy and its packaged vectors, not the clone's
+    (work := tmp_path / "work").mkdir()
+    run_readme(venv / "bin", work, env)
