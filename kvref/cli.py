@@ -375,7 +375,9 @@ def _check_one(ns, path: str, expect: str | None, factory, fields: list[str] | N
     if decisions is not None: print(f"{path}: {d.report()}"); return 1
     minimal, target = shrink(factory, ops, ns.behavior, fields, ns.vllm_version), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
     target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
-    print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}")
+    own = check(factory, minimal, ns.behavior, fields, ns.free_queue_every, ns.vllm_version)  # what re-checking it shows
+    if own.report().split("\n", 1)[1:] == d.report().split("\n", 1)[1:]: print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}")
+    else: print(f"{path}: {d.report().splitlines()[0]}\nminimal trace ({len(minimal)} ops): {target}\n{target}: {own.report()}")
     return 1
 
 @subcommand("kvref check")

@@ -6,10 +6,10 @@ Docs: https://kvref.github.io/kvref/conformance.html.md"""
 
 # %% ../nbs/07_conformance.ipynb #089a5c78
 from __future__ import annotations
-import importlib, importlib.util, json, os, sys
+import importlib, importlib.util, json, os, sys, time
 from pathlib import Path
 from typing import Callable, Iterable
-from hypothesis import strategies as st
+from hypothesis import Verbosity, settings, strategies as st
 from fastcore.basics import patch
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from .kv_cache_manager import KVCacheManager
@@ -164,7 +164,7 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
            fields: Iterable[str] | None = None,  # as for `check`
            vllm_version: str | None = None,  # as for `check`
            ) -> list[dict]:
-    "A short trace (config first) on which `adapter` still diverges from kvref the same way as on `trace`."
+    "A short trace (config first) on which `adapter` still diverges from kvref the same way as on `trace`; shrinking it again finds nothing shorter."
     fields = None if fields is None else list(fields)
     first = check(adapter, trace, behavior, fields, vllm_version=vllm_version)
     if first is None: raise ValueError("the adapter does not diverge on this trace: nothing to shrink")
@@ -172,7 +172,10 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
     def attempt(candidate):
         d = _diverges_like(adapter, candidate, behavior, fields, target, vllm_version)
         return None if d is None else d.trace
-    return _without_runs(_without_requests(first.trace, attempt), attempt)
+    ops, shorter = first.trace, _without_runs(_without_requests(first.trace, attempt), attempt)
+    while len(shorter) < len(ops):  # a drop can move the divergence earlier, and then more ops can go: to a fixpoint
+        ops, shorter = shorter, _without_runs(_without_requests(shorter, attempt), attempt)
+    return ops
 
 # %% ../nbs/07_conformance.ipynb #af783fd6
 OP_MIX = ("schedule",) * 48 + ("add",) * 10 + ("append",) * 14 + ("free",) * 8 + ("preempt",) * 4 + ("reset_prefix_cache",)
@@ -182,7 +185,7 @@ class ConformanceMachine(RuleBasedStateMachine):
     factory: Callable = None  # the adapter factory under test
     behavior: str = "vllm_0_33"  # kvref behaviour to hold it to
     fields: tuple = FIELDS  # decision fields compared
-    out_path: Path = Path("kvref-divergence.jsonl")  # where a diverging trace is written
+    out_path: Path = Path("kvref-divergence.jsonl")  # where a diverging trace is written (`conformance_machine` names it after the run)
     caching: tuple = (True, False)  # enable_caching values to try
 
 # %% ../nbs/07_conformance.ipynb #a7c0f020
@@ -262,13 +265,17 @@ def act(self: ConformanceMachine, data):
 def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -> adapter
                         behavior: str = "vllm_0_33",  # kvref behaviour to hold it to
                         fields: Iterable[str] = FIELDS,  # decision fields compared
-                        out_path: str | Path = "kvref-divergence.jsonl",  # where the minimal trace is written
+                        out_path: str | Path | None = None,  # where the minimal trace is written (None: named after the run)
                         caching: Iterable[bool] = (True, False),  # enable_caching values to try
                         ) -> type[ConformanceMachine]:
     "A `ConformanceMachine` subclass bound to `adapter`; use its `.TestCase` in pytest or unittest."
-    return type("ConformanceMachineFor", (ConformanceMachine,), dict(
-        factory=staticmethod(_as_factory(adapter)), behavior=behavior, fields=tuple(fields), out_path=Path(out_path),
+    factory = _as_factory(adapter)
+    name = f"kvref-divergence-{getattr(factory, '__name__', 'adapter')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
+    machine = type("ConformanceMachineFor", (ConformanceMachine,), dict(
+        factory=staticmethod(factory), behavior=behavior, fields=tuple(fields), out_path=Path(out_path or name),
         caching=tuple(caching)))
+    machine.TestCase.settings = settings(machine.TestCase.settings, verbosity=Verbosity.quiet)  # the trace file is the reproducer: no steps, no draws
+    return machine
 
 # %% ../nbs/07_conformance.ipynb #0025f4e6
 def _import_error(what: str, e: Exception) -> ValueError:

@@ -318,3 +318,53 @@ def test_readme_oracle_commands_after_a_non_editable_install(tmp_path):
     assert where.startswith(str(venv)), where  # the installed copy and its packaged vectors, not the clone's
     (work := tmp_path / "work").mkdir()
     run_readme(venv / "bin", work, env)
+
+
+# ------------------------------------------------------------------- item 8: shrinking
+
+from kvref.conformance import shrink  # noqa: E402
+from kvref.nano import NanoAdapter  # noqa: E402
+
+SHRINK_CASES = [(NanoAdapter, f"traces/{t}", b) for t in ("trace-11-0", "trace-11-3") for b in ("vllm_0_33", "design_doc")] + \
+               [(MMBlockStart, "events/trace-mm-15-0", "vllm_0_33")]  # one pass left it at 3 ops, a second at 2
+
+
+@pytest.mark.parametrize("adapter, trace, behavior", SHRINK_CASES, ids=lambda x: getattr(x, "__name__", x))
+def test_shrinking_reaches_a_fixpoint(adapter, trace, behavior):
+    minimal = shrink(adapter, GOLDEN / f"{trace}.jsonl", behavior)
+    assert shrink(adapter, minimal, behavior) == minimal
+
+
+class CountsOneMore(KVRefAdapter):
+    "Wrong from the start: one block more free than there is."
+    def num_free(self): return super().num_free() + 1
+
+
+def test_hypothesis_route_prints_the_report_not_the_draws_and_names_its_file(tmp_path, monkeypatch):
+    import contextlib, io, unittest
+    from kvref.conformance import conformance_machine
+    monkeypatch.chdir(tmp_path)
+    machine = conformance_machine(CountsOneMore)
+    assert machine.out_path.name.startswith("kvref-divergence-CountsOneMore-") and machine.out_path.name != "kvref-divergence.jsonl"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        result = unittest.TextTestRunner(stream=out).run(unittest.defaultTestLoader.loadTestsFromTestCase(machine.TestCase))
+    text = out.getvalue()
+    assert len(result.failures) == 1 and "diverged at op 0" in result.failures[0][1]
+    assert "Draw" not in text + result.failures[0][1]
+    assert [p.name for p in tmp_path.iterdir()] == [machine.out_path.name]
+
+
+def test_the_report_shows_the_minimal_traces_own_values(tmp_path, capsys):
+    "Re-checking the minimal trace prints the values the first report showed."
+    trace = GOLDEN / "traces" / "trace-11-0.jsonl"
+    argv = ["check", "--adapter", "kvref.nano:NanoAdapter", "--behavior", "design_doc", "--out", str(tmp_path)]
+    assert main([*argv, str(trace)]) == 1
+    first = capsys.readouterr().out
+    minimal = tmp_path / "trace-11-0.min.jsonl"
+    (again := tmp_path / "again").mkdir()
+    assert main([*argv[:-1], str(again), str(minimal)]) == 1
+    rerun = capsys.readouterr().out
+    report = rerun[:rerun.index("\nminimal trace")]
+    assert report in first and first.startswith(f"{trace}: diverged at op ")
+    assert (again / "trace-11-0.min.min.jsonl").read_text() == minimal.read_text()  # and it is a fixpoint
