@@ -55,6 +55,20 @@ def _queue_every(ops: list[dict], free_queue_every: int | None) -> int:
     num_blocks = ops[0].get("num_blocks", 1) if ops else 1
     return free_queue_every or (1 if num_blocks <= 64 else num_blocks)
 
+def _one_table(adapter, op: dict) -> bool:
+    "Whether the adapter answers `block_ids` for the op's request with one table of ints (the single-group protocol)."
+    try: got = adapter.block_ids(op["id"]) if adapter is not None and op.get("op") == "schedule" else None
+    except Exception: return False
+    return isinstance(got, list) and bool(got) and all(isinstance(b, int) for b in got)
+
+def _refuse_single_group(d: Divergence, adapter) -> None:
+    "On a hybrid trace, a divergence that says the adapter speaks the single-group protocol: one line saying so."
+    flat = _one_table(adapter, d.op or {})
+    if flat or (d.index == 0 and d.error):
+        why = "answered with one block table" if flat else f"raised on its config ({d.error.splitlines()[-1]})"
+        raise ValueError(f"this is a hybrid trace (its config lists KV cache groups), and the adapter {why}: a hybrid trace "
+                         "needs an adapter of the hybrid protocol (one block table per group; see the engine-authors page)")
+
 def _reference(behavior: str, hybrid: bool, vllm_version: str | None = None, **kwargs) -> TraceDriver:
     "kvref's side: a hybrid trace's replayer, the allocator of vLLM release `vllm_version`, or kvref's in `behavior`."
     if vllm_version is not None and (hybrid or behavior != "vllm_0_33"):
@@ -100,6 +114,7 @@ def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -
     ref, engine, lock = _sides(factory, behavior, fields, every, hybrid, vllm_version)
     for op in ops:
         if (d := lock.apply(op)) is None: continue
+        if hybrid: _refuse_single_group(d, engine.adapter)
         if "error" in (d.expected or {}):
             raise ValueError(f"op {d.index}: vLLM {vllm_version} raises here ({d.expected['error']}): an adapter is held "
                              "only to traces on which vLLM raises nowhere (check the recorded decisions instead)")
@@ -286,6 +301,8 @@ def _import_error(what: str, e: Exception) -> ValueError:
 def _import_file(path: str):
     "The module in the Python file `path`."
     if not Path(path).is_file(): raise ValueError(f"--adapter: no such file {path!r}")
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path: sys.path.insert(0, folder)  # the file imports its sibling modules, as `python file.py` would
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
     try: spec.loader.exec_module(module)

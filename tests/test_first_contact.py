@@ -368,3 +368,31 @@ def test_the_report_shows_the_minimal_traces_own_values(tmp_path, capsys):
     report = rerun[:rerun.index("\nminimal trace")]
     assert report in first and first.startswith(f"{trace}: diverged at op ")
     assert (again / "trace-11-0.min.min.jsonl").read_text() == minimal.read_text()  # and it is a fixpoint
+
+
+# ------------------------------------------------------------------- item 9: adapters
+
+def test_a_file_adapter_imports_its_sibling_modules(tmp_path, monkeypatch, capsys):
+    (engine := tmp_path / "engine").mkdir()
+    (engine / "pool.py").write_text("from kvref.replay import KVRefAdapter as Pool\n")
+    (engine / "adapter.py").write_text("from pool import Pool\n\nclass Engine(Pool): pass\n")
+    (work := tmp_path / "work").mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert main(["check", "--adapter", str(engine / "adapter.py") + ":Engine", str(GOLDEN / "traces" / "design-doc-example.jsonl")]) == 0
+
+
+class FirstGroupOnly(KVRefAdapter):
+    "A single-group adapter that reads a hybrid config as best it can: the first group's block size."
+    def __init__(self, config):
+        super().__init__({"num_blocks": config["num_blocks"], "block_size": config["groups"][0]["block_size"]})
+
+
+@pytest.mark.parametrize("adapter, why", [(KVREF_ADAPTER, "raised on its config"),
+                                          ("test_first_contact:FirstGroupOnly", "answered with one block table")])
+def test_a_single_group_adapter_on_a_hybrid_trace_is_told_so(adapter, why, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
+    assert main(["check", "--adapter", adapter, str(GOLDEN / "hybrid" / "hybrid-gpt-oss-11-1.jsonl")]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.err.splitlines()) == 1 and "this is a hybrid trace" in captured.err and why in captured.err
+    assert "File " not in captured.err + captured.out
