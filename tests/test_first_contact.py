@@ -396,3 +396,17 @@ def test_a_single_group_adapter_on_a_hybrid_trace_is_told_so(adapter, why, capsy
     captured = capsys.readouterr()
     assert len(captured.err.splitlines()) == 1 and "this is a hybrid trace" in captured.err and why in captured.err
     assert "File " not in captured.err + captured.out
+
+
+# ------------------------------------------------------------------- item 10: rough edges
+
+def test_the_site_is_not_rebuilt_when_nothing_changed(tmp_path, monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kvref_docs_build", ROOT / "docs" / "build.py")
+    build = importlib.util.module_from_spec(spec); spec.loader.exec_module(build)
+    def rebuilt(*args, **kwargs): raise AssertionError("rebuilt although nothing changed")
+    monkeypatch.setattr(build, "execute", rebuilt)
+    (tmp_path / build.SITE_KEY).write_text(build.site_key())
+    build.build(tmp_path)  # current: nothing runs
+    (tmp_path / build.SITE_KEY).write_text("an older key")
+    with pytest.raises(AssertionError, match="rebuilt"): build.build(tmp_path)
