@@ -13,6 +13,7 @@ from typing import NoReturn
 import kvref
 from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens)
+from .block_pool import MAX_NUM_BLOCKS
 from .kv_cache_manager import BEHAVIORS
 from .replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, Divergence, TraceReplayer, list_vectors, load_decisions,
                           load_trace, replay_lockstep, vector_path)
@@ -26,12 +27,12 @@ from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
 # %% auto #0
-__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID',
-           'TRACE_FORMATS', 'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json',
-           'read_json', 'subcommand', 'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main',
-           'load_trace_for_cli', 'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs',
-           'thinking_budget_main', 'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'vectors_main',
-           'main']
+__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
+           'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
+           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
+           'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
+           'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'events_main',
+           'check_router_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -247,9 +248,6 @@ def hash_main(argv: list[str] | None = None) -> int:
         events = [block_hash_to_int64(h) for h in hashes]
     _print_hashes(hashes, events, args.format)
     return 0
-
-# %% ../nbs/12_cli.ipynb #e6a376bd
-MAX_NUM_BLOCKS = 1 << 20  # the largest pool `replay` and `check` build: kvref allocates every block up front
 
 # %% ../nbs/12_cli.ipynb #214977b1
 def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_any_trace) -> list[dict]:
@@ -597,6 +595,26 @@ def convert_main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps(op) + "\n")
     return 0
 
+# %% ../nbs/12_cli.ipynb #341b9aeb
+def add_scheduler_flags(p: CommandParser) -> None:
+    "vLLM's own flags for the scheduler knobs kvref models, with vLLM 0.33's defaults."
+    g = p.add_argument_group("scheduler (vLLM's flags and defaults)")
+    g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs", help="waiting-queue order (fcfs)")
+    g.add_argument("--long-prefill-token-threshold", type=int_arg(0, 1 << 30), default=0,
+                   help="cap on one request's chunk while others are live (0: none)")
+    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="cut prompts to the budget left (on)")
+    g.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
+                   help="admit a request only when its whole prompt's blocks are free (on)")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+                   help="schedule a step before the last one's output is processed (off: the synchronous engine loop)")
+
+def scheduler_settings(a: argparse.Namespace) -> dict:
+    "The `SchedulerConfig` fields the flags of `add_scheduler_flags` set."
+    return dict(policy=a.scheduling_policy, long_prefill_token_threshold=a.long_prefill_token_threshold,
+                enable_chunked_prefill=a.enable_chunked_prefill, scheduler_reserve_full_isl=a.scheduler_reserve_full_isl,
+                async_scheduling=a.async_scheduling)
+
 # %% ../nbs/12_cli.ipynb #5dce5f45
 def _sweep_parser() -> CommandParser:
     "The options of `kvref sweep`."
@@ -611,6 +629,7 @@ def _sweep_parser() -> CommandParser:
     p.add_argument("--jobs", type=int_arg(1, 256), default=None, help="worker processes (default: one per core)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format (table)")
     p.add_argument("--plot", metavar="OUT", help="also draw OUT.png and OUT.svg (needs matplotlib)")
+    add_scheduler_flags(p)
     return p
 
 # %% ../nbs/12_cli.ipynb #2472db27
@@ -644,7 +663,7 @@ def sweep_main(argv: list[str] | None = None) -> int:
     too_small = _too_small(requests, blocks, a.block_size)
     if len(too_small) == len(blocks): raise ValueError(f"no size in --blocks can hold the trace: {too_small[max(blocks)]}")
     results = sweep(requests, [n for n in blocks if n not in too_small], a.block_size, a.max_num_batched_tokens,
-                    a.max_num_seqs, a.ms_per_step, a.hash_block_size, a.jobs)
+                    a.max_num_seqs, a.ms_per_step, a.hash_block_size, a.jobs, **scheduler_settings(a))
     sys.stdout.write(_with_too_small(format_results(results, a.format), a.format, blocks, too_small))
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0
@@ -693,7 +712,10 @@ def check_router_main(argv: list[str] | None = None) -> int:
     "`kvref check-router`: 0 if the router agrees with `KVIndex` on every prompt, 1 on a divergence, 2 on bad input."
     from kvref.router_conformance import check_router, shrink_router
     args = _check_router_parser().parse_args(argv)
-    out, traces = _out_folder(args.out), {Path(t).name: load_trace_for_cli(t) for t in args.traces}
+    names = [Path(t).name for t in args.traces]  # each engine's stream is named by its file
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice: raise ValueError(f"two traces have the file name {twice!r}: rename one (a stream is named by its file)")
+    out, traces = _out_folder(args.out), {name: load_trace_for_cli(t) for name, t in zip(names, args.traces)}
     factory = load_adapter(args.adapter)
     found = check_router(factory, traces, args.hash_form)
     if found is None: print(f"kvref check-router: the router agrees on every prompt of {len(traces)} traces"); return 0

@@ -30,7 +30,8 @@ def _as_factory(adapter) -> Callable[[dict], AllocatorAdapter]:
     raise TypeError(f"adapter must be a factory (config dict -> AllocatorAdapter), got {type(adapter).__name__}")
 
 _NOT_A_TRACE = {"decisions": "; give it to --expect, after its trace", "request-log": "; `kvref convert` makes a trace of it",
-                "events": "; `kvref events TRACE` writes the events vLLM 0.33 emits for a trace"}  # what to do instead
+                "events": "; `kvref events TRACE` writes the events vLLM 0.33 emits for a trace",
+                "scheduler": "; the scheduler chapter's `run_workload` replays it"}  # what to do instead
 
 def load_any_trace(path: str | Path) -> list[dict]:
     "The ops of any allocator trace file: hybrid, or single-group (the release recordings' `mm` read as `mm_items`)."

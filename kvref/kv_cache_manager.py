@@ -40,6 +40,7 @@ def _check_request_fields(request: Request) -> None:
     "Refuse an empty prompt, a computed count outside it, and a salt, adapter or items that could not be hashed."
     if not request.all_token_ids: raise ValueError("empty prompt: a request needs at least one token")
     _check_count("num_computed_tokens", request.num_computed_tokens)
+    _check_count("num_output_placeholders", request.num_output_placeholders)
     if request.num_computed_tokens > len(request.all_token_ids):
         raise ValueError(f"num_computed_tokens={request.num_computed_tokens} but the prompt has {len(request.all_token_ids)} tokens")
     if request.cache_salt is not None and not isinstance(request.cache_salt, str):
@@ -60,6 +61,7 @@ class Request:
     lora_request: LoRARequest | None = None  # LoRA adapter, part of every block's hash
     mm_items: tuple[MultiModalItem, ...] = ()  # multimodal items placed in the prompt
     num_computed_tokens: int = 0           # tokens whose KV is computed (the scheduler advances it)
+    num_output_placeholders: int = 0       # sampled tokens not known yet (async scheduling): slots may run ahead of them
     all_token_ids: list[int] = field(init=False)  # prompt then output tokens
     block_hashes: list[bytes] = field(init=False, default_factory=list)  # hashes of full blocks, kept by the manager
     _prompt_pickle: tuple | None = field(init=False, default=None, repr=False)  # see "Speed: long prompts" below
@@ -149,6 +151,7 @@ def usage(self: KVCacheManager) -> float: return self.block_pool.get_usage()
 @patch
 def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
     "The request's block table as block ids (empty if it holds none)."
+    if not isinstance(request_id, str): raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
     return block_ids(self.req_to_blocks.get(request_id, ()))
 
 # %% ../nbs/04_kv_cache_manager.ipynb #2173b5ea
@@ -208,6 +211,18 @@ def get_computed_blocks(self: KVCacheManager, request: Request) -> tuple[list[KV
     hits = self.block_pool.cached_block_hash_to_block.get_cached_prefix(self._block_hashes(request)[:max_hit_blocks])
     return hits, len(hits) * self.block_size
 
+# %% ../nbs/04_kv_cache_manager.ipynb #3c711ed5
+@patch
+def _full_sequence_refused(self: KVCacheManager, request: Request, table: list[KVCacheBlock], hits: list[KVCacheBlock],
+                           full_sequence_must_fit: bool) -> bool:
+    "The admission gate: asked for, and the free blocks cannot hold the whole sequence (capped at `max_model_len`)."
+    if type(full_sequence_must_fit) is not bool: raise TypeError(f"full_sequence_must_fit must be a bool, got {full_sequence_must_fit!r}")
+    if not full_sequence_must_fit: return False
+    num_tokens = len(request.all_token_ids)
+    if self.max_model_len is not None: num_tokens = min(num_tokens, self.max_model_len)
+    needed = max(cdiv(num_tokens, self.block_size) - len(table) - len(hits), 0) + [b.ref_cnt for b in hits].count(0)
+    return needed > self.block_pool.get_num_free_blocks()
+
 # %% ../nbs/04_kv_cache_manager.ipynb #7af1a3ce
 @patch
 def allocate_slots(self: KVCacheManager,
@@ -216,6 +231,7 @@ def allocate_slots(self: KVCacheManager,
                    num_new_computed_tokens: int = 0,       # prefix-hit tokens being adopted (from get_computed_blocks)
                    new_computed_blocks: Sequence[KVCacheBlock] | None = None,  # the hit blocks
                    num_lookahead_tokens: int = 0,          # extra slots for speculative tokens
+                   full_sequence_must_fit: bool = False,   # admission gate: room for the whole sequence, not just this step
                   ) -> list[KVCacheBlock] | None:
     "Grow the request's block table for this step; the new blocks, or None (and no change) if they do not fit."
     hits = _checked_blocks(new_computed_blocks, "new_computed_blocks") if new_computed_blocks else []
@@ -225,12 +241,11 @@ def allocate_slots(self: KVCacheManager,
     if self.max_model_len is not None: num_slots = min(num_slots, self.max_model_len)
     num_new_blocks = max(cdiv(num_slots, self.block_size) - len(table) - len(hits), 0)
     num_evictable_hits = [b.ref_cnt for b in hits].count(0)  # checked hits are cached, so never the null block
-    if num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks(): return None
+    if (num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks()
+            or self._full_sequence_refused(request, table, hits, full_sequence_must_fit)): return None
     self.req_to_blocks[rid], self.live_requests[rid] = table, request
-    if hits:
-        self.block_pool._touch(hits)  # checked by _check_hits
-        table.extend(hits)
-        self.num_cached_block[rid] = len(table)
+    if hits:  # checked by _check_hits
+        self.block_pool._touch(hits); table.extend(hits); self.num_cached_block[rid] = len(table)
     new_blocks = []
     if num_new_blocks:
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks + self._num_preallocate(len(table), num_new_blocks))
@@ -288,14 +303,26 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
                          f"{len(table) * self.block_size} slots")
     if hits and (table or num_computed):
         raise ValueError(f"request {rid!r} already has computed tokens; prefix hits are only adopted by a new request")
-    total = num_computed + num_new_computed_tokens + num_new_tokens
-    if total > len(request.all_token_ids):
-        raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {len(request.all_token_ids)}")
+    total, known = num_computed + num_new_computed_tokens + num_new_tokens, len(request.all_token_ids)
+    if total > known + request.num_output_placeholders:
+        raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {known}"
+                         + (f" and {request.num_output_placeholders} placeholders" if request.num_output_placeholders else ""))
     if self.max_model_len is not None and total > self.max_model_len:
         raise ValueError(f"request {rid!r} needs {total} tokens but max_model_len is {self.max_model_len}")
     if hits: self._check_hits(request, hits)
     if self.enable_caching: self._block_hashes(request)
     return table
+
+# %% ../nbs/04_kv_cache_manager.ipynb #50dc695e
+def _check_hits_match(request_id: str, name: str, hits: Sequence[KVCacheBlock], cached: Sequence,
+                      of: Callable[[KVCacheBlock], object] = lambda block: block.block_hash  # what is compared
+                     ) -> None:
+    "Refuse unless `of(hits[i]) == cached[i]` for every hit, in order: hits only from the cache map under the request's own hashes."
+    if len(hits) <= len(cached) and [of(b) for b in hits] == list(cached[:len(hits)]): return  # one pass; the culprit only on failure
+    for i, block in enumerate(hits):
+        if i >= len(cached) or of(block) != cached[i]:
+            raise ValueError(f"request {request_id!r}: {name}[{i}] (block {block.block_id}) "
+                             f"is not the block cached for the request's block {i}")
 
 # %% ../nbs/04_kv_cache_manager.ipynb #954cd520
 @patch
@@ -304,12 +331,7 @@ def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]
     rid = request.request_id
     if not self.enable_caching: raise ValueError(f"request {rid!r}: prefix caching is off, so no block can be a hit")
     self.block_pool._checked_own(hits, "new_computed_blocks")
-    hashes = self._block_hashes(request)
-    if [b.block_hash for b in hits] == hashes[:len(hits)]: return  # one pass; the culprit only on failure
-    for i, (block, block_hash) in enumerate(zip(hits, hashes)):
-        if block.block_hash != block_hash:
-            raise ValueError(f"request {rid!r}: new_computed_blocks[{i}] (block {block.block_id}) "
-                             f"is not the block cached for the request's block {i}")
+    _check_hits_match(rid, "new_computed_blocks", hits, self._block_hashes(request))
 
 # %% ../nbs/04_kv_cache_manager.ipynb #d5e0c1a1
 _allocate_slots_definition = KVCacheManager.allocate_slots  # the definition above; the fast path must agree with it
@@ -326,10 +348,10 @@ def _is_decode_step(self: KVCacheManager, request, num_new_tokens, num_new_compu
 @patch
 def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                    new_computed_blocks: Sequence[KVCacheBlock] | None = None, num_lookahead_tokens: int = 0,
-                  ) -> list[KVCacheBlock] | None:
+                   full_sequence_must_fit: bool = False) -> list[KVCacheBlock] | None:
     "`allocate_slots` as defined above, with a live request's decode step taken directly."
-    args = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens)
-    if not _is_decode_step(self, *args): return _allocate_slots_definition(self, *args)
+    args = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, full_sequence_must_fit)
+    if full_sequence_must_fit is not False or not _is_decode_step(self, *args[:5]): return _allocate_slots_definition(self, *args)
     table, num_computed, size = self.req_to_blocks[request.request_id], request.num_computed_tokens, self.block_size
     total = num_computed + num_new_tokens if type(num_computed) is int else None
     if (total is None or not 0 <= num_computed <= len(table) * size or total > len(request.all_token_ids)
@@ -415,6 +437,16 @@ def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
     "The request's full-block hashes, brought up to date (the manager's block size and algorithm checked when built)."
     return _update_block_hashes(request, self.block_size, self.hash_algo)
 
+
+# %% ../nbs/04_kv_cache_manager.ipynb #5ed6071a
+@patch
+def cache_blocks(self: KVCacheManager, request: Request, num_computed_tokens: int) -> None:
+    "Cache the live request's blocks that `num_computed_tokens` of its known tokens fill (vLLM's `cache_blocks`)."
+    rid = self._checked_request(request).request_id
+    if self.live_requests.get(rid) is not request: raise ValueError(f"request {rid!r} holds no blocks")
+    _check_count(f"request {rid!r}: num_computed_tokens", num_computed_tokens)
+    num_full = min(num_computed_tokens, len(request.all_token_ids), len(self.req_to_blocks[rid]) * self.block_size) // self.block_size
+    if self.enable_caching and num_full > self.num_cached_block.get(rid, 0): self._cache_blocks(request, num_full)
 
 # %% ../nbs/04_kv_cache_manager.ipynb #a15428cd
 @patch

@@ -460,13 +460,15 @@ def is_hybrid(config: object) -> bool:
 FILE_KINDS = {"trace": "an allocator trace", "hybrid-trace": "a hybrid allocator trace (KV cache groups)",
               "decisions": "an allocator's decisions, one per op of a trace",
               "events": "the KV events an engine emitted, one line per op of a trace",
-              "request-log": "a production request log (Mooncake format)"}  # what a JSONL file can hold
+              "request-log": "a production request log (Mooncake format)",
+              "scheduler": "a scheduler's workloads or its steps (the scheduler chapter's records)"}  # what a JSONL file can hold
 
 def jsonl_kind(first: object) -> str:
     "Which of `FILE_KINDS` a JSONL file holds, from its first line (anything unrecognised: 'trace', whose reader says why)."
     if isinstance(first, list) or isinstance(first, dict) and "events" in first: return "events"
     if not isinstance(first, dict): return "trace"
     if "op" not in first and "hash_ids" in first: return "request-log"
+    if "op" not in first and ("sched" in first or "config" in first and "name" in first): return "scheduler"
     if first.get("op") != "config": return "trace"
     if is_hybrid(first): return "hybrid-trace"
     return "decisions" if "num_blocks" not in first and ("num_free" in first or "free_queue" in first) else "trace"
@@ -611,6 +613,7 @@ VECTOR_KINDS = (*FILE_KINDS, "hashing", "cudagraph", "thinking-budget", "attenti
 _JSON_KINDS = {"hashing": "hashing", "versions": "hashing", "versions-vllm": "hashing", "cudagraph": "cudagraph",
                "thinking_budget": "thinking-budget", "events": "events", "attention": "attention"}  # by top folder
 _SOURCES = {"trace": "allocator trace (ops) recorded with vLLM {}", "hybrid-trace": "hybrid allocator trace recorded with vLLM {}",
+            "scheduler": "vLLM {}'s V1 scheduler: workloads, or its steps (see scheduler/PROVENANCE.md)",
             "decisions": "vLLM {} KVCacheManager decisions", "events": "KV events vLLM {} emitted for a trace (one line per op)"}
 
 def _release(path: Path, root: Path, source: str = "") -> str | None:

@@ -37,7 +37,8 @@ def test_release_format_trace_replays_and_checks_without_a_version(capsys):
 
 @pytest.mark.parametrize("path, holds", [
     ("events/trace-11-0.events.jsonl", "KV events"), ("hybrid/events/hybrid-mamba-0.events.jsonl", "KV events"),
-    ("traces/trace-11-0.vllm.jsonl", "decisions"), ("mooncake/synthetic-trace-last300.jsonl", "request log")])
+    ("traces/trace-11-0.vllm.jsonl", "decisions"), ("mooncake/synthetic-trace-last300.jsonl", "request log"),
+    ("scheduler/workloads.jsonl", "scheduler"), ("scheduler/vllm/min_control.jsonl", "scheduler")])
 def test_a_file_that_is_not_a_trace_is_named_as_such(path, holds, capsys):
     for argv in (["replay", str(GOLDEN / path)], ["check", str(GOLDEN / path), "--adapter", KVREF_ADAPTER]):
         assert main(argv) == 2
