@@ -31,7 +31,7 @@ __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_CAPTURE_
            'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
            'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
            'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'events_main',
+           'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'schedule_main', 'events_main',
            'check_router_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
@@ -668,6 +668,40 @@ def sweep_main(argv: list[str] | None = None) -> int:
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0
 
+# %% ../nbs/12_cli.ipynb #d93ee4e8
+def _schedule_parser() -> CommandParser:
+    "The options of `kvref schedule`."
+    p = CommandParser(prog="kvref schedule", description="Serve scheduler workloads as vLLM 0.33 does; a step record a line.")
+    p.add_argument("workloads", metavar="WORKLOADS.jsonl", help="workloads, one a line (golden/scheduler/workloads.jsonl's format)")
+    p.add_argument("--expect", metavar="DIR", help="compare with the step records DIR/NAME.jsonl instead of printing")
+    p.add_argument("--only", metavar="NAME", help="only the workload of this name")
+    return p
+
+# %% ../nbs/12_cli.ipynb #b7bf29a2
+def _first_difference(got: list[dict], want: list[dict]) -> str | None:
+    "None if the two runs agree step for step; else the first step that differs and its fields."
+    for g, w in zip(got, want):
+        if g != w: return f"step {w.get('step')}: " + "; ".join(f"{k}: kvref {g.get(k)!r}, expected {w.get(k)!r}" for k in w if g.get(k) != w.get(k))
+    return None if len(got) == len(want) else f"kvref ran {len(got)} steps, expected {len(want)}"
+
+@subcommand("kvref schedule")
+def schedule_main(argv: list[str] | None = None) -> int:
+    "`kvref schedule WORKLOADS.jsonl [--expect DIR] [--only NAME]`; the exit status."
+    from kvref.scheduler import load_workloads, run_workload
+    a = _schedule_parser().parse_args(argv)
+    workloads = [w for w in load_workloads(a.workloads) if a.only in (None, w.name)]
+    if not workloads: raise ValueError(f"{a.workloads}: no workload" + (f" named {a.only!r}" if a.only else ""))
+    worst = 0
+    for w in workloads:
+        records = run_workload(w).records
+        if a.expect is None:
+            for r in records: print(json.dumps({"workload": w.name, **r}))
+            continue
+        want = [json.loads(line) for line in Path(a.expect, f"{w.name}.jsonl").read_text().splitlines() if line.strip()]
+        diff = _first_difference(records, want)
+        print(f"{w.name}: " + (f"{len(records)} steps, identical" if diff is None else diff)); worst |= diff is not None
+    return worst
+
 # %% ../nbs/12_cli.ipynb #05345e5b
 def _events_parser() -> CommandParser:
     "The options of `kvref events`."
@@ -764,6 +798,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "thinking-budget": (thinking_budget_main, "thinking-budget forcings for one step; --check recorded greedy runs"),
     "convert":   (convert_main, "convert a production request log (Mooncake format) to a kvref trace"),
     "sweep":     (sweep_main, "replay a production trace at several cache sizes: hit rate, preemptions, a plot"),
+    "schedule":  (schedule_main, "serve scheduler workloads as vLLM 0.33 does, a step record a line; --expect recorded runs"),
     "events":    (events_main, "the KV events vLLM emits for a trace, as JSON and wire bytes; --publish over ZMQ"),
     "check-router": (check_router_main, "check a router's prefix index against kvref's, batch by batch"),
     "vectors":   (vectors_main, "list the recorded vectors shipped with kvref, or print one's path"),

@@ -6,20 +6,22 @@ Docs: https://kvref.github.io/kvref/scheduler.html.md"""
 
 # %% ../nbs/06_scheduler.ipynb #d73d4cb9
 from __future__ import annotations
-import hashlib, heapq, json
+import hashlib, heapq, io, json
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from fastcore.basics import patch
 from .hashing import LoRARequest
+from .pictures import EVICTED, FONT_SIZE, HIT, NEW, PLAIN
 from .kv_cache_manager import KVCacheManager, Request
 from .replay import replay
 from .workloads import RequestSpec, Workload, _checked
 
 # %% auto #0
 __all__ = ['FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'PrefixCacheStats', 'SchedulerConfig',
-           'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'SchedulerRun', 'run_workload', 'load_workloads']
+           'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'schedule_svg', 'SchedulerRun', 'run_workload',
+           'load_workloads']
 
 # %% ../nbs/06_scheduler.ipynb #2bcbfa12
 class FakeModel:
@@ -497,6 +499,29 @@ def step(self: Scheduler) -> SchedulerOutput:
     self.update_from_output(done, into)
     if out is None: into.num_free_scheduled = into.num_free
     return into
+
+# %% ../nbs/06_scheduler.ipynb #72736e6a
+_KIND_COLOURS = {"new": NEW, "resumed": EVICTED, "running": HIT}
+
+def schedule_svg(records: list[dict],  # step records (`SchedulerOutput.record()`, or a recorded vLLM run)
+                 title: str = "") -> str:
+    "Tokens scheduled per request per step, as a grid (an SVG document); needs matplotlib."
+    try: import matplotlib; from matplotlib.figure import Figure; from matplotlib.patches import Rectangle
+    except ImportError: raise ImportError("schedule_svg needs matplotlib: pip install 'kvref[pictures]'") from None
+    rids = list(dict.fromkeys(rid for r in records for rid in [s[0] for s in r["sched"]] + r["preempted"]))
+    fig = Figure(figsize=(max(6.0, 1.2 + 0.42 * len(records)), 0.9 + 0.34 * len(rids)))
+    ax = fig.add_axes((0.9 / fig.get_figwidth(), 0.35 / fig.get_figheight(), 1 - 1 / fig.get_figwidth(), 1 - 0.8 / fig.get_figheight()))
+    for x, r in enumerate(records):
+        for rid, n, kind, _ in r["sched"]:
+            ax.add_patch(Rectangle((x + 0.04, rids.index(rid) + 0.06), 0.92, 0.88, facecolor=_KIND_COLOURS[kind], alpha=0.35))
+            ax.text(x + 0.5, rids.index(rid) + 0.5, str(n), ha="center", va="center", fontsize=FONT_SIZE)
+        for rid in r["preempted"]: ax.text(x + 0.5, rids.index(rid) + 0.5, "P", color=EVICTED, fontweight="bold", ha="center", va="center")
+    ax.set(xlim=(0, len(records)), ylim=(len(rids), 0), xticks=[x + 0.5 for x in range(len(records))], yticks=[y + 0.5 for y in range(len(rids))])
+    ax.set_xticklabels([r["step"] for r in records], fontsize=FONT_SIZE); ax.set_yticklabels(rids, fontsize=FONT_SIZE)
+    ax.set_title(title or "blue: new, green: running, red: resumed, P: preempted", fontsize=FONT_SIZE, loc="left")
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "kvref", "svg.fonttype": "none"}): fig.savefig(buf, format="svg", metadata={"Date": None})
+    return buf.getvalue()
 
 # %% ../nbs/06_scheduler.ipynb #992e3588
 @patch

@@ -24,7 +24,7 @@ from kvref.scheduler import FakeModel
 
 LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
                 "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
-                "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 4096,
+                "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 1 << 20,
                 "rms_norm_eps": 1e-5, "torch_dtype": "float32", "tie_word_embeddings": False}
 
 
