@@ -19,15 +19,15 @@ from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem
 from .block_pool import BlockPool
 from .free_queue import _check_count
 from .kv_cache_manager import KVCacheManager, Request
-from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, read_jsonl
+from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl
 
 # %% auto #0
 __all__ = ['PROFILES', 'RELEASE_RANGES', 'PYTHON_HASH_MAX_DEPTH', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'LOOKUP_INDEX_ERROR',
            'VECTOR_FIELDS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile', 'parse_version', 'profile_for_version',
            'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash', 'release_extra_keys',
            'release_block_hashes', 'release_event_block_hashes', 'ReleaseBlockPool', 'ReleaseKVCacheManager',
-           'release_factory', 'ReleaseTraceReplayer', 'load_release_trace', 'replay_release', 'ReleaseMismatch',
-           'check_release_vectors', 'diagnose']
+           'release_factory', 'ReleaseTraceReplayer', 'validate_release_op', 'load_release_trace', 'replay_release',
+           'ReleaseMismatch', 'check_release_vectors', 'diagnose']
 
 # %% ../nbs/05a_vllm_releases.ipynb #fe458b03
 @dataclass(frozen=True)
@@ -498,16 +498,14 @@ def _schedule(self: ReleaseTraceReplayer, op: dict) -> dict:
     return TraceDriver._schedule(self, op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #19e2f818
+def validate_release_op(op: object, version: int = 1) -> dict:
+    "`validate_op` of a release recording's op, its `mm` items read as the trace format's `mm_items`."
+    if isinstance(op, dict) and "mm" in op: op = {**{k: v for k, v in op.items() if k != "mm"}, "mm_items": op["mm"] or []}
+    return validate_op(op, version)
+
 def load_release_trace(path: str | Path) -> list[dict]:
     "The ops of a release trace (`mm` items, as the release recordings write them, read as `mm_items`)."
-    if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")  # open(3) reads fd 3
-    ops = []
-    for lineno, op in read_jsonl(path):
-        if isinstance(op, dict) and "mm" in op: op = {**{k: v for k, v in op.items() if k != "mm"}, "mm_items": op["mm"] or []}
-        try: ops.append(validate_op(op))
-        except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None
-    if not ops: raise ValueError(f"{path}: empty trace (the first line must be a 'config' op)")  # as `load_trace` says
-    return ops
+    return load_trace(path, validate_release_op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #919d18a9
 def replay_release(ops, version: str, strict: bool = False):
@@ -535,10 +533,12 @@ def _event_answer(profile: VllmProfile, hashes: Sequence, lora: LoRARequest | No
 
 # %% ../nbs/05a_vllm_releases.ipynb #900bc70c
 def _vector_answers(profile: VllmProfile, entry: dict) -> dict:
-    "What `profile` computes for a vector: the fields a release file records."
-    inputs, tokens, size, algo = _vector_inputs(entry), entry["prompt_token_ids"], entry["block_size"], entry["algo"]
-    hashes = release_block_hashes(profile, tokens, size, algo, **inputs)
-    keys = [release_extra_keys(profile, s, s + size, **{k: v for k, v in inputs.items() if k != "pythonhashseed"})
+    "What `profile` computes for a vector: the fields a release file records (its `output_token_ids`, if any, hashed as decode)."
+    inputs, prompt, size, algo = _vector_inputs(entry), entry["prompt_token_ids"], entry["block_size"], entry["algo"]
+    tokens = prompt + (entry.get("output_token_ids") or [])
+    hashes = release_block_hashes(profile, tokens, size, algo, num_prompt_tokens=len(prompt), **inputs)
+    keys = [release_extra_keys(profile, s, s + size, decode=s + size > len(prompt),
+                               **{k: v for k, v in inputs.items() if k != "pythonhashseed"})
             for s in range(0, len(hashes) * size, size)]
     answers = dict(none_hash=_encoded([release_none_hash(profile, algo, inputs["pythonhashseed"])])[0],
                    block_hashes=_encoded(hashes), extra_keys=json.loads(json.dumps(keys)))
