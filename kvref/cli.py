@@ -648,7 +648,7 @@ def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int,
         rows = iter(json.loads(text))
         return json.dumps([{"num_blocks": n, "too_small": too_small[n]} if n in too_small else next(rows) for n in blocks], indent=1) + "\n"
     lines = text.splitlines()
-    head, columns = (2, None) if fmt == "table" else (1, lines[0].count(",") + 1)
+    head, columns = (lines.index(next(l for l in lines if l.startswith("| num_blocks"))) + 2, None) if fmt == "table" else (1, lines[0].count(",") + 1)
     rows = iter(lines[head:])
     small = (lambda n: f"| {n} | {too_small[n]} |") if fmt == "table" else (lambda n: str(n) + "," * (columns - 1))
     return "\n".join(lines[:head] + [small(n) if n in too_small else next(rows) for n in blocks]) + "\n"
