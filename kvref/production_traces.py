@@ -263,6 +263,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     hash_block_size: int = 512,
                     hashes: Sequence[list[bytes]] | None = None,  # `block_hashes` per request, if computed already
                     fast: bool = True,  # False: full token lists, hashed by the manager
+                    advance=None,  # after each step, moves on through the steps it proves (`advance_decode`, chapter 06e)
                     **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
@@ -282,6 +283,8 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
         out = s.schedule()
         peak, preemptions, now = max(peak, usable - kv.num_free_blocks), preemptions + len(out.preempted), now + 1
         s.update_from_output(out)
+        if advance is not None: now += advance(s, out, arrival(pending[0][1]) - now if pending else None)
+        peak = max(peak, usable - kv.num_free_blocks)  # decode steps only take blocks: the last one peaks
     return _result(s, s.num_steps, preemptions, peak)
 
 # %% ../nbs/06c_production_traces.ipynb #f113016b
@@ -321,6 +324,7 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
           block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
           ms_per_step: float | None = None, hash_block_size: int = 512,
           jobs: int | None = None,  # processes (default: one per core, at most one per size)
+          advance=None,  # `replay_mooncake`'s: the event-driven replay's `advance_decode`, or None
           **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
           ) -> list[CacheSizeResult]:
     "Replay the trace at every size in `blocks`; results in the order of `blocks`."
@@ -328,7 +332,7 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
     _check_blocks(requests, blocks, block_size)
     SchedulerConfig.of(settings, strict=True)  # a bad setting is named before any worker starts
     settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                    ms_per_step=ms_per_step, hash_block_size=hash_block_size, **settings)
+                    ms_per_step=ms_per_step, hash_block_size=hash_block_size, advance=advance, **settings)
     jobs = min(jobs or os.cpu_count() or 1, len(blocks))
     if jobs == 1:
         _init_worker(requests, settings)

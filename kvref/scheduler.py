@@ -581,6 +581,7 @@ def run_workload(workload: Workload,  # requests, pool sizes, and optionally sch
                  behavior: str = "vllm_0_33",  # allocator behaviour
                  model: FakeModel | None = None,  # None: `FakeModel(config["model_seed"])` (0 if absent)
                  max_steps: int = 100_000,  # give up (ValueError) after this many steps
+                 advance=None,  # after each step, moves on through the steps it proves (`advance_decode`); no trace kept
                  **settings,  # `SchedulerConfig` fields over the others, e.g. `max_num_batched_tokens=32`
                  ) -> SchedulerRun:
     "Serve `workload` to completion in vLLM's engine loop (arrivals by step, `after` plus think time, idle jumps)."
@@ -589,7 +590,7 @@ def run_workload(workload: Workload,  # requests, pool sizes, and optionally sch
     if config is not None and not isinstance(config, SchedulerConfig): raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
     config = SchedulerConfig.of({**asdict(config or SchedulerConfig.of(workload.config)), **settings}, strict=True)
     s = Scheduler(_manager_for(workload, behavior), config, model or FakeModel(workload.config.get("model_seed", 0)),
-                  record_trace=not config.async_scheduling)
+                  record_trace=not config.async_scheduling and advance is None)
     specs, order = {r.id: r for r in workload.requests}, {r.id: i for i, r in enumerate(workload.requests)}
     due = {r.id: r.arrival for r in workload.requests if r.after is None}
     blocked, steps = _followers(workload), []
@@ -600,6 +601,7 @@ def run_workload(workload: Workload,  # requests, pool sizes, and optionally sch
         out = s.step(); steps.append(out)
         for rid in out.finished:
             for r in blocked.pop(rid, []): due[r.id] = max(r.arrival, out.step + 1 + r.think)
+        if advance is not None: advance(s, out, min([max_steps - len(steps)] + [t - s.num_steps for t in due.values()]), steps)
     return SchedulerRun(config, s.trace, {r: q.output for r, q in s.finished.items()}, steps,
                         sum(q.num_preemptions for q in s.finished.values()))
 
