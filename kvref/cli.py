@@ -615,6 +615,7 @@ def _events_parser() -> CommandParser:
     p.add_argument("trace", metavar="TRACE.jsonl", help="an allocator trace")
     p.add_argument("--hash-form", choices=HASH_FORMS, default="int", help="64-bit ints (vLLM's default) or digests")
     p.add_argument("--dp-rank", type=int_arg(0, 1 << 16), help="the engine's data-parallel rank, carried by each batch")
+    p.add_argument("--vllm-version", metavar="V", help="lay the batches out as vLLM release V (0.10.2 to 0.33.x) does (default 0.33)")
     p.add_argument("--publish", metavar="ENDPOINT", help="publish the batches on this ZMQ endpoint instead (needs pyzmq)")
     p.add_argument("--replay", metavar="ENDPOINT", help="with --publish: also serve vLLM's replay socket here")
     p.add_argument("--wait-s", type=float, default=1.0, help="with --publish: seconds for subscribers to join (1)")
@@ -622,17 +623,27 @@ def _events_parser() -> CommandParser:
     return p
 
 # %% ../nbs/12_cli.ipynb #f877497e
+def _events_schema(version: str | None):
+    "The layout `kvref events --vllm-version` writes: a release whose events carry digests' last 8 bytes, as kvref's do."
+    from kvref.kv_events import WIRE_SCHEMA
+    from kvref.releases import wire_schema
+    if version is None: return WIRE_SCHEMA
+    if profile_for_version(version).kv_events != "int64":
+        raise ValueError(f"vLLM {version} publishes int hash values (BlockHash.hash_value), not digests: kvref events "
+                         f"lays out kvref's events as a release from 0.10.2 on would")
+    return wire_schema(version)
+
 @subcommand("kvref events")
 def events_main(argv: list[str] | None = None) -> int:
     "`kvref events TRACE [--hash-form int|bytes] [--dp-rank N] [--publish ENDPOINT]`; the exit status."
     from kvref.router_conformance import event_records, publish_trace
     args = _events_parser().parse_args(argv)
-    ops = load_trace_for_cli(args.trace)
+    ops, schema = load_trace_for_cli(args.trace), _events_schema(args.vllm_version)
     if args.publish is None:
-        for record in event_records(ops, args.hash_form, args.dp_rank): print(json.dumps(record))
+        for record in event_records(ops, args.hash_form, args.dp_rank, schema): print(json.dumps(record))
         return 0
     if not (0 <= args.wait_s <= 60 and 0 <= args.serve_s <= 3600): raise ValueError("--wait-s and --serve-s must be 0-60 and 0-3600")
-    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s)
+    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s, schema)
     print(f"kvref events: published {sent} batches on {args.publish}")
     return 0
 
