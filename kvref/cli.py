@@ -30,7 +30,7 @@ __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE
            'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
            'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
            'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'vectors_main', 'main']
+           'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'audit_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -672,6 +672,54 @@ def check_router_main(argv: list[str] | None = None) -> int:
         (out / (stream.removesuffix(".jsonl") + ".min.jsonl")).write_text("".join(json.dumps(o) + "\n" for o in ops))
     print(found.report()); return 1
 
+# %% ../nbs/12_cli.ipynb #a81c0202
+def _audit_parser() -> CommandParser:
+    "The options of `kvref audit`."
+    p = CommandParser(prog="kvref audit", description="Audit engines' KV event streams against their stated configuration.")
+    p.add_argument("endpoints", nargs="*", metavar="ENDPOINT", help="a live engine's KV event PUB endpoint (needs pyzmq)")
+    p.add_argument("--file", action="append", default=[], help="a recorded stream: JSONL with seq and payload_b64 per line")
+    p.add_argument("--engine", action="append", default=[], help="the name of each engine, in order (default: file or endpoint)")
+    p.add_argument("--replay", action="append", default=[], help="each live engine's replay endpoint, in order")
+    p.add_argument("--vllm-version", action="append", required=True, help="the release each engine runs")
+    p.add_argument("--hash-algo", action="append", required=True, help="--prefix-caching-hash-algo of each engine")
+    p.add_argument("--block-size", action="append", required=True, type=int_arg(1, 1 << 20), help="tokens per block")
+    p.add_argument("--pythonhashseed", action="append", default=[], help="PYTHONHASHSEED of each engine (default: unset)")
+    p.add_argument("--hash-form", action="append", default=[], choices=HASH_FORMS, help="int (default) or bytes")
+    p.add_argument("--report", metavar="OUT.json", help="write the machine-readable report here")
+    p.add_argument("--duration", type=float, default=10.0, help="live: seconds to listen (10)")
+    p.add_argument("--max-batches", type=int_arg(1), help="live: stop after this many batches")
+    return p
+
+# %% ../nbs/12_cli.ipynb #a81c0203
+def _per_engine(values: list, n: int, option: str, default=None) -> list:
+    "An option given once (every engine), once per engine, or not at all (`default`)."
+    if not values: return [default] * n
+    if len(values) in (1, n): return values * n if len(values) == 1 else values
+    raise ValueError(f"{option} given {len(values)} times for {n} engines: give it once, or once per engine")
+
+@subcommand("kvref audit")
+def audit_main(argv: list[str] | None = None) -> int:
+    "`kvref audit [ENDPOINT...] [--file F...] --vllm-version V --hash-algo A --block-size B`: 0, 1 on a finding, 2 on bad input."
+    from kvref.live_audit import EngineConfig, audit_files, audit_live
+    a = _audit_parser().parse_args(argv)
+    if bool(a.file) == bool(a.endpoints): raise ValueError("give either --file streams or live ENDPOINTs, not both or neither")
+    sources = a.file or a.endpoints
+    n = len(sources)
+    for option, given in (("--engine", a.engine), ("--replay", a.replay)):
+        if given and len(given) != n: raise ValueError(f"{option} given {len(given)} times for {n} engines: give one per engine")
+    names = a.engine or [Path(s).stem if a.file else s for s in sources]
+    configs = [EngineConfig(*c) for c in zip(names, _per_engine(a.vllm_version, n, "--vllm-version"),
+               _per_engine(a.hash_algo, n, "--hash-algo"), _per_engine(a.block_size, n, "--block-size"),
+               _per_engine(a.pythonhashseed, n, "--pythonhashseed"), _per_engine(a.hash_form, n, "--hash-form", "int"))]
+    if a.file: fleet = audit_files(configs, a.file)
+    else:
+        if not 0 < a.duration <= 86400: raise ValueError(f"--duration must be in (0, 86400] seconds, got {a.duration}")
+        fleet = audit_live(configs, a.endpoints, a.replay or None, a.duration, a.max_batches)
+    if fleet.exit_status() == 2: raise ValueError(f"no batch to audit in {', '.join(map(str, sources))}: nothing was checked")
+    print(fleet.summary())
+    if a.report: Path(a.report).write_text(json.dumps(fleet.report(), indent=1) + "\n", encoding="utf-8")
+    return fleet.exit_status()
+
 # %% ../nbs/12_cli.ipynb #8c1c3465
 def _vectors_parser() -> CommandParser:
     "The options of `kvref vectors`."
@@ -701,6 +749,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "sweep":     (sweep_main, "replay a production trace at several cache sizes: hit rate, preemptions, a plot"),
     "events":    (events_main, "the KV events vLLM emits for a trace, as JSON and wire bytes; --publish over ZMQ"),
     "check-router": (check_router_main, "check a router's prefix index against kvref's, batch by batch"),
+    "audit":     (audit_main, "audit engines' KV event streams (recorded or live over ZMQ) against their stated config"),
     "vectors":   (vectors_main, "list the recorded vectors shipped with kvref, or print one's path"),
 }
 
