@@ -30,7 +30,8 @@ __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_NUM_BLOCKS', 'MAX_CAPTURE_SIZE
            'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
            'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
            'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'sweep_main', 'events_main', 'check_router_main', 'audit_main', 'vectors_main', 'main']
+           'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'events_main',
+           'check_router_main', 'audit_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -578,6 +579,26 @@ def convert_main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps(op) + "\n")
     return 0
 
+# %% ../nbs/12_cli.ipynb #341b9aeb
+def add_scheduler_flags(p: CommandParser) -> None:
+    "vLLM's own flags for the scheduler knobs kvref models, with vLLM 0.33's defaults."
+    g = p.add_argument_group("scheduler (vLLM's flags and defaults)")
+    g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs", help="waiting-queue order (fcfs)")
+    g.add_argument("--long-prefill-token-threshold", type=int_arg(0, 1 << 30), default=0,
+                   help="cap on one request's chunk while others are live (0: none)")
+    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="cut prompts to the budget left (on)")
+    g.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
+                   help="admit a request only when its whole prompt's blocks are free (on)")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+                   help="schedule a step before the last one's output is processed (off: the synchronous engine loop)")
+
+def scheduler_settings(a: argparse.Namespace) -> dict:
+    "The `SchedulerConfig` fields the flags of `add_scheduler_flags` set."
+    return dict(policy=a.scheduling_policy, long_prefill_token_threshold=a.long_prefill_token_threshold,
+                enable_chunked_prefill=a.enable_chunked_prefill, scheduler_reserve_full_isl=a.scheduler_reserve_full_isl,
+                async_scheduling=a.async_scheduling)
+
 # %% ../nbs/12_cli.ipynb #5dce5f45
 def _sweep_parser() -> CommandParser:
     "The options of `kvref sweep`."
@@ -592,6 +613,7 @@ def _sweep_parser() -> CommandParser:
     p.add_argument("--jobs", type=int_arg(1, 256), default=None, help="worker processes (default: one per core)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format (table)")
     p.add_argument("--plot", metavar="OUT", help="also draw OUT.png and OUT.svg (needs matplotlib)")
+    add_scheduler_flags(p)
     return p
 
 # %% ../nbs/12_cli.ipynb #2472db27
@@ -603,7 +625,7 @@ def sweep_main(argv: list[str] | None = None) -> int:
     blocks = [parse_int(b, "--blocks", 1, MAX_NUM_BLOCKS) for b in a.blocks.split(",")]
     requests = list(read_mooncake(a.trace, a.hash_block_size))
     results = sweep(requests, blocks, a.block_size, a.max_num_batched_tokens, a.max_num_seqs, a.ms_per_step,
-                    a.hash_block_size, a.jobs)
+                    a.hash_block_size, a.jobs, **scheduler_settings(a))
     sys.stdout.write(format_results(results, a.format))
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0

@@ -208,6 +208,18 @@ def get_computed_blocks(self: KVCacheManager, request: Request) -> tuple[list[KV
     hits = self.block_pool.cached_block_hash_to_block.get_cached_prefix(self._block_hashes(request)[:max_hit_blocks])
     return hits, len(hits) * self.block_size
 
+# %% ../nbs/04_kv_cache_manager.ipynb #3c711ed5
+@patch
+def _full_sequence_refused(self: KVCacheManager, request: Request, table: list[KVCacheBlock], hits: list[KVCacheBlock],
+                           full_sequence_must_fit: bool) -> bool:
+    "The admission gate: asked for, and the free blocks cannot hold the whole sequence (capped at `max_model_len`)."
+    if type(full_sequence_must_fit) is not bool: raise TypeError(f"full_sequence_must_fit must be a bool, got {full_sequence_must_fit!r}")
+    if not full_sequence_must_fit: return False
+    num_tokens = len(request.all_token_ids)
+    if self.max_model_len is not None: num_tokens = min(num_tokens, self.max_model_len)
+    needed = max(cdiv(num_tokens, self.block_size) - len(table) - len(hits), 0) + [b.ref_cnt for b in hits].count(0)
+    return needed > self.block_pool.get_num_free_blocks()
+
 # %% ../nbs/04_kv_cache_manager.ipynb #7af1a3ce
 @patch
 def allocate_slots(self: KVCacheManager,
@@ -216,6 +228,7 @@ def allocate_slots(self: KVCacheManager,
                    num_new_computed_tokens: int = 0,       # prefix-hit tokens being adopted (from get_computed_blocks)
                    new_computed_blocks: Sequence[KVCacheBlock] | None = None,  # the hit blocks
                    num_lookahead_tokens: int = 0,          # extra slots for speculative tokens
+                   full_sequence_must_fit: bool = False,   # admission gate: room for the whole sequence, not just this step
                   ) -> list[KVCacheBlock] | None:
     "Grow the request's block table for this step; the new blocks, or None (and no change) if they do not fit."
     hits = _checked_blocks(new_computed_blocks, "new_computed_blocks") if new_computed_blocks else []
@@ -225,12 +238,11 @@ def allocate_slots(self: KVCacheManager,
     if self.max_model_len is not None: num_slots = min(num_slots, self.max_model_len)
     num_new_blocks = max(cdiv(num_slots, self.block_size) - len(table) - len(hits), 0)
     num_evictable_hits = [b.ref_cnt for b in hits].count(0)  # checked hits are cached, so never the null block
-    if num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks(): return None
+    if (num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks()
+            or self._full_sequence_refused(request, table, hits, full_sequence_must_fit)): return None
     self.req_to_blocks[rid], self.live_requests[rid] = table, request
-    if hits:
-        self.block_pool._touch(hits)  # checked by _check_hits
-        table.extend(hits)
-        self.num_cached_block[rid] = len(table)
+    if hits:  # checked by _check_hits
+        self.block_pool._touch(hits); table.extend(hits); self.num_cached_block[rid] = len(table)
     new_blocks = []
     if num_new_blocks:
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks + self._num_preallocate(len(table), num_new_blocks))
@@ -326,10 +338,10 @@ def _is_decode_step(self: KVCacheManager, request, num_new_tokens, num_new_compu
 @patch
 def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                    new_computed_blocks: Sequence[KVCacheBlock] | None = None, num_lookahead_tokens: int = 0,
-                  ) -> list[KVCacheBlock] | None:
+                   full_sequence_must_fit: bool = False) -> list[KVCacheBlock] | None:
     "`allocate_slots` as defined above, with a live request's decode step taken directly."
-    args = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens)
-    if not _is_decode_step(self, *args): return _allocate_slots_definition(self, *args)
+    args = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, full_sequence_must_fit)
+    if full_sequence_must_fit is not False or not _is_decode_step(self, *args[:5]): return _allocate_slots_definition(self, *args)
     table, num_computed, size = self.req_to_blocks[request.request_id], request.num_computed_tokens, self.block_size
     total = num_computed + num_new_tokens if type(num_computed) is int else None
     if (total is None or not 0 <= num_computed <= len(table) * size or total > len(request.all_token_ids)

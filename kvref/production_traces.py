@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 from .kv_cache_manager import KVCacheManager, Request, cdiv
 from .pictures import progress
-from .scheduler import Scheduler, SchedulerRequest
+from .scheduler import Scheduler, SchedulerConfig, SchedulerRequest
 from .workloads import RequestSpec, _add_op, _tick
 
 # %% auto #0
@@ -188,6 +188,7 @@ class CacheSizeResult:
     preemptions: int
     peak_blocks_used: int  # most blocks held by requests at once
     num_steps: int
+    settings: str = ""  # the scheduler settings of the run (`SchedulerConfig.describe`)
 
 # %% ../nbs/06c_production_traces.ipynb #37d0386a
 def _result(s: Scheduler, num_steps: int, num_preemptions: int, peak: int) -> CacheSizeResult:
@@ -197,7 +198,7 @@ def _result(s: Scheduler, num_steps: int, num_preemptions: int, peak: int) -> Ca
     return CacheSizeResult(kv.block_pool.num_blocks, st.hit_rate, st.queries, st.hits, st.preempted_queries,
                            st.preempted_hits, st.queries - st.hits + st.preempted_queries - st.preempted_hits,
                            st.preempted_queries - st.preempted_hits, s.num_blocks_cached - still_cached,
-                           num_preemptions, peak, num_steps)
+                           num_preemptions, peak, num_steps, s.config.describe())
 
 # %% ../nbs/06c_production_traces.ipynb #154e43e0
 def _check_pace(ms_per_step) -> None:
@@ -232,11 +233,12 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     hash_block_size: int = 512,
                     hashes: Sequence[list[bytes]] | None = None,  # `block_hashes` per request, if computed already
                     fast: bool = True,  # False: full token lists, hashed by the manager
+                    **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
     _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
     kv = KVCacheManager(num_blocks, block_size, max_model_len=_check_fits(requests, num_blocks, block_size))
-    s = Scheduler(kv, max_num_batched_tokens, max_num_seqs, record_trace=False)
+    s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
     arrival = (lambda r: 0) if ms_per_step is None else (lambda r: int(r.timestamp // ms_per_step))
     pending, usable, now, peak, preemptions = deque(enumerate(requests)), kv.num_free_blocks, 0, 0, 0
@@ -288,12 +290,14 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
           block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
           ms_per_step: float | None = None, hash_block_size: int = 512,
           jobs: int | None = None,  # processes (default: one per core, at most one per size)
+          **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
           ) -> list[CacheSizeResult]:
     "Replay the trace at every size in `blocks`; results in the order of `blocks`."
     _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
     _check_blocks(requests, blocks, block_size)
+    SchedulerConfig.of(settings, strict=True)  # a bad setting is named before any worker starts
     settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                    ms_per_step=ms_per_step, hash_block_size=hash_block_size)
+                    ms_per_step=ms_per_step, hash_block_size=hash_block_size, **settings)
     jobs = min(jobs or os.cpu_count() or 1, len(blocks))
     if jobs == 1:
         _init_worker(requests, settings)
@@ -305,7 +309,7 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
 
 # %% ../nbs/06c_production_traces.ipynb #62aabb24
 def format_results(results: Sequence[CacheSizeResult], fmt: str = "table") -> str:
-    "The results as a markdown table, CSV or JSON."
+    "The results as a markdown table (under a line naming the scheduler settings), CSV or JSON."
     rows = [asdict(r) for r in results]
     if fmt == "json": return json.dumps(rows, indent=1) + "\n"
     names = list(CacheSizeResult.__dataclass_fields__)
@@ -313,8 +317,10 @@ def format_results(results: Sequence[CacheSizeResult], fmt: str = "table") -> st
         out = io.StringIO(); w = csv.DictWriter(out, names, lineterminator="\n"); w.writeheader(); w.writerows(rows)
         return out.getvalue()
     if fmt != "table": raise ValueError(f"fmt must be 'table', 'csv' or 'json', got {fmt!r}")
+    names.remove("settings")
     cell = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
-    return "\n".join(["| " + " | ".join(names) + " |", "|" + "---|" * len(names)] +
+    head = [f"scheduler: {s}" for s in dict.fromkeys(r.settings for r in results)] + [""]
+    return "\n".join(head + ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)] +
                       ["| " + " | ".join(cell(r[n]) for n in names) + " |" for r in rows]) + "\n"
 
 # %% ../nbs/06c_production_traces.ipynb #067f8ed3

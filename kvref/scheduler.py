@@ -6,10 +6,11 @@ Docs: https://kvref.github.io/kvref/scheduler.html.md"""
 
 # %% ../nbs/06_scheduler.ipynb #d73d4cb9
 from __future__ import annotations
-import hashlib
+import hashlib, heapq, json
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
+from pathlib import Path
 from fastcore.basics import patch
 from .hashing import LoRARequest
 from .kv_cache_manager import KVCacheManager, Request
@@ -17,8 +18,8 @@ from .replay import replay
 from .workloads import RequestSpec, Workload, _checked
 
 # %% auto #0
-__all__ = ['FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'PrefixCacheStats', 'Scheduler', 'SchedulerRun',
-           'run_workload']
+__all__ = ['FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'PrefixCacheStats', 'SchedulerConfig',
+           'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'SchedulerRun', 'run_workload', 'load_workloads']
 
 # %% ../nbs/06_scheduler.ipynb #2bcbfa12
 class FakeModel:
@@ -50,7 +51,7 @@ class SchedulerRequest:
     request: Request  # tokens and computed count, as the KV cache manager sees them
     max_tokens: int  # stop after this many output tokens
     script: list[int] | None = None  # tokens to emit instead of asking the model
-    priority: int = 0  # larger: preempted first under the "priority" policy
+    priority: int = 0  # smaller runs first; larger is preempted first (the "priority" policy)
     arrival: int = 0  # order of arrival
     status: RequestStatus = RequestStatus.WAITING
     output: list[int] = field(default_factory=list)  # tokens emitted so far
@@ -62,14 +63,35 @@ class SchedulerRequest:
 # %% ../nbs/06_scheduler.ipynb #bbd6bac1
 @dataclass
 class SchedulerOutput:
-    "What one step scheduled: tokens per request (in scheduling order), preemptions, and the requests that finished."
+    "What one step did: tokens per request (in scheduling order), preemptions, finishes, and the pool after it."
     step: int  # step number, from 0
     num_scheduled_tokens: dict[str, int]  # request id -> tokens computed this step
     preempted: list[str]  # requests preempted this step
     finished: list[str] = field(default_factory=list)  # requests that finished after this step's model run
+    arrived: list[str] = field(default_factory=list)  # requests queued since the last step, in order
+    kinds: dict[str, str] = field(default_factory=dict)  # request id -> "new", "resumed" (after a preemption) or "running"
+    num_computed_before: dict[str, int] = field(default_factory=dict)  # computed tokens before the step, hits included
+    tokens: dict[str, int] = field(default_factory=dict)  # request id -> token sampled this step
+    stats: PrefixCacheStats | None = None  # this step's admissions, as vLLM's per-step `PrefixCacheStats`
+    num_free_scheduled: int = 0  # free blocks after `schedule()`
+    num_free: int = 0  # free blocks after `update_from_output()`
+    usage: float = 0.0  # the pool's usage after the step (vLLM's `kv_cache_usage`)
+    num_running: int = 0  # queue lengths after the step
+    num_waiting: int = 0
 
     @property
     def total_num_scheduled_tokens(self) -> int: return sum(self.num_scheduled_tokens.values())
+
+# %% ../nbs/06_scheduler.ipynb #057956ae
+@patch
+def record(self: SchedulerOutput) -> dict:
+    "The step as one record of the scheduler vectors (vLLM's own runs use the same fields)."
+    stats = self.stats or PrefixCacheStats()
+    return {"step": self.step, "arrived": list(self.arrived),
+            "sched": [[rid, n, self.kinds[rid], self.num_computed_before[rid]] for rid, n in self.num_scheduled_tokens.items()],
+            "preempted": list(self.preempted), "finished": list(self.finished), "tokens": dict(self.tokens),
+            "stats": vars(stats).copy(), "free_sched": self.num_free_scheduled, "free": self.num_free,
+            "usage": round(self.usage, 9), "running": self.num_running, "waiting": self.num_waiting}
 
 # %% ../nbs/06_scheduler.ipynb #e15f61e4
 @dataclass
@@ -97,19 +119,69 @@ def record(self: PrefixCacheStats, num_tokens: int, num_hits: int, preempted: bo
 def hit_rate(self: PrefixCacheStats) -> float: return self.hits / self.queries if self.queries else 0.0
 
 # %% ../nbs/06_scheduler.ipynb #e98bee38
-def _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions,
-                     record_trace=True) -> None:
-    "Raise a named error for the first bad `Scheduler` argument."
-    if not isinstance(kv_cache_manager, KVCacheManager):
-        raise TypeError(f"kv_cache_manager must be a KVCacheManager, got {type(kv_cache_manager).__name__}")
-    for name, value in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
+@dataclass(frozen=True)
+class SchedulerConfig:
+    "The scheduling knobs, with the names and defaults of vLLM 0.33's `SchedulerConfig` (`vllm/config/scheduler.py`)."
+    max_num_batched_tokens: int = 2048  # token budget per step
+    max_num_seqs: int = 128  # running requests at most
+    policy: str = "fcfs"  # "fcfs" or "priority": the waiting queue's order and the preemption victim
+    long_prefill_token_threshold: int = 0  # cap on one request's chunk while others are live; 0: no cap
+    enable_chunked_prefill: bool = True  # False: a prompt that does not fit the budget left waits for the next step
+    scheduler_reserve_full_isl: bool = True  # admit a request only if its whole prompt's blocks are free
+    async_scheduling: bool = False  # schedule step t+1 before step t's output is processed
+
+
+    def __post_init__(self): self._check()
+
+# %% ../nbs/06_scheduler.ipynb #ae657512
+@patch
+def _check(self: SchedulerConfig) -> None:
+    "Raise a named error for the first bad setting."
+    for name in ("max_num_batched_tokens", "max_num_seqs"):
+        value = getattr(self, name)
         if type(value) is not int or value < 1: raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if model is not None and not callable(getattr(model, "next_token", None)):
-        raise TypeError(f"model must have a next_token(token_ids) method, got {type(model).__name__}")
-    if policy not in ("fcfs", "priority"): raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
-    for name, value in (("record_decisions", record_decisions), ("record_trace", record_trace)):
-        if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
-    if record_decisions and not record_trace: raise ValueError("record_decisions needs record_trace")
+    if self.policy not in ("fcfs", "priority"): raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+    value = self.long_prefill_token_threshold
+    if type(value) is not int or value < 0: raise ValueError(f"long_prefill_token_threshold must be an int >= 0, got {value!r}")
+    for name in ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling"):
+        if type(getattr(self, name)) is not bool: raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+# %% ../nbs/06_scheduler.ipynb #4bb6ba30
+@patch(cls_method=True)
+def of(cls: SchedulerConfig, settings: dict, strict: bool = False) -> SchedulerConfig:
+    "The config with `settings`' known keys over vLLM's defaults (`strict`: refuse unknown keys, by name)."
+    if not isinstance(settings, dict): raise TypeError(f"scheduler settings must be a dict, got {type(settings).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(settings) - names)
+    if strict and unknown: raise ValueError(f"unknown scheduler setting {unknown[0]!r}; known: {', '.join(sorted(names))}")
+    return cls(**{k: v for k, v in settings.items() if k in names})
+
+@patch
+def describe(self: SchedulerConfig) -> str:
+    "One line naming every setting, as vLLM's flags would set it."
+    return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+# %% ../nbs/06_scheduler.ipynb #bfa137c3
+class FCFSRequestQueue(deque):
+    "vLLM's first-come-first-served waiting queue: arrivals at the back, preempted requests back at the front."
+    def add_request(self, req: SchedulerRequest) -> None: self.append(req)
+    def prepend_request(self, req: SchedulerRequest) -> None: self.appendleft(req)
+    def peek_request(self) -> SchedulerRequest: return self[0]
+    def pop_request(self) -> SchedulerRequest: return self.popleft()
+
+# %% ../nbs/06_scheduler.ipynb #a94f6199
+class PriorityRequestQueue:
+    "vLLM's priority waiting queue: a heap on (priority, arrival, request id); a preempted request is pushed back in."
+    def __init__(self): self._heap: list[tuple[tuple, SchedulerRequest]] = []
+    def add_request(self, req: SchedulerRequest) -> None:
+        heapq.heappush(self._heap, ((req.priority, req.arrival, req.request_id), req))
+    prepend_request = add_request  # a heap has no front: a preempted request takes its place by priority
+    def peek_request(self) -> SchedulerRequest: return self._heap[0][1]
+    def pop_request(self) -> SchedulerRequest: return heapq.heappop(self._heap)[1]
+    def remove(self, req: SchedulerRequest) -> None:
+        self._heap = [e for e in self._heap if e[1] is not req]; heapq.heapify(self._heap)
+    def __len__(self) -> int: return len(self._heap)
+    def __iter__(self): return (req for _, req in sorted(self._heap, key=lambda e: e[0]))
 
 # %% ../nbs/06_scheduler.ipynb #a8dd6bfc
 def _config_op(kv: KVCacheManager) -> dict:
@@ -118,29 +190,50 @@ def _config_op(kv: KVCacheManager) -> dict:
             "enable_caching": kv.enable_caching, "hash_algo": kv.hash_algo,
             **({"max_model_len": kv.max_model_len} if kv.max_model_len is not None else {})}
 
+# %% ../nbs/06_scheduler.ipynb #43ea61d7
+def _check_arguments(kv_cache_manager, config, model, record_decisions, record_trace) -> None:
+    "Raise a named error for the first bad `Scheduler` argument (the knobs check themselves in `SchedulerConfig`)."
+    if not isinstance(kv_cache_manager, KVCacheManager):
+        raise TypeError(f"kv_cache_manager must be a KVCacheManager, got {type(kv_cache_manager).__name__}")
+    if config is not None and not isinstance(config, SchedulerConfig):
+        raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+    if model is not None and not callable(getattr(model, "next_token", None)):
+        raise TypeError(f"model must have a next_token(token_ids) method, got {type(model).__name__}")
+    for name, value in (("record_decisions", record_decisions), ("record_trace", record_trace)):
+        if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
+    if record_decisions and not record_trace: raise ValueError("record_decisions needs record_trace")
+
 # %% ../nbs/06_scheduler.ipynb #30ea4b55
 class Scheduler:
-    "vLLM V1's scheduling loop in miniature, over a `KVCacheManager`; writes the allocator trace of what it does."
+    "vLLM V1's scheduling loop over a `KVCacheManager`, with vLLM 0.33's knobs; writes the allocator trace of what it does."
     def __init__(self, kv_cache_manager: KVCacheManager,
-                 max_num_batched_tokens: int = 64,  # token budget per step
-                 max_num_seqs: int = 16,  # running requests at most
+                 config: SchedulerConfig | None = None,  # the knobs; None: vLLM 0.33's defaults
                  model: FakeModel | None = None,  # emits tokens for requests without a script
-                 policy: str = "fcfs",  # "fcfs": preempt the last scheduled; "priority": the largest (priority, arrival)
                  record_decisions: bool = False,  # keep what the scheduler saw each op decide, to hold it to `decisions`
-                 record_trace: bool = True):  # keep every op in `trace` (False: long replays, counters only)
-        _check_arguments(kv_cache_manager, max_num_batched_tokens, max_num_seqs, model, policy, record_decisions, record_trace)
-        self.kv, self.max_num_batched_tokens, self.max_num_seqs = kv_cache_manager, max_num_batched_tokens, max_num_seqs
-        self.model, self.policy, self.record, self.record_trace = model or FakeModel(), policy, record_decisions, record_trace
-        self.waiting: deque[SchedulerRequest] = deque()
+                 record_trace: bool = True,  # keep every op in `trace` (False: long replays, counters only)
+                 **settings):  # `SchedulerConfig` fields over `config`, e.g. `max_num_batched_tokens=10`
+        _check_arguments(kv_cache_manager, config, model, record_decisions, record_trace)
+        self.config = SchedulerConfig.of({**asdict(config or SchedulerConfig()), **settings}, strict=True)
+        if self.config.async_scheduling: raise ValueError("async_scheduling is not modelled yet")
+        self.kv, self.model, self.record, self.record_trace = kv_cache_manager, model or FakeModel(), record_decisions, record_trace
+        self.waiting = PriorityRequestQueue() if self.config.policy == "priority" else FCFSRequestQueue()
         self.running: list[SchedulerRequest] = []
         self.requests: dict[str, SchedulerRequest] = {}  # live: waiting or running
         self.finished: dict[str, SchedulerRequest] = {}
-        self.num_steps, self.num_arrived = 0, 0
-        self.prefix_cache_stats = PrefixCacheStats()
+        self.num_steps, self.num_arrived, self.arrived = 0, 0, []
+        self.prefix_cache_stats = PrefixCacheStats()  # over the run; each step's own are in its output
         self.num_blocks_cached = 0  # blocks given a hash over the run: evictions are those no longer cached
         self.trace: list[dict] = []
         self.outcomes: list[dict] = []  # per op, what the manager answered the scheduler (record_decisions)
         self._emit(_config_op(kv_cache_manager))
+
+# %% ../nbs/06_scheduler.ipynb #cd5fa098
+@patch(as_prop=True)
+def max_num_batched_tokens(self: Scheduler) -> int: return self.config.max_num_batched_tokens
+@patch(as_prop=True)
+def max_num_seqs(self: Scheduler) -> int: return self.config.max_num_seqs
+@patch(as_prop=True)
+def policy(self: Scheduler) -> str: return self.config.policy
 
 # %% ../nbs/06_scheduler.ipynb #26aeefdd
 @patch
@@ -159,14 +252,15 @@ def decisions(self: Scheduler) -> list[dict]:
 # %% ../nbs/06_scheduler.ipynb #d994ddaa
 @patch
 def _checked_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None) -> SchedulerRequest:
-    "The `SchedulerRequest` for a checked `spec`, not yet queued."
+    "The `SchedulerRequest` for a checked `spec`, not yet queued (`max_tokens` given: the model writes every token)."
     if not isinstance(spec, RequestSpec): raise TypeError(f"add_request takes a RequestSpec, got {type(spec).__name__}")
     spec.check()
-    num = len(spec.output) if max_tokens is None else max_tokens
+    num = max_tokens if max_tokens is not None else spec.max_tokens if spec.max_tokens is not None else len(spec.output)
     if type(num) is not int: raise TypeError(f"request {spec.id!r}: max_tokens must be an int, got {num!r}")
+    script = list(spec.output) if max_tokens is None and spec.output else None
     lora = LoRARequest(spec.lora["name"], spec.lora["path"]) if spec.lora else None
     return SchedulerRequest(Request(spec.id, list(spec.prompt), cache_salt=spec.cache_salt, lora_request=lora),
-                            num, list(spec.output) if max_tokens is None else None, spec.priority)
+                            num, script, spec.priority)
 
 # %% ../nbs/06_scheduler.ipynb #1ccf411b
 @patch
@@ -175,7 +269,8 @@ def _check_new(self: Scheduler, req: SchedulerRequest) -> None:
     if not isinstance(req, SchedulerRequest): raise TypeError(f"queue takes a SchedulerRequest, got {type(req).__name__}")
     rid, limit, n = req.request_id, self.kv.max_model_len, req.request.num_tokens
     if rid in self.requests or rid in self.finished: raise ValueError(f"request {rid!r} was already added")
-    if limit is not None and n > limit: raise ValueError(f"request {rid!r} needs {n} tokens but max_model_len is {limit}")
+    if limit is not None and n >= limit:  # vLLM's input processor: the prompt plus at least one output token must fit
+        raise ValueError(f"request {rid!r} has {n} prompt tokens but max_model_len is {limit}: no room for an output token")
     if type(req.max_tokens) is not int or req.max_tokens < 1:
         raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {req.max_tokens!r}")
     if req.status is not RequestStatus.WAITING or req.output or req.request.num_computed_tokens:
@@ -187,7 +282,7 @@ def queue(self: Scheduler, req: SchedulerRequest) -> SchedulerRequest:
     "Queue a built request; refused by name, nothing changed."
     self._check_new(req)
     req.arrival, self.num_arrived = self.num_arrived, self.num_arrived + 1
-    self.requests[req.request_id] = req; self.waiting.append(req)
+    self.requests[req.request_id] = req; self.waiting.add_request(req); self.arrived.append(req.request_id)
     if self.record_trace:
         r, lora = req.request, req.request.lora_request
         self._emit({"op": "add", "id": r.request_id, "prompt": list(r.prompt_token_ids), "cache_salt": r.cache_salt,
@@ -202,30 +297,31 @@ def add_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None = Non
 
 # %% ../nbs/06_scheduler.ipynb #c998f24e
 @patch
-def _try_allocate(self: Scheduler, req: SchedulerRequest, num_new: int, budget: int, hits=(), num_hit: int = 0) -> bool:
-    "Ask the manager for `num_new` tokens' slots (adopting `hits`); advance the computed count if granted."
+def _try_allocate(self: Scheduler, req: SchedulerRequest, num_new: int, limit: int, hits=(), num_hit: int = 0,
+                  gate: bool = False) -> bool:
+    "Ask the manager for `num_new` tokens' slots (adopting `hits`; `gate`: the whole sequence must fit); advance if granted."
     request, kv = req.request, self.kv
-    if not (hits or self.record_trace) and self._has_room(request, num_new):  # see "Speed" below
+    if not (hits or gate or self.record_trace) and self._has_room(request, num_new):  # see "Speed" below
         request.num_computed_tokens += num_new; return True
     num_cached = kv.num_cached_block.get(request.request_id, 0)
-    ok = kv.allocate_slots(request, num_new, num_hit, list(hits)) is not None
+    ok = kv.allocate_slots(request, num_new, num_hit, list(hits), full_sequence_must_fit=gate) is not None
     if ok:
         request.num_computed_tokens += num_hit + num_new
         self.num_blocks_cached += kv.num_cached_block.get(request.request_id, 0) - num_cached - len(hits)
-    if self.record_trace:
-        self._emit({"op": "schedule", "id": req.request_id, "budget": budget}, hit_tokens=num_hit,
+    if self.record_trace and (ok or not gate):
+        self._emit({"op": "schedule", "id": req.request_id, "budget": limit}, hit_tokens=num_hit,
                    num_new_tokens=num_new, allocated=ok, block_ids=kv.get_block_ids(req.request_id))
     return ok
 
 # %% ../nbs/06_scheduler.ipynb #c998f24f
 @patch
 def _preempt(self: Scheduler, req: SchedulerRequest) -> None:
-    "Recompute preemption: free the blocks, forget the computed tokens, back to the front of the waiting queue."
+    "Recompute preemption: free the blocks, forget the computed tokens, back into the waiting queue."
     self.running.remove(req)
     self.kv.free(req.request)
     req.request.num_computed_tokens, req.status = 0, RequestStatus.WAITING
     req.num_preemptions += 1
-    self.waiting.appendleft(req)
+    self.waiting.prepend_request(req)
     self._emit({"op": "preempt", "id": req.request_id})
 
 # %% ../nbs/06_scheduler.ipynb #c9b226bd
@@ -236,45 +332,61 @@ def _victim(self: Scheduler) -> SchedulerRequest:
 
 # %% ../nbs/06_scheduler.ipynb #cc62bf5f
 @patch
-def _schedule_waiting(self: Scheduler, scheduled: dict, budget: int) -> None:
-    "Admit waiting requests in order, each after a prefix lookup, while they fit."
-    while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-        req = self.waiting[0]
+def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int, cap: int) -> None:
+    "Admit waiting requests in queue order, each after a prefix lookup, while they fit."
+    config = self.config
+    while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
+        req = self.waiting.peek_request()
         hits, num_hit = self.kv.get_computed_blocks(req.request)
-        num_new = min(req.request.num_tokens - num_hit, budget)
-        if not self._try_allocate(req, num_new, budget, hits, num_hit): break
-        if self.kv.enable_caching: self.prefix_cache_stats.record(req.request.num_tokens, num_hit, req.num_preemptions > 0)
-        self.waiting.popleft(); self.running.append(req); req.status = RequestStatus.RUNNING
-        scheduled[req.request_id] = num_new; budget -= num_new
+        num_new = req.request.num_tokens - num_hit
+        if 0 < cap < num_new: num_new = cap
+        if not config.enable_chunked_prefill and num_new > budget: break
+        num_new, limit = min(num_new, budget), min(budget, cap or budget)
+        if not self._try_allocate(req, num_new, limit, hits, num_hit, gate=config.scheduler_reserve_full_isl): break
+        if self.kv.enable_caching:
+            for stats in (self.prefix_cache_stats, out.stats): stats.record(req.request.num_tokens, num_hit, req.num_preemptions > 0)
+        self.waiting.pop_request(); self.running.append(req); req.status = RequestStatus.RUNNING
+        out.num_scheduled_tokens[req.request_id] = num_new; out.kinds[req.request_id] = "resumed" if req.num_preemptions else "new"
+        budget -= num_new
 
 # %% ../nbs/06_scheduler.ipynb #6ac128a2
 @patch
-def _schedule_running(self: Scheduler, scheduled: dict, preempted: list) -> int:
+def _schedule_running(self: Scheduler, out: SchedulerOutput, cap: int) -> int:
     "Give running requests their tokens, preempting when blocks run out; return the budget left."
-    budget, i = self.max_num_batched_tokens, 0
+    budget, i, max_len = self.config.max_num_batched_tokens, 0, self.kv.max_model_len
     while i < len(self.running) and budget > 0:
         req = self.running[i]
-        num_new = min(req.request.num_tokens - req.request.num_computed_tokens, budget)
-        if num_new == 0: i += 1; continue
-        sized_by = budget  # the retries keep num_new: a victim's tokens come back to `budget`, not to this request
-        while not self._try_allocate(req, num_new, sized_by):
+        limit = min(budget, cap or budget)
+        if max_len is not None: limit = min(limit, max_len - req.request.num_computed_tokens - 1)
+        num_new = min(req.request.num_tokens - req.request.num_computed_tokens, limit)
+        if num_new <= 0: i += 1; continue
+        while not self._try_allocate(req, num_new, limit):  # the retries keep num_new and its limit
             victim = self._victim()
-            budget += scheduled.pop(victim.request_id, 0)
+            budget += out.num_scheduled_tokens.pop(victim.request_id, 0); out.kinds.pop(victim.request_id, None)
             if self.running.index(victim) < i: i -= 1
-            self._preempt(victim); preempted.append(victim.request_id)
+            self._preempt(victim); out.preempted.append(victim.request_id)
             if victim is req: break
         else:
-            scheduled[req.request_id] = num_new; budget -= num_new; i += 1
+            out.num_scheduled_tokens[req.request_id] = num_new; out.kinds[req.request_id] = "running"
+            budget -= num_new; i += 1
     return budget
 
 # %% ../nbs/06_scheduler.ipynb #8ca5c37b
 @patch
+def _long_prefill_cap(self: Scheduler) -> int:
+    "This step's cap on one request's chunk: `long_prefill_token_threshold` while more than one request is live, else 0."
+    return self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+
+@patch
 def schedule(self: Scheduler) -> SchedulerOutput:
     "Decide this step's batch: tokens per request, preempting when blocks run out."
-    scheduled, preempted = {}, []
-    budget = self._schedule_running(scheduled, preempted)
-    if not preempted: self._schedule_waiting(scheduled, budget)
-    return SchedulerOutput(self.num_steps, scheduled, preempted)
+    out, cap = SchedulerOutput(self.num_steps, {}, [], arrived=self.arrived, stats=PrefixCacheStats()), self._long_prefill_cap()
+    self.arrived = []
+    budget = self._schedule_running(out, cap)
+    if not out.preempted: self._schedule_waiting(out, budget, cap)
+    out.num_computed_before = {rid: self.requests[rid].request.num_computed_tokens - n for rid, n in out.num_scheduled_tokens.items()}
+    out.num_free_scheduled = self.kv.num_free_blocks
+    return out
 
 # %% ../nbs/06_scheduler.ipynb #47d5006a
 @patch
@@ -298,13 +410,15 @@ def _finish(self: Scheduler, req: SchedulerRequest, out: SchedulerOutput) -> Non
 @patch
 def update_from_output(self: Scheduler, out: SchedulerOutput) -> SchedulerOutput:
     "Run the (fake) model on the requests whose tokens are all computed: append their tokens, finish the done ones."
+    if not isinstance(out, SchedulerOutput): raise TypeError(f"update_from_output takes a SchedulerOutput, got {type(out).__name__}")
     done = [r for r in self.running if r.request.num_computed_tokens == r.request.num_tokens]
     tokens = [self._next_token(r) for r in done]  # every model call and check before any change
     limit = self.kv.max_model_len
     for req, token in zip(done, tokens):
-        req.output.append(token); req.request.append_output_token_ids(token)
+        req.output.append(token); req.request.append_output_token_ids(token); out.tokens[req.request_id] = token
         self._emit({"op": "append", "id": req.request_id, "tokens": [token]})
         if len(req.output) >= req.max_tokens or (limit is not None and req.request.num_tokens >= limit): self._finish(req, out)
+    out.num_free, out.usage, out.num_running, out.num_waiting = self.kv.num_free_blocks, self.kv.usage, len(self.running), len(self.waiting)
     self.num_steps += 1
     return out
 
@@ -326,45 +440,91 @@ def _has_room(self: Scheduler, request: Request, num_new: int) -> bool:
 # %% ../nbs/06_scheduler.ipynb #ac09f03b
 @dataclass
 class SchedulerRun:
-    "A finished run: its trace, each request's output, and per-step outputs."
+    "A finished run: its settings, trace, each request's output, and per-step outputs."
+    config: SchedulerConfig  # the settings it ran with
     trace: list[dict]  # allocator trace, replayable with `kvref replay`
     outputs: dict[str, list[int]]  # request id -> emitted tokens
     steps: list[SchedulerOutput]  # one per step
     num_preemptions: int  # preemptions over the run
 
+    @property
+    def records(self) -> list[dict]: return [out.record() for out in self.steps]
+
 # %% ../nbs/06_scheduler.ipynb #75b36276
 def _manager_for(workload: Workload, behavior: str) -> KVCacheManager:
-    "A fresh `KVCacheManager` built from the workload's config."
+    "A fresh `KVCacheManager` built from the workload's config (`enable_prefix_caching`, vLLM's name, or `enable_caching`)."
     c = workload.config
     for key in ("num_blocks", "block_size"):
         if key not in c: raise ValueError(f"workload {workload.name!r}: config needs {key}")
-    return KVCacheManager(c["num_blocks"], c["block_size"], behavior=behavior, enable_caching=c.get("enable_caching", True),
+    caching = c.get("enable_prefix_caching", c.get("enable_caching", True))
+    return KVCacheManager(c["num_blocks"], c["block_size"], behavior=behavior, enable_caching=caching,
                           hash_algo=c.get("hash_algo", "sha256"), max_model_len=c.get("max_model_len"))
 
 # %% ../nbs/06_scheduler.ipynb #129b7c0b
-def _queue_unblocked(s: Scheduler, workload: Workload) -> dict[str, list[RequestSpec]]:
-    "Queue the requests that wait for no other; return the rest, keyed by the request each waits for."
-    blocked = {}
-    for spec in workload.requests:
-        if spec.after is None: s.add_request(spec)
-        else: blocked.setdefault(spec.after, []).append(spec)
-    return blocked
+@patch
+def skip_to(self: Scheduler, step: int) -> None:
+    "An idle engine does not step: move the step counter on to `step` (nothing live; never backwards)."
+    if self.requests: raise ValueError(f"skip_to needs an idle scheduler, but {len(self.requests)} requests are live")
+    if type(step) is not int or step < self.num_steps: raise ValueError(f"skip_to: step must be an int >= {self.num_steps}, got {step!r}")
+    self.num_steps = step
 
 # %% ../nbs/06_scheduler.ipynb #0837d5c6
-def run_workload(workload: Workload,  # requests and allocator config
+def _due_requests(due: dict[str, int], order: dict[str, int], now: int) -> list[str]:
+    "The ids due by step `now`, in (due step, workload order)."
+    return sorted((rid for rid, t in due.items() if t <= now), key=lambda rid: (due[rid], order[rid]))
+
+def _followers(workload: Workload) -> dict[str, list[RequestSpec]]:
+    "The requests that wait for another, keyed by the request each waits for."
+    blocked: dict[str, list[RequestSpec]] = {}
+    for r in workload.requests:
+        if r.after is not None: blocked.setdefault(r.after, []).append(r)
+    return blocked
+
+# %% ../nbs/06_scheduler.ipynb #1e0af796
+def run_workload(workload: Workload,  # requests, pool sizes, and optionally scheduler settings and `model_seed`
+                 config: SchedulerConfig | None = None,  # None: the workload config's settings over vLLM's defaults
                  behavior: str = "vllm_0_33",  # allocator behaviour
-                 max_num_batched_tokens: int = 256,  # token budget per step
-                 max_num_seqs: int = 16,  # running requests at most
+                 model: FakeModel | None = None,  # None: `FakeModel(config["model_seed"])` (0 if absent)
                  max_steps: int = 100_000,  # give up (ValueError) after this many steps
+                 **settings,  # `SchedulerConfig` fields over the others, e.g. `max_num_batched_tokens=32`
                  ) -> SchedulerRun:
-    "Schedule `workload` to completion over a fresh `KVCacheManager`."
+    "Serve `workload` to completion in vLLM's engine loop (arrivals by step, `after` plus think time, idle jumps)."
     if type(max_steps) is not int or max_steps < 1: raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
-    s = Scheduler(_manager_for(_checked(workload), behavior), max_num_batched_tokens, max_num_seqs)
-    blocked, steps = _queue_unblocked(s, workload), []
-    while s.requests:
+    workload = _checked(workload)
+    if config is not None and not isinstance(config, SchedulerConfig): raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+    config = SchedulerConfig.of({**asdict(config or SchedulerConfig.of(workload.config)), **settings}, strict=True)
+    s = Scheduler(_manager_for(workload, behavior), config, model or FakeModel(workload.config.get("model_seed", 0)))
+    specs, order = {r.id: r for r in workload.requests}, {r.id: i for i, r in enumerate(workload.requests)}
+    due = {r.id: r.arrival for r in workload.requests if r.after is None}
+    blocked, steps = _followers(workload), []
+    while due or s.requests:
+        if not s.requests and min(due.values()) > s.num_steps: s.skip_to(min(due.values()))
+        for rid in _due_requests(due, order, s.num_steps): del due[rid]; s.add_request(specs[rid])
         if len(steps) >= max_steps: raise ValueError(f"workload {workload.name!r} did not finish in {max_steps} steps")
         out = s.step(); steps.append(out)
         for rid in out.finished:
-            for spec in blocked.pop(rid, []): s.add_request(spec)
-    return SchedulerRun(s.trace, {r: q.output for r, q in s.finished.items()}, steps,
+            for r in blocked.pop(rid, []): due[r.id] = max(r.arrival, out.step + 1 + r.think)
+    return SchedulerRun(config, s.trace, {r: q.output for r, q in s.finished.items()}, steps,
                         sum(q.num_preemptions for q in s.finished.values()))
+
+# %% ../nbs/06_scheduler.ipynb #25c02141
+def _spec_of(r: dict) -> RequestSpec:
+    "A request of a workload file as a `RequestSpec` (`output: null`: the fake model writes `max_tokens` tokens)."
+    if not isinstance(r, dict) or not isinstance(r.get("id"), str): raise ValueError(f"a request must be an object with a str 'id', got {r!r:.60}")
+    known = {"id", "prompt", "output", "max_tokens", "arrival", "after", "think", "priority", "cache_salt", "lora"}
+    if set(r) - known: raise ValueError(f"request {r['id']!r}: unknown field {sorted(set(r) - known)[0]!r}")
+    return RequestSpec(r["id"], r.get("prompt"), r.get("output") or [], r.get("cache_salt"), r.get("lora"), r.get("after"),
+                       r.get("priority", 0), r.get("arrival", 0), r.get("think", 0), r.get("max_tokens"))
+
+# %% ../nbs/06_scheduler.ipynb #2b5fc0bd
+def load_workloads(path: str | Path) -> list[Workload]:
+    "The scheduler workloads of a JSONL file (`golden/scheduler/workloads.jsonl`'s format), checked; errors name the line."
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip(): continue
+        try:
+            w = json.loads(line)
+            if not isinstance(w, dict) or not isinstance(w.get("requests"), list): raise ValueError("expected an object with a 'requests' list")
+            out.append(Workload(w.get("name", f"line{n}"), [_spec_of(r) for r in w["requests"]], w.get("config", {})))
+        except (ValueError, TypeError) as e: raise ValueError(f"{path}: line {n}: {e}") from None
+    return out

@@ -29,6 +29,9 @@ class RequestSpec:
     lora: dict | None = None  # LoRA adapter as `{"name": ..., "path": ...}`, part of every block hash
     after: str | None = None  # id of a request that must finish before this one is admitted
     priority: int = 0  # scheduler priority: larger is preempted first
+    arrival: int = 0  # engine step at which it arrives (the scheduler chapter's `run_workload`)
+    think: int = 0  # steps it waits after `after` finished before it arrives
+    max_tokens: int | None = None  # tokens to generate; None: as many as `output` scripts
 
     def __post_init__(self): self.check()
 
@@ -54,7 +57,7 @@ def check(self: RequestSpec) -> RequestSpec:
 # %% ../nbs/05b_workloads.ipynb #cf2a0370
 @patch
 def _check_options(self: RequestSpec) -> RequestSpec:
-    "Check the salt, LoRA adapter, `after` and priority."
+    "Check the salt, LoRA adapter, `after`, priority, arrival, think time and `max_tokens`."
     if self.cache_salt is not None and not isinstance(self.cache_salt, str):
         raise TypeError(f"request {self.id!r}: cache_salt must be a str or None, got {self.cache_salt!r}")
     lora = self.lora
@@ -64,6 +67,14 @@ def _check_options(self: RequestSpec) -> RequestSpec:
     if self.after is not None and not isinstance(self.after, str):
         raise TypeError(f"request {self.id!r}: after must be a str or None, got {self.after!r}")
     if type(self.priority) is not int: raise TypeError(f"request {self.id!r}: priority must be an int, got {self.priority!r}")
+    for name in ("arrival", "think"):
+        value = getattr(self, name)
+        if type(value) is not int or value < 0: raise ValueError(f"request {self.id!r}: {name} must be an int >= 0, got {value!r}")
+    n = self.max_tokens
+    if n is not None and (type(n) is not int or n < 1):
+        raise ValueError(f"request {self.id!r}: max_tokens must be None or an int >= 1, got {n!r}")
+    if n is not None and self.output and len(self.output) < n:
+        raise ValueError(f"request {self.id!r}: output scripts {len(self.output)} tokens but max_tokens is {n}")
     return self
 
 # %% ../nbs/05b_workloads.ipynb #bf6d5c53

@@ -26,9 +26,10 @@ def assert_outcomes_agree(s):
     assert sum(1 for seen in s.outcomes if seen) > 0  # schedules were recorded: the check compared something
 
 def make(specs, num_blocks, block_size, budget, max_seqs, policy="fcfs", behavior="vllm_0_33", record=True,
-         max_model_len=None):
+         max_model_len=None, **settings):
     kv = KVCacheManager(num_blocks, block_size, behavior=behavior, max_model_len=max_model_len)
-    s = Scheduler(kv, budget, max_seqs, FakeModel(seed=3), policy=policy, record_decisions=record)
+    s = Scheduler(kv, model=FakeModel(seed=3), max_num_batched_tokens=budget, max_num_seqs=max_seqs, policy=policy,
+                  record_decisions=record, **settings)
     for i, (family, n, max_tokens, prio) in enumerate(specs):
         prompt = [family * 10 + (j % 5) for j in range(n)]
         s.add_request(RequestSpec(f"r{i}", prompt, [], priority=prio), max_tokens=max_tokens)
@@ -135,8 +136,10 @@ def test_priority_policy_preempts_the_largest_priority():
 
 def test_a_retry_after_a_same_step_preemption_keeps_its_token_count():
     "vLLM sizes num_new_tokens once and retries allocate_slots with it; the victim's tokens go back to the budget only."
-    s = make([(0, 1, 4, 1), (1, 10, 1, 0)], 12, 1, 3, 2, policy="priority")
-    outs = run(s)
+    s = make([(0, 1, 8, 1)], 12, 1, 3, 2, policy="priority", scheduler_reserve_full_isl=False)
+    outs = [s.step()]  # r0 runs first; r1, more urgent, arrives after it (the waiting heap would admit it first)
+    s.add_request(RequestSpec("r1", [10 + (j % 5) for j in range(10)], [], priority=0), max_tokens=1)
+    outs += run(s)
     step = next(o for o in outs if o.preempted)
     assert step.preempted == ["r0"] and step.num_scheduled_tokens == {"r1": 2}  # not 3: the budget came back too late
     i = next(i for i, op in enumerate(s.trace) if op["op"] == "preempt")
@@ -169,10 +172,12 @@ def test_a_prompt_longer_than_max_model_len_is_refused_at_add_request():
     s = Scheduler(KVCacheManager(64, 4, max_model_len=16), record_decisions=True)
     s.add_request(RequestSpec("ok", [1, 2, 3], [4, 5]))
     before = state(s)
-    with pytest.raises(ValueError, match="request 'long' needs 20 tokens but max_model_len is 16"):
+    with pytest.raises(ValueError, match="request 'long' has 20 prompt tokens but max_model_len is 16"):
         s.add_request(RequestSpec("long", list(range(20)), [1]))
     assert state(s) == before
-    s.add_request(RequestSpec("edge", list(range(100, 116)), [9, 9]))  # exactly max_model_len: one token, then capped
+    with pytest.raises(ValueError, match="no room for an output token"):  # vLLM's input processor refuses it too
+        s.add_request(RequestSpec("full", list(range(100, 116)), [9]))
+    s.add_request(RequestSpec("edge", list(range(100, 115)), [9, 9]))  # one short of max_model_len: one token, then capped
     run(s)
     assert s.finished["ok"].output == [4, 5] and s.finished["edge"].output == [9]
     assert_outcomes_agree(s)
@@ -335,8 +340,8 @@ def test_the_decode_shortcut_changes_nothing(specs, extra_blocks, block_size, bu
     need = max(-(-(n + t) // block_size) for _, n, t, _ in specs)
     runs = []
     for record_trace in (True, False):
-        s = Scheduler(KVCacheManager(need + 1 + extra_blocks, block_size), budget, max_seqs, FakeModel(seed=3),
-                      record_trace=record_trace)
+        s = Scheduler(KVCacheManager(need + 1 + extra_blocks, block_size), model=FakeModel(seed=3), max_num_batched_tokens=budget,
+                      max_num_seqs=max_seqs, record_trace=record_trace)
         for i, (family, n, max_tokens, prio) in enumerate(specs):
             s.add_request(RequestSpec(f"r{i}", [family * 10 + (j % 5) for j in range(n)], [], priority=prio),
                           max_tokens=max_tokens)
