@@ -82,7 +82,9 @@ class WireSchema:
 
     def names(self, cls: type) -> tuple[str, ...]:
         "The fields wire class `cls` has in this layout."
-        return {BlockStored: self.stored, BlockRemoved: self.removed, AllBlocksCleared: (), KVEventBatch: self.batch}[cls]
+        names = {BlockStored: self.stored, BlockRemoved: self.removed, AllBlocksCleared: (), KVEventBatch: self.batch}.get(cls)
+        if names is None: raise TypeError(f"not a KV event class: {getattr(cls, '__name__', cls)!r}")
+        return names
 
 def _names(cls: type) -> tuple[str, ...]: return tuple(f.name for f in fields(cls))
 WIRE_SCHEMA = WireSchema("0.33.0", _names(BlockStored), _names(BlockRemoved), _names(KVEventBatch), events_as_arrays=False)
