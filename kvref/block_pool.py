@@ -14,7 +14,8 @@ from fastcore.basics import patch
 from .free_queue import KVCacheBlock, FreeKVCacheBlockQueue, block_ids, _check_bool, _check_count, _checked_blocks
 
 # %% auto #0
-__all__ = ['KVCacheEvent', 'BlockHashToBlockMap', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'BlockPool']
+__all__ = ['KVCacheEvent', 'MAX_NUM_BLOCKS', 'BlockHashToBlockMap', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared',
+           'BlockPool']
 
 # %% ../nbs/03_block_pool.ipynb #b7c1a002
 class BlockHashToBlockMap(Mapping):
@@ -102,6 +103,8 @@ class AllBlocksCleared:
 KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 # %% ../nbs/03_block_pool.ipynb #6878f12d
+MAX_NUM_BLOCKS = 1 << 21  # the largest pool kvref builds: every block is an object, made up front as vLLM makes them
+
 class BlockPool:
     "All KV cache blocks: the free queue in eviction order and the map from block hash to cached blocks."
     def __init__(self,
@@ -111,6 +114,8 @@ class BlockPool:
                  enable_kv_cache_events: bool = False  # record BlockStored/BlockRemoved/AllBlocksCleared
                 ):
         _check_count("num_blocks", num_blocks, 1)
+        if num_blocks > MAX_NUM_BLOCKS:
+            raise ValueError(f"num_blocks {num_blocks} is above MAX_NUM_BLOCKS={MAX_NUM_BLOCKS}: kvref builds every block up front")
         for name, flag in (("enable_caching", enable_caching), ("null_block", null_block),
                            ("enable_kv_cache_events", enable_kv_cache_events)): _check_bool(name, flag)
         self.num_blocks, self.enable_caching = num_blocks, enable_caching
@@ -178,7 +183,8 @@ def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
 @patch
 def get_cached_block(self: BlockPool, block_hash: bytes) -> KVCacheBlock | None:
     "The block cached earliest under `block_hash`, or None on a miss."
-    return self.cached_block_hash_to_block.get_one_block(block_hash)
+    try: return self.cached_block_hash_to_block.get_one_block(block_hash)
+    except TypeError: raise TypeError(f"block_hash must be bytes, got {type(block_hash).__name__}") from None  # unhashable
 
 # %% ../nbs/03_block_pool.ipynb #834c1a46
 @patch

@@ -73,6 +73,8 @@ def _checked_unqueued(blocks: Iterable[KVCacheBlock], queue: FreeKVCacheBlockQue
     if not {b.free_queue for b in blocks} <= {None}:  # one C-speed pass; the culprit only on failure
         block = next(b for b in blocks if b.free_queue is not None)
         raise ValueError(f"block {block.block_id} is already in {'the' if block.free_queue is queue else 'another'} free queue")
+    if any(b.block_id < 0 for b in blocks):  # only a queue's sentinels have id -1 (the constructor refuses it)
+        raise ValueError("block -1 is a free queue's sentinel (its fake head or tail), not a block to queue")
     if len(set(blocks)) < len(blocks):
         seen: set[KVCacheBlock] = set()
         twice = next(b for b in blocks if b in seen or seen.add(b))

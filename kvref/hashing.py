@@ -278,6 +278,8 @@ def _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items,
 def _check_known_hashes(known_hashes: Sequence[bytes], num_full_blocks: int, num_tokens: int,
                         block_size: int) -> None:
     "`known_hashes` must not outnumber the full blocks, and must end in a real hash."
+    if isinstance(known_hashes, (str, bytes)) or not isinstance(known_hashes, Sequence):
+        raise TypeError(f"known_hashes must be a list of block hashes, got {type(known_hashes).__name__}")
     if len(known_hashes) > num_full_blocks:
         raise ValueError(f"known_hashes has {len(known_hashes)} hashes but {num_tokens} tokens fill only "
                          f"{num_full_blocks} blocks of {block_size}")

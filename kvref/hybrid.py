@@ -15,7 +15,8 @@ from fastcore.test import test_eq, test_fail
 from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count
 from .block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import get_hash_fn_by_name, _checked_mm_items, _extra_keys_per_block
-from .kv_cache_manager import Request, cdiv, longest_cache_hit, update_block_hashes
+from .kv_cache_manager import (KVCacheManager, Request, cdiv, longest_cache_hit, update_block_hashes,
+                                    _check_hits_match, _naming_request)
 
 # %% auto #0
 __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'HYBRID_CONFIG_DEFAULTS', 'FullAttentionSpec', 'SlidingWindowSpec',
@@ -145,6 +146,10 @@ def take_events(self: HybridBlockPool) -> list[KVCacheEvent]:
 class HybridRequest(Request):
     "A request with the shared-prefix junction its last lookup found (vLLM's `Request.shared_prefix_boundary`)."
     shared_prefix_boundary: int = 0  # set by the scheduler from `get_computed_blocks`; 0: none
+
+    def __post_init__(self):
+        Request.__post_init__(self)
+        with _naming_request(self.request_id): _check_count("shared_prefix_boundary", self.shared_prefix_boundary)
 
     @property
     def num_prompt_tokens(self) -> int: return len(self.prompt_token_ids)
@@ -557,7 +562,10 @@ def _check_retention(specs, retention_interval, scheduler_block_size) -> None:
 
 # %% ../nbs/04a_hybrid.ipynb #fe11343f
 def _check_request(request) -> None:
+    "Refuse anything but a HybridRequest, and the counts a scheduler sets on it after it is built, naming the field."
     if not isinstance(request, HybridRequest): raise TypeError(f"request must be a HybridRequest, got {type(request).__name__}")
+    for name in ("num_computed_tokens", "shared_prefix_boundary"):
+        _check_count(f"request {request.request_id!r}: {name}", getattr(request, name))
 
 # %% ../nbs/04a_hybrid.ipynb #aa7e0a64
 class HybridKVCacheManager:
@@ -581,6 +589,7 @@ class HybridKVCacheManager:
             enable_kv_cache_events=enable_kv_cache_events)
         self.enable_caching, self.hash_algo, self.max_model_len = enable_caching, hash_algo, max_model_len
         self.block_pool, self.num_groups = self.coordinator.block_pool, len(specs)
+        self.live_requests: dict[str, HybridRequest] = {}  # the request object that holds each id's tables
 
     @property
     def num_free_blocks(self) -> int: return self.block_pool.get_num_free_blocks()
@@ -608,7 +617,7 @@ def _block_hashes(self: HybridKVCacheManager, request: HybridRequest) -> list[by
 def get_computed_blocks(self: HybridKVCacheManager, request: HybridRequest
                        ) -> tuple[list[list[KVCacheBlock]], int, int]:
     "Hit blocks per group, the hit length, and the shared-prefix boundary (0: none) for a waiting request."
-    _check_request(request)
+    _check_request(request); KVCacheManager._checked_request(self, request)  # the single-group manager's rule
     if not self.enable_caching: return [[] for _ in range(self.num_groups)], 0, 0
     hits, hit_length, uncached = self.coordinator.find_longest_cache_hit(self._block_hashes(request), request.num_tokens - 1)
     return hits, hit_length, hit_length + uncached if uncached else 0
@@ -618,7 +627,7 @@ def get_computed_blocks(self: HybridKVCacheManager, request: HybridRequest
 def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                   full_sequence_must_fit) -> list[list[KVCacheBlock]]:
     "Validate one `allocate_slots` call; the hit blocks, one list per group."
-    _check_request(request); rid = request.request_id
+    _check_request(request); KVCacheManager._checked_request(self, request); rid = request.request_id
     _check_count(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
     _check_count(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
     _check_bool("full_sequence_must_fit", full_sequence_must_fit)
@@ -631,7 +640,24 @@ def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_c
     total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
     if total > request.num_tokens: raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {request.num_tokens}")
     if total > self.max_model_len: raise ValueError(f"request {rid!r} needs {total} tokens but max_model_len is {self.max_model_len}")
+    if any(hits) or num_new_computed_tokens: self._check_hits(request, hits, num_new_computed_tokens)
     return hits
+
+# %% ../nbs/04a_hybrid.ipynb #8c78c5c2
+@patch
+def _check_hits(self: HybridKVCacheManager, request: HybridRequest, hits: list[list[KVCacheBlock]],
+                num_new_computed_tokens: int) -> None:
+    "Refuse hits unless they are what a lookup finds now: per group, the blocks cached under the request's own hashes, in order."
+    rid = request.request_id
+    if not self.enable_caching: raise ValueError(f"request {rid!r}: prefix caching is off, so no block can be a hit")
+    found, hit_length, _ = self.get_computed_blocks(request)
+    for g, (given, cached) in enumerate(zip(hits, found)):
+        _check_hits_match(rid, f"new_computed_blocks[{g}]", given, cached, of=lambda block: block)
+        if len(given) < len(cached):
+            raise ValueError(f"request {rid!r}: new_computed_blocks[{g}] holds {len(given)} of the hit's {len(cached)} blocks")
+    if num_new_computed_tokens != hit_length:
+        raise ValueError(f"request {rid!r}: num_new_computed_tokens={num_new_computed_tokens} but the cache holds a "
+                         f"hit of {hit_length} tokens for it")
 
 # %% ../nbs/04a_hybrid.ipynb #82a7e4cf
 @patch
@@ -651,6 +677,7 @@ def allocate_slots(self: HybridKVCacheManager, request: HybridRequest,
     num_tokens = total_computed + num_new_tokens  # at most the request's tokens and max_model_len (checked)
     for m in coordinator.single_type_managers: m.remove_skipped_blocks(rid, total_computed)
     if coordinator.get_num_blocks_to_allocate(rid, num_tokens, hits, total_computed) > free(): return None
+    self.live_requests[rid] = request
     if any(hits):  # only a new request brings hits (checked above)
         for m, group_hits in zip(coordinator.single_type_managers, hits): m.add_local_computed_blocks(rid, group_hits, total_computed)
     new_blocks = []  # plain loops here and in the count: no comprehension frame built every step
@@ -664,7 +691,11 @@ def allocate_slots(self: HybridKVCacheManager, request: HybridRequest,
 @patch
 def free(self: HybridKVCacheManager, request: HybridRequest | str) -> None:
     "Release the request's blocks in every group, group by group, each last block first."
-    self.coordinator.free(request.request_id if isinstance(request, Request) else request)
+    if isinstance(request, Request): _check_request(request); rid = KVCacheManager._checked_request(self, request).request_id
+    elif isinstance(request, str): rid = request
+    else: raise TypeError(f"request must be a HybridRequest or a request id (str), got {type(request).__name__}")
+    self.live_requests.pop(rid, None)
+    self.coordinator.free(rid)
 
 # %% ../nbs/04a_hybrid.ipynb #33c1834b
 @patch
@@ -706,7 +737,9 @@ def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_c
     "Shortcut: a step that adopts no hits and fits the request and the model passes in one test; any other, as above."
     if (new_computed_blocks is None and type(num_new_tokens) is type(num_new_computed_tokens) is int
             and num_new_tokens >= 1 and num_new_computed_tokens == 0 and type(full_sequence_must_fit) is bool
-            and isinstance(request, HybridRequest)
+            and isinstance(request, HybridRequest) and type(request.num_computed_tokens) is int
+            and 0 <= request.num_computed_tokens and type(request.shared_prefix_boundary) is int
+            and request.shared_prefix_boundary >= 0 and self.live_requests.get(request.request_id, request) is request
             and request.num_computed_tokens + num_new_tokens <= min(len(request.all_token_ids), self.max_model_len)):
         return ((),) * self.num_groups  # no hit in any group
     return _checked_step_plain(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, full_sequence_must_fit)

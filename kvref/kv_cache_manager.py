@@ -40,6 +40,7 @@ def _check_request_fields(request: Request) -> None:
     "Refuse an empty prompt, a computed count outside it, and a salt, adapter or items that could not be hashed."
     if not request.all_token_ids: raise ValueError("empty prompt: a request needs at least one token")
     _check_count("num_computed_tokens", request.num_computed_tokens)
+    _check_count("num_output_placeholders", request.num_output_placeholders)
     if request.num_computed_tokens > len(request.all_token_ids):
         raise ValueError(f"num_computed_tokens={request.num_computed_tokens} but the prompt has {len(request.all_token_ids)} tokens")
     if request.cache_salt is not None and not isinstance(request.cache_salt, str):
@@ -60,6 +61,7 @@ class Request:
     lora_request: LoRARequest | None = None  # LoRA adapter, part of every block's hash
     mm_items: tuple[MultiModalItem, ...] = ()  # multimodal items placed in the prompt
     num_computed_tokens: int = 0           # tokens whose KV is computed (the scheduler advances it)
+    num_output_placeholders: int = 0       # sampled tokens not known yet (async scheduling): slots may run ahead of them
     all_token_ids: list[int] = field(init=False)  # prompt then output tokens
     block_hashes: list[bytes] = field(init=False, default_factory=list)  # hashes of full blocks, kept by the manager
     _prompt_pickle: tuple | None = field(init=False, default=None, repr=False)  # see "Speed: long prompts" below
@@ -149,6 +151,7 @@ def usage(self: KVCacheManager) -> float: return self.block_pool.get_usage()
 @patch
 def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
     "The request's block table as block ids (empty if it holds none)."
+    if not isinstance(request_id, str): raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
     return block_ids(self.req_to_blocks.get(request_id, ()))
 
 # %% ../nbs/04_kv_cache_manager.ipynb #2173b5ea
@@ -300,14 +303,26 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
                          f"{len(table) * self.block_size} slots")
     if hits and (table or num_computed):
         raise ValueError(f"request {rid!r} already has computed tokens; prefix hits are only adopted by a new request")
-    total = num_computed + num_new_computed_tokens + num_new_tokens
-    if total > len(request.all_token_ids):
-        raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {len(request.all_token_ids)}")
+    total, known = num_computed + num_new_computed_tokens + num_new_tokens, len(request.all_token_ids)
+    if total > known + request.num_output_placeholders:
+        raise ValueError(f"request {rid!r}: {total} tokens to compute but it has only {known}"
+                         + (f" and {request.num_output_placeholders} placeholders" if request.num_output_placeholders else ""))
     if self.max_model_len is not None and total > self.max_model_len:
         raise ValueError(f"request {rid!r} needs {total} tokens but max_model_len is {self.max_model_len}")
     if hits: self._check_hits(request, hits)
     if self.enable_caching: self._block_hashes(request)
     return table
+
+# %% ../nbs/04_kv_cache_manager.ipynb #50dc695e
+def _check_hits_match(request_id: str, name: str, hits: Sequence[KVCacheBlock], cached: Sequence,
+                      of: Callable[[KVCacheBlock], object] = lambda block: block.block_hash  # what is compared
+                     ) -> None:
+    "Refuse unless `of(hits[i]) == cached[i]` for every hit, in order: hits only from the cache map under the request's own hashes."
+    if len(hits) <= len(cached) and [of(b) for b in hits] == list(cached[:len(hits)]): return  # one pass; the culprit only on failure
+    for i, block in enumerate(hits):
+        if i >= len(cached) or of(block) != cached[i]:
+            raise ValueError(f"request {request_id!r}: {name}[{i}] (block {block.block_id}) "
+                             f"is not the block cached for the request's block {i}")
 
 # %% ../nbs/04_kv_cache_manager.ipynb #954cd520
 @patch
@@ -316,12 +331,7 @@ def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]
     rid = request.request_id
     if not self.enable_caching: raise ValueError(f"request {rid!r}: prefix caching is off, so no block can be a hit")
     self.block_pool._checked_own(hits, "new_computed_blocks")
-    hashes = self._block_hashes(request)
-    if [b.block_hash for b in hits] == hashes[:len(hits)]: return  # one pass; the culprit only on failure
-    for i, (block, block_hash) in enumerate(zip(hits, hashes)):
-        if block.block_hash != block_hash:
-            raise ValueError(f"request {rid!r}: new_computed_blocks[{i}] (block {block.block_id}) "
-                             f"is not the block cached for the request's block {i}")
+    _check_hits_match(rid, "new_computed_blocks", hits, self._block_hashes(request))
 
 # %% ../nbs/04_kv_cache_manager.ipynb #d5e0c1a1
 _allocate_slots_definition = KVCacheManager.allocate_slots  # the definition above; the fast path must agree with it
@@ -427,6 +437,16 @@ def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
     "The request's full-block hashes, brought up to date (the manager's block size and algorithm checked when built)."
     return _update_block_hashes(request, self.block_size, self.hash_algo)
 
+
+# %% ../nbs/04_kv_cache_manager.ipynb #5ed6071a
+@patch
+def cache_blocks(self: KVCacheManager, request: Request, num_computed_tokens: int) -> None:
+    "Cache the live request's blocks that `num_computed_tokens` of its known tokens fill (vLLM's `cache_blocks`)."
+    rid = self._checked_request(request).request_id
+    if self.live_requests.get(rid) is not request: raise ValueError(f"request {rid!r} holds no blocks")
+    _check_count(f"request {rid!r}: num_computed_tokens", num_computed_tokens)
+    num_full = min(num_computed_tokens, len(request.all_token_ids), len(self.req_to_blocks[rid]) * self.block_size) // self.block_size
+    if self.enable_caching and num_full > self.num_cached_block.get(rid, 0): self._cache_blocks(request, num_full)
 
 # %% ../nbs/04_kv_cache_manager.ipynb #a15428cd
 @patch

@@ -530,6 +530,8 @@ def prompt_hashes(self: KVIndex, prompt: Sequence[int], *, cache_salt: str | Non
 @patch
 def cached_prefix(self: KVIndex, hashes: Sequence[ExternalBlockHash]) -> dict[Engine, int]:
     "For each engine, how many of `hashes` (a prompt's, in order) it holds, counting from the first."
+    if isinstance(hashes, (str, bytes)) or not isinstance(hashes, Sequence) or not all(type(h) in (int, bytes) for h in hashes):
+        raise TypeError(f"hashes must be a list of external block hashes (ints or bytes), got {hashes!r:.60}")
     out = {}
     for engine, counts in self.engines.items():
         n = 0

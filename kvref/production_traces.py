@@ -19,10 +19,10 @@ from .scheduler import Scheduler, SchedulerConfig, SchedulerRequest
 from .workloads import RequestSpec, _add_op, _tick
 
 # %% auto #0
-__all__ = ['FIELDS', 'OUTPUT_BASE', 'MooncakeRequest', 'parse_mooncake_line', 'read_mooncake', 'synthesize_prompt',
-           'synthesize_output', 'mooncake_to_spec', 'convert_mooncake', 'block_hashes', 'SyntheticTokenIds',
-           'TraceRequest', 'trace_request', 'CacheSizeResult', 'replay_mooncake', 'ideal_hit_rate', 'sweep',
-           'format_results', 'plot_sweep']
+__all__ = ['FIELDS', 'MOONCAKE_MAX_LINE_BYTES', 'MAX_SYNTHESIZED_TOKENS', 'OUTPUT_BASE', 'MooncakeRequest', 'parse_mooncake_line',
+           'read_mooncake', 'synthesize_prompt', 'synthesize_output', 'mooncake_to_spec', 'convert_mooncake',
+           'block_hashes', 'SyntheticTokenIds', 'TraceRequest', 'trace_request', 'CacheSizeResult', 'replay_mooncake',
+           'ideal_hit_rate', 'sweep', 'format_results', 'plot_sweep']
 
 # %% ../nbs/06c_production_traces.ipynb #a522cde4
 @dataclass(slots=True)
@@ -34,20 +34,15 @@ class MooncakeRequest:
     hash_ids: list[int]  # one id per `hash_block_size` tokens of the prompt; the last block may be partial
     line: int = 0  # line number in the file, from 1
 
+    def __post_init__(self):  # each field by name, as a line of a file is checked (`_check_field`, below)
+        _check_positive(0, line=self.line)
+        for name in FIELDS: _check_field({name: getattr(self, name)}, name, self.line, 1)
+
 # %% ../nbs/06c_production_traces.ipynb #e5c18995
 def _check_positive(minimum: int = 1, **sizes) -> None:
     "Refuse, by name, any of `sizes` that is not an int >= `minimum` (a bool is not a size)."
     for name, value in sizes.items():
         if type(value) is not int or value < minimum: raise ValueError(f"{name} must be an int >= {minimum}, got {value!r:.40}")
-
-# %% ../nbs/06c_production_traces.ipynb #3ee0fd99
-def _check_mooncake(req, hash_block_size: int, block_size: int = 1) -> None:
-    "`req` is a `MooncakeRequest` whose hash ids cover its full blocks of `block_size` (in blocks of `hash_block_size`)."
-    if not isinstance(req, MooncakeRequest): raise TypeError(f"expected a MooncakeRequest, got {type(req).__name__}")
-    _check_positive(hash_block_size=hash_block_size, block_size=block_size)
-    if len(req.hash_ids) < cdiv(req.input_length // block_size * block_size, hash_block_size):
-        raise ValueError(f"line {req.line}: {len(req.hash_ids)} hash ids cannot cover {req.input_length} tokens "
-                         f"in blocks of {hash_block_size}")
 
 # %% ../nbs/06c_production_traces.ipynb #a82c84f1
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -59,6 +54,15 @@ def _check_field(obj: dict, name: str, line: int, hash_block_size: int) -> None:
     ok = all(type(v) is int and 0 <= v < (1 << 64) // hash_block_size for v in value) if name == "hash_ids" and type(value) is list else \
         name != "hash_ids" and type(value) is int and value >= 0
     if not ok: raise ValueError(f"line {line}: field {name!r} must be {'a list of ints' if name == 'hash_ids' else 'an int'} >= 0{' (ids times hash_block_size < 2**64)' if name == 'hash_ids' else ''}, got {value!r:.60}")
+
+# %% ../nbs/06c_production_traces.ipynb #3ee0fd99
+def _check_mooncake(req, hash_block_size: int, block_size: int = 1) -> None:
+    "`req` is a `MooncakeRequest` whose hash ids cover its full blocks of `block_size` (in blocks of `hash_block_size`)."
+    if not isinstance(req, MooncakeRequest): raise TypeError(f"expected a MooncakeRequest, got {type(req).__name__}")
+    _check_positive(hash_block_size=hash_block_size, block_size=block_size)
+    if len(req.hash_ids) < cdiv(req.input_length // block_size * block_size, hash_block_size):
+        raise ValueError(f"line {req.line}: {len(req.hash_ids)} hash ids cannot cover {req.input_length} tokens "
+                         f"in blocks of {hash_block_size}")
 
 # %% ../nbs/06c_production_traces.ipynb #1a246e03
 def parse_mooncake_line(text: str, line: int, hash_block_size: int = 512) -> MooncakeRequest:
@@ -76,15 +80,23 @@ def parse_mooncake_line(text: str, line: int, hash_block_size: int = 512) -> Moo
     return MooncakeRequest(*(obj[name] for name in FIELDS), line)
 
 # %% ../nbs/06c_production_traces.ipynb #18d44ee0
+MOONCAKE_MAX_LINE_BYTES = 1 << 24  # a longer line is refused by name (a 1M-token prompt's ids at 16 tokens each: ~0.5 MB)
+
+# %% ../nbs/06c_production_traces.ipynb #f2bf1b63
 def read_mooncake(path: str | Path,  # a Mooncake JSONL trace
                   hash_block_size: int = 512,  # tokens per hash id (512 for Mooncake, 16 for bailian)
                   ) -> Iterator[MooncakeRequest]:
     "Stream the checked requests of a trace, a line at a time; blank lines are skipped."
     if not isinstance(path, (str, os.PathLike)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     _check_positive(hash_block_size=hash_block_size)
-    last = 0
-    with open(path, encoding="utf-8") as f:
-        for number, text in enumerate(f, 1):
+    last, number = 0, 0
+    with open(path, "rb") as f:  # bytes, a line at a time and at most MOONCAKE_MAX_LINE_BYTES: /dev/zero has no lines
+        while raw := f.readline(MOONCAKE_MAX_LINE_BYTES + 1):
+            number += 1
+            if len(raw) > MOONCAKE_MAX_LINE_BYTES:
+                raise ValueError(f"{path}: line {number} is longer than MOONCAKE_MAX_LINE_BYTES={MOONCAKE_MAX_LINE_BYTES}")
+            try: text = raw.decode("utf-8")
+            except UnicodeDecodeError: raise ValueError(f"{path}: line {number} is not UTF-8 text") from None
             if not text.strip(): continue
             try: req = parse_mooncake_line(text, number, hash_block_size)
             except ValueError as e: raise ValueError(f"{path}: {e}") from None
@@ -94,12 +106,20 @@ def read_mooncake(path: str | Path,  # a Mooncake JSONL trace
             yield req
 
 # %% ../nbs/06c_production_traces.ipynb #838e78f3
+MAX_SYNTHESIZED_TOKENS = 1 << 22  # the longest prompt synthesized as a list (replays read longer ones lazily)
+
+# %% ../nbs/06c_production_traces.ipynb #dfe57fa7
 def synthesize_prompt(hash_ids: Sequence[int], input_length: int, hash_block_size: int = 512) -> list[int]:
     "The prompt's token ids: block `h` is `h * hash_block_size + range(hash_block_size)`, cut at `input_length`."
     _check_positive(0, input_length=input_length); _check_positive(hash_block_size=hash_block_size)
     if type(hash_ids) is not list or not all(type(h) is int and 0 <= h < (1 << 64) // hash_block_size for h in hash_ids):
         raise ValueError(f"hash_ids must be a list of ints >= 0 (tokens below 2**64), got {hash_ids!r:.60}")
-    spans = (range(h * hash_block_size, (h + 1) * hash_block_size) for h in hash_ids)
+    if input_length > MAX_SYNTHESIZED_TOKENS:
+        raise ValueError(f"input_length {input_length} is above MAX_SYNTHESIZED_TOKENS={MAX_SYNTHESIZED_TOKENS} (a token list this long does not fit in memory)")
+    if len(hash_ids) * hash_block_size < input_length:
+        raise ValueError(f"{len(hash_ids)} hash ids cover {len(hash_ids) * hash_block_size} tokens in blocks of "
+                         f"{hash_block_size}, but input_length is {input_length}")
+    spans = (range(h * hash_block_size, (h + 1) * hash_block_size) for h in hash_ids[:cdiv(input_length, hash_block_size)])
     return list(chain.from_iterable(spans))[:input_length]
 
 # %% ../nbs/06c_production_traces.ipynb #c156e1a3
@@ -215,6 +235,16 @@ def _check_requests(requests, hash_block_size: int, block_size: int) -> None:
     for r in requests: _check_mooncake(r, hash_block_size, block_size)
 
 # %% ../nbs/06c_production_traces.ipynb #e853263e
+def _check_hashes(hashes, requests: Sequence[MooncakeRequest], block_size: int) -> None:
+    "`hashes`, if given, has `block_hashes`' shape: one list per request, one key per full block of `block_size`."
+    if hashes is None: return
+    if isinstance(hashes, (str, bytes)) or not isinstance(hashes, Sequence) or len(hashes) != len(requests):
+        raise ValueError(f"hashes must hold one list of block keys per request ({len(requests)}), got {hashes!r:.60}")
+    for i, (keys, r) in enumerate(zip(hashes, requests)):
+        if type(keys) is not list or len(keys) != r.input_length // block_size:
+            raise ValueError(f"hashes[{i}] must be a list of the {r.input_length // block_size} block keys of line {r.line}, got {keys!r:.60}")
+
+# %% ../nbs/06c_production_traces.ipynb #06b581b9
 def _check_fits(requests: Sequence[MooncakeRequest], num_blocks: int, block_size: int) -> int:
     "`max_model_len` for the trace: its longest request; refuse a pool that cannot hold it (vLLM refuses to start)."
     if not requests: raise ValueError("the trace has no requests")
@@ -237,6 +267,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
     _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
+    _check_hashes(hashes, requests, block_size)
     kv = KVCacheManager(num_blocks, block_size, max_model_len=_check_fits(requests, num_blocks, block_size))
     s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
@@ -257,7 +288,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
 def ideal_hit_rate(requests: Sequence[MooncakeRequest], block_size: int = 16, hash_block_size: int = 512,
                    hashes: Sequence[list[bytes]] | None = None) -> float:
     "Hits / queries with an infinite cache, requests one after another in arrival order."
-    _check_requests(requests, hash_block_size, block_size=block_size)
+    _check_requests(requests, hash_block_size, block_size=block_size); _check_hashes(hashes, requests, block_size)
     seen, hits, queries = set(), 0, 0
     for i, r in enumerate(requests):
         keys = hashes[i] if hashes is not None else block_hashes(r, block_size, hash_block_size)

@@ -19,15 +19,16 @@ from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem
 from .block_pool import BlockPool
 from .free_queue import _check_count
 from .kv_cache_manager import KVCacheManager, Request
-from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, read_jsonl
+from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl
 from .kv_events import WIRE_SCHEMA, WireSchema
 
 # %% auto #0
-__all__ = ['PROFILES', 'RELEASE_RANGES', 'LORA_EVENT_ERROR', 'WIRE_SCHEMAS', 'FREE_ORDERS', 'LOOKUP_INDEX_ERROR', 'PROJECTIONS',
-           'MISTAKES', 'VllmProfile', 'parse_version', 'profile_for_version', 'siphash13', 'python_hash',
-           'release_hash_fn', 'release_none_hash', 'release_extra_keys', 'release_block_hashes',
-           'release_event_block_hashes', 'wire_schema', 'ReleaseBlockPool', 'ReleaseKVCacheManager', 'release_factory',
-           'ReleaseTraceReplayer', 'load_release_trace', 'replay_release', 'ReleaseMismatch', 'check_release_vectors',
+__all__ = ['PROFILES', 'RELEASE_RANGES', 'PYTHON_HASH_MAX_DEPTH', 'LORA_EVENT_ERROR', 'WIRE_SCHEMAS', 'FREE_ORDERS',
+           'LOOKUP_INDEX_ERROR', 'VECTOR_FIELDS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile', 'parse_version',
+           'profile_for_version', 'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash',
+           'release_extra_keys', 'release_block_hashes', 'release_event_block_hashes', 'wire_schema',
+           'ReleaseBlockPool', 'ReleaseKVCacheManager', 'release_factory', 'ReleaseTraceReplayer',
+           'validate_release_op', 'load_release_trace', 'replay_release', 'ReleaseMismatch', 'check_release_vectors',
            'diagnose']
 
 # %% ../nbs/05a_vllm_releases.ipynb #fe458b03
@@ -196,9 +197,17 @@ def python_hash(obj: Any, pythonhashseed: int) -> int:
     "`hash(obj)` as CPython 3.11 computes it in a process started with PYTHONHASHSEED=`pythonhashseed`."
     if type(pythonhashseed) is not int or not 0 <= pythonhashseed <= 0xFFFFFFFF:
         raise ValueError(f"pythonhashseed must be an int in [0, 4294967295], got {pythonhashseed!r}")
+    return _python_hash(obj, pythonhashseed, PYTHON_HASH_MAX_DEPTH)
+
+PYTHON_HASH_MAX_DEPTH = 100  # tuples nested deeper are refused by name (a block's hash input nests 3 deep)
+
+def _python_hash(obj: Any, pythonhashseed: int, depth: int) -> int:
+    "`python_hash` of `obj`, inside tuples nested at most `depth` more levels."
     if type(obj) is str: return _str_hash(obj, pythonhashseed)
     if type(obj) is int: return _int_hash(obj)
-    if type(obj) is tuple: return _tuple_hash([python_hash(item, pythonhashseed) for item in obj])
+    if type(obj) is tuple:
+        if depth == 0: raise ValueError(f"python_hash: tuples nested more than PYTHON_HASH_MAX_DEPTH={PYTHON_HASH_MAX_DEPTH} deep")
+        return _tuple_hash([_python_hash(item, pythonhashseed, depth - 1) for item in obj])
     if obj is None:
         raise ValueError("hash(None) on CPython 3.11 is derived from None's memory address, different in every "
                          "process (3.12 made it a constant): a 'builtin' block without extra keys cannot be reproduced")
@@ -341,6 +350,7 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
                          num_prompt_tokens: int | None = None,  # blocks ending after it were completed by decoding
                          known_hashes: Sequence = ()) -> list:
     "Hashes of all full blocks of `token_ids` as `profile`'s releases compute them (ints up to 0.10.1, else bytes)."
+    _check_profile(profile)
     algo = algo or profile.default_hash_algo
     hash_fn = release_hash_fn(profile, algo, pythonhashseed or "0")
     chain = _builtin_chain if algo == "builtin" else _hash_value_chain  # int hash values, up to 0.10.1
@@ -514,15 +524,14 @@ def _schedule(self: ReleaseTraceReplayer, op: dict) -> dict:
     return TraceDriver._schedule(self, op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #19e2f818
+def validate_release_op(op: object, version: int = 1) -> dict:
+    "`validate_op` of a release recording's op, its `mm` items read as the trace format's `mm_items`."
+    if isinstance(op, dict) and "mm" in op: op = {**{k: v for k, v in op.items() if k != "mm"}, "mm_items": op["mm"] or []}
+    return validate_op(op, version)
+
 def load_release_trace(path: str | Path) -> list[dict]:
     "The ops of a release trace (`mm` items, as the release recordings write them, read as `mm_items`)."
-    if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")  # open(3) reads fd 3
-    ops = []
-    for lineno, op in read_jsonl(path):
-        if isinstance(op, dict) and "mm" in op: op = {**{k: v for k, v in op.items() if k != "mm"}, "mm_items": op["mm"] or []}
-        try: ops.append(validate_op(op))
-        except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None
-    return ops
+    return load_trace(path, validate_release_op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #919d18a9
 def replay_release(ops, version: str, strict: bool = False):
@@ -550,10 +559,12 @@ def _event_answer(profile: VllmProfile, hashes: Sequence, lora: LoRARequest | No
 
 # %% ../nbs/05a_vllm_releases.ipynb #900bc70c
 def _vector_answers(profile: VllmProfile, entry: dict) -> dict:
-    "What `profile` computes for a vector: the fields a release file records."
-    inputs, tokens, size, algo = _vector_inputs(entry), entry["prompt_token_ids"], entry["block_size"], entry["algo"]
-    hashes = release_block_hashes(profile, tokens, size, algo, **inputs)
-    keys = [release_extra_keys(profile, s, s + size, **{k: v for k, v in inputs.items() if k != "pythonhashseed"})
+    "What `profile` computes for a vector: the fields a release file records (its `output_token_ids`, if any, hashed as decode)."
+    inputs, prompt, size, algo = _vector_inputs(entry), entry["prompt_token_ids"], entry["block_size"], entry["algo"]
+    tokens = prompt + (entry.get("output_token_ids") or [])
+    hashes = release_block_hashes(profile, tokens, size, algo, num_prompt_tokens=len(prompt), **inputs)
+    keys = [release_extra_keys(profile, s, s + size, decode=s + size > len(prompt),
+                               **{k: v for k, v in inputs.items() if k != "pythonhashseed"})
             for s in range(0, len(hashes) * size, size)]
     answers = dict(none_hash=_encoded([release_none_hash(profile, algo, inputs["pythonhashseed"])])[0],
                    block_hashes=_encoded(hashes), extra_keys=json.loads(json.dumps(keys)))
@@ -570,13 +581,25 @@ class ReleaseMismatch:
     expected: Any
     got: Any
 
+# %% ../nbs/05a_vllm_releases.ipynb #6b009b70
+VECTOR_FIELDS = ("algo", "prompt_token_ids", "block_size")  # the hashing inputs every vector of a file names
+
+def _checked_vectors(path: str | Path, vectors: Any, what: str = "checking nothing is not a pass") -> list[dict]:
+    "A vector file's `vectors`: a non-empty list of objects with their hashing inputs; ValueError naming the file and the vector."
+    if not isinstance(vectors, list) or not vectors: raise ValueError(f"{path}: no 'vectors' list: {what}")
+    for i, entry in enumerate(vectors):
+        if not isinstance(entry, dict): raise ValueError(f"{path}: vectors[{i}] must be an object, got {type(entry).__name__}")
+        missing = [name for name in VECTOR_FIELDS if name not in entry]
+        if missing: raise ValueError(f"{path}: vectors[{i}] has no {missing[0]!r}")
+    return vectors
+
 # %% ../nbs/05a_vllm_releases.ipynb #f0614d2b
 def check_release_vectors(path: str | Path) -> tuple[int, ReleaseMismatch | None]:
     "Recompute every vector of a release's `block-hashes.json` with the profile of its `vllm_version`."
     try: data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e: raise ValueError(f"{path}: cannot read: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("vectors"), list) or not data["vectors"]:
-        raise ValueError(f"{path}: no 'vectors' list: checking nothing is not a pass")
+    if not isinstance(data, dict): raise ValueError(f"{path}: no 'vectors' list: checking nothing is not a pass")
+    _checked_vectors(path, data.get("vectors"))
     profile = profile_for_version(data.get("vllm_version", ""))
     for i, entry in enumerate(data["vectors"]):
         for field, got in _vector_answers(profile, entry).items():
@@ -623,6 +646,6 @@ def diagnose(path: str | Path) -> list[tuple[str, str]]:
     "Every (profile, mistake) that explains all the hashes a consumer computed in the vector file at `path`."
     try: vectors = json.loads(Path(path).read_text(encoding="utf-8"))["vectors"]
     except (OSError, ValueError, KeyError, TypeError) as e: raise ValueError(f"{path}: not a vector file: {e}") from None
-    if not vectors: raise ValueError(f"{path}: no vectors: nothing to diagnose")
+    _checked_vectors(path, vectors, "nothing to diagnose")
     return [(name, mistake) for name, profile in PROFILES.items() for mistake in MISTAKES
             if all(_explains(profile, mistake, entry) for entry in vectors)]

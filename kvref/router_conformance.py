@@ -53,6 +53,8 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
     "Each op of the trace with the events kvref's allocator (vLLM 0.33 behaviour) emits for it."
     _check_hash_form(hash_form)
     if data_parallel_rank is not None: _check_count("data_parallel_rank", data_parallel_rank)
+    if not isinstance(trace, (str, Path)) and (isinstance(trace, (bytes, dict)) or not hasattr(trace, "__iter__")):
+        raise TypeError(f"trace must be a list of ops or a trace file's path, got {type(trace).__name__}")
     driver, lora_ids, seq = TraceDriver(kvref_factory("vllm_0_33", EventfulKVCacheManager)), {}, 0
     for i, op in enumerate(_trace_ops(trace)):
         try: driver.apply(op)
@@ -96,6 +98,11 @@ def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
     return endpoint if port in ("0", "*") else f"{base}:{int(port) + data_parallel_rank}"
 
 # %% ../nbs/07d_router_conformance.ipynb #ee598f4a
+def _bind(socket, endpoint: str, name: str) -> None:
+    "Bind `socket` to `endpoint`; a ValueError naming the argument where ZMQ refuses the address (its `ZMQError` is no `OSError`)."
+    try: socket.bind(endpoint)
+    except _zmq().ZMQError as e: raise ValueError(f"{name} {endpoint!r}: ZMQ cannot bind it: {e.strerror}") from None
+
 class EventPublisher:
     "vLLM's ZMQ event publisher, framing for framing, in the caller's thread (binds both sockets)."
     def __init__(self, endpoint: str = "tcp://*:5557",      # PUB address (port `*`: any free port)
@@ -113,10 +120,12 @@ class EventPublisher:
         self.next_seq, self.replay = 0, None
         self.pub = ctx.socket(zmq.PUB)
         self.pub.set_hwm(hwm)
-        self.pub.bind(offset_endpoint_port(endpoint, data_parallel_rank))
-        if replay_endpoint is not None:
-            self.replay = ctx.socket(zmq.ROUTER)
-            self.replay.bind(offset_endpoint_port(replay_endpoint, data_parallel_rank))
+        try:
+            _bind(self.pub, offset_endpoint_port(endpoint, data_parallel_rank), "endpoint")
+            if replay_endpoint is not None:
+                self.replay = ctx.socket(zmq.ROUTER)
+                _bind(self.replay, offset_endpoint_port(replay_endpoint, data_parallel_rank), "replay_endpoint")
+        except (TypeError, ValueError): self.close(); raise  # no socket outlives a refused address
 
 # %% ../nbs/07d_router_conformance.ipynb #8fc2e6fc
 @patch
@@ -327,6 +336,7 @@ def check_router(factory: Callable[[dict], RouterAdapter],  # config dict -> the
     config = _router_config(named, hash_form)
     reference, router = reference_router(dict(config)), factory(dict(config))
     prompts = prompts if prompts is not None else [p for s, ops in named.items() for p in trace_prompts(s, ops)]
+    compared = 0
     for stream, batch in _interleaved(named, hash_form):
         reference.apply(stream, batch.seq, batch.payload)
         try: router.apply(stream, batch.seq, batch.payload)
@@ -334,6 +344,10 @@ def check_router(factory: Callable[[dict], RouterAdapter],  # config dict -> the
         for prompt in prompts:
             expected, got = _answer(reference, prompt), _answer(router, prompt)
             if got != expected: return RouterDivergence(named, stream, batch.seq, prompt, expected, got)
+        compared += len(prompts)
+    if not compared:  # like every check in kvref: nothing compared is not a pass
+        raise ValueError(f"compared nothing: {'no prompts given' if not prompts else 'the traces publish no KV events'} "
+                         "(a trace with caching off, or no op that caches a block, has none)")
     return None
 
 # %% ../nbs/07d_router_conformance.ipynb #f622e4e9

@@ -6,20 +6,22 @@ Docs: https://kvref.github.io/kvref/scheduler.html.md"""
 
 # %% ../nbs/06_scheduler.ipynb #d73d4cb9
 from __future__ import annotations
-import hashlib, heapq, json
+import hashlib, heapq, io, json
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from fastcore.basics import patch
 from .hashing import LoRARequest
+from .pictures import EVICTED, FONT_SIZE, HIT, NEW, PLAIN
 from .kv_cache_manager import KVCacheManager, Request
 from .replay import replay
 from .workloads import RequestSpec, Workload, _checked
 
 # %% auto #0
 __all__ = ['FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'PrefixCacheStats', 'SchedulerConfig',
-           'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'SchedulerRun', 'run_workload', 'load_workloads']
+           'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'schedule_svg', 'SchedulerRun', 'run_workload',
+           'load_workloads']
 
 # %% ../nbs/06_scheduler.ipynb #2bcbfa12
 class FakeModel:
@@ -56,6 +58,8 @@ class SchedulerRequest:
     status: RequestStatus = RequestStatus.WAITING
     output: list[int] = field(default_factory=list)  # tokens emitted so far
     num_preemptions: int = 0
+    num_in_flight_tokens: int = 0  # scheduled tokens whose step's output is not processed yet
+    num_stale_output_tokens: int = 0  # of those, scheduled before a preemption: their token still comes (async)
 
     @property
     def request_id(self) -> str: return self.request.request_id
@@ -78,6 +82,8 @@ class SchedulerOutput:
     usage: float = 0.0  # the pool's usage after the step (vLLM's `kv_cache_usage`)
     num_running: int = 0  # queue lengths after the step
     num_waiting: int = 0
+    samples: list[str] = field(default_factory=list)  # requests whose chunk reaches their last token: each samples one
+    processed: int | None = None  # async scheduling: the step whose output this call processed
 
     @property
     def total_num_scheduled_tokens(self) -> int: return sum(self.num_scheduled_tokens.values())
@@ -91,7 +97,8 @@ def record(self: SchedulerOutput) -> dict:
             "sched": [[rid, n, self.kinds[rid], self.num_computed_before[rid]] for rid, n in self.num_scheduled_tokens.items()],
             "preempted": list(self.preempted), "finished": list(self.finished), "tokens": dict(self.tokens),
             "stats": vars(stats).copy(), "free_sched": self.num_free_scheduled, "free": self.num_free,
-            "usage": round(self.usage, 9), "running": self.num_running, "waiting": self.num_waiting}
+            "usage": round(self.usage, 9), "running": self.num_running, "waiting": self.num_waiting,
+            **({"processed": self.processed} if self.processed is not None else {})}
 
 # %% ../nbs/06_scheduler.ipynb #e15f61e4
 @dataclass
@@ -214,14 +221,18 @@ class Scheduler:
                  **settings):  # `SchedulerConfig` fields over `config`, e.g. `max_num_batched_tokens=10`
         _check_arguments(kv_cache_manager, config, model, record_decisions, record_trace)
         self.config = SchedulerConfig.of({**asdict(config or SchedulerConfig()), **settings}, strict=True)
-        if self.config.async_scheduling: raise ValueError("async_scheduling is not modelled yet")
+        if self.config.async_scheduling and record_trace:
+            raise ValueError("async_scheduling needs record_trace=False: an allocator trace has no placeholder tokens")
         self.kv, self.model, self.record, self.record_trace = kv_cache_manager, model or FakeModel(), record_decisions, record_trace
         self.waiting = PriorityRequestQueue() if self.config.policy == "priority" else FCFSRequestQueue()
         self.running: list[SchedulerRequest] = []
         self.requests: dict[str, SchedulerRequest] = {}  # live: waiting or running
         self.finished: dict[str, SchedulerRequest] = {}
         self.num_steps, self.num_arrived, self.arrived = 0, 0, []
+        self.finished_req_ids: set[str] = set()  # finished since the last schedule (vLLM reports them with it)
+        self.batch_queue: deque[SchedulerOutput] = deque()  # async: scheduled steps whose output is not processed
         self.prefix_cache_stats = PrefixCacheStats()  # over the run; each step's own are in its output
+        self._step_stats = PrefixCacheStats()  # admissions since the last processed output
         self.num_blocks_cached = 0  # blocks given a hash over the run: evictions are those no longer cached
         self.trace: list[dict] = []
         self.outcomes: list[dict] = []  # per op, what the manager answered the scheduler (record_decisions)
@@ -320,6 +331,7 @@ def _preempt(self: Scheduler, req: SchedulerRequest) -> None:
     self.running.remove(req)
     self.kv.free(req.request)
     req.request.num_computed_tokens, req.status = 0, RequestStatus.WAITING
+    req.num_stale_output_tokens, req.request.num_output_placeholders = req.num_in_flight_tokens, 0
     req.num_preemptions += 1
     self.waiting.prepend_request(req)
     self._emit({"op": "preempt", "id": req.request_id})
@@ -344,7 +356,7 @@ def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int, cap: i
         num_new, limit = min(num_new, budget), min(budget, cap or budget)
         if not self._try_allocate(req, num_new, limit, hits, num_hit, gate=config.scheduler_reserve_full_isl): break
         if self.kv.enable_caching:
-            for stats in (self.prefix_cache_stats, out.stats): stats.record(req.request.num_tokens, num_hit, req.num_preemptions > 0)
+            for stats in (self.prefix_cache_stats, self._step_stats): stats.record(req.request.num_tokens, num_hit, req.num_preemptions > 0)
         self.waiting.pop_request(); self.running.append(req); req.status = RequestStatus.RUNNING
         out.num_scheduled_tokens[req.request_id] = num_new; out.kinds[req.request_id] = "resumed" if req.num_preemptions else "new"
         budget -= num_new
@@ -355,10 +367,12 @@ def _schedule_running(self: Scheduler, out: SchedulerOutput, cap: int) -> int:
     "Give running requests their tokens, preempting when blocks run out; return the budget left."
     budget, i, max_len = self.config.max_num_batched_tokens, 0, self.kv.max_model_len
     while i < len(self.running) and budget > 0:
-        req = self.running[i]
+        req, r = self.running[i], self.running[i].request
+        if r.num_output_placeholders and r.num_computed_tokens + 2 - r.num_output_placeholders >= len(r.prompt_token_ids) + req.max_tokens:
+            i += 1; continue  # async: the tokens in flight already finish it
         limit = min(budget, cap or budget)
         if max_len is not None: limit = min(limit, max_len - req.request.num_computed_tokens - 1)
-        num_new = min(req.request.num_tokens - req.request.num_computed_tokens, limit)
+        num_new = min(r.num_tokens + r.num_output_placeholders - r.num_computed_tokens, limit)
         if num_new <= 0: i += 1; continue
         while not self._try_allocate(req, num_new, limit):  # the retries keep num_new and its limit
             victim = self._victim()
@@ -371,6 +385,17 @@ def _schedule_running(self: Scheduler, out: SchedulerOutput, cap: int) -> int:
             budget -= num_new; i += 1
     return budget
 
+# %% ../nbs/06_scheduler.ipynb #763cfc0c
+@patch
+def _after_schedule(self: Scheduler, out: SchedulerOutput) -> None:
+    "Mark the scheduled tokens in flight; a chunk that reaches the request's last token samples one (async: a placeholder)."
+    for rid, n in out.num_scheduled_tokens.items():
+        req = self.requests[rid]; r = req.request
+        req.num_in_flight_tokens += n
+        if r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders:
+            out.samples.append(rid)
+            if self.config.async_scheduling: r.num_output_placeholders += 1
+
 # %% ../nbs/06_scheduler.ipynb #8ca5c37b
 @patch
 def _long_prefill_cap(self: Scheduler) -> int:
@@ -380,11 +405,12 @@ def _long_prefill_cap(self: Scheduler) -> int:
 @patch
 def schedule(self: Scheduler) -> SchedulerOutput:
     "Decide this step's batch: tokens per request, preempting when blocks run out."
-    out, cap = SchedulerOutput(self.num_steps, {}, [], arrived=self.arrived, stats=PrefixCacheStats()), self._long_prefill_cap()
-    self.arrived = []
+    out, cap = SchedulerOutput(self.num_steps, {}, [], arrived=self.arrived), self._long_prefill_cap()
+    self.arrived, self.finished_req_ids = [], set()
     budget = self._schedule_running(out, cap)
     if not out.preempted: self._schedule_waiting(out, budget, cap)
     out.num_computed_before = {rid: self.requests[rid].request.num_computed_tokens - n for rid, n in out.num_scheduled_tokens.items()}
+    self._after_schedule(out)
     out.num_free_scheduled = self.kv.num_free_blocks
     return out
 
@@ -401,32 +427,101 @@ def _next_token(self: Scheduler, req: SchedulerRequest) -> int:
 # %% ../nbs/06_scheduler.ipynb #51b6dcd2
 @patch
 def _finish(self: Scheduler, req: SchedulerRequest, out: SchedulerOutput) -> None:
-    "Free a finished request's blocks and move it from `requests` to `finished`."
-    self.running.remove(req); self.kv.free(req.request); req.status = RequestStatus.FINISHED
+    "Free a finished request's blocks and move it from `requests` to `finished` (async: it may be waiting, preempted)."
+    (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
+    self.kv.free(req.request); req.status = RequestStatus.FINISHED
     self.finished[req.request_id] = self.requests.pop(req.request_id); out.finished.append(req.request_id)
+    self.finished_req_ids.add(req.request_id)
     self._emit({"op": "free", "id": req.request_id})
 
 # %% ../nbs/06_scheduler.ipynb #9ae407bb
 @patch
-def update_from_output(self: Scheduler, out: SchedulerOutput) -> SchedulerOutput:
-    "Run the (fake) model on the requests whose tokens are all computed: append their tokens, finish the done ones."
-    if not isinstance(out, SchedulerOutput): raise TypeError(f"update_from_output takes a SchedulerOutput, got {type(out).__name__}")
-    done = [r for r in self.running if r.request.num_computed_tokens == r.request.num_tokens]
-    tokens = [self._next_token(r) for r in done]  # every model call and check before any change
+def _take_token(self: Scheduler, req: SchedulerRequest, token: int, stale: bool, into: SchedulerOutput) -> None:
+    "Append one sampled token; resolve a placeholder (caching the block it fills); finish the request if it is done."
+    r, was_running, had_placeholder = req.request, req.status is RequestStatus.RUNNING, req.request.num_output_placeholders > 0
+    req.output.append(token); r.append_output_token_ids(token); into.tokens[req.request_id] = token
+    self._emit({"op": "append", "id": req.request_id, "tokens": [token]})
+    if had_placeholder and not stale:
+        r.num_output_placeholders -= 1
+        if was_running: self.kv.cache_blocks(r, r.num_computed_tokens - req.num_in_flight_tokens)
     limit = self.kv.max_model_len
-    for req, token in zip(done, tokens):
-        req.output.append(token); req.request.append_output_token_ids(token); out.tokens[req.request_id] = token
-        self._emit({"op": "append", "id": req.request_id, "tokens": [token]})
-        if len(req.output) >= req.max_tokens or (limit is not None and req.request.num_tokens >= limit): self._finish(req, out)
+    if len(req.output) >= req.max_tokens or (limit is not None and r.num_tokens >= limit): self._finish(req, into)
+
+# %% ../nbs/06_scheduler.ipynb #3c02850b
+@patch
+def update_from_output(self: Scheduler, out: SchedulerOutput, into: SchedulerOutput | None = None) -> SchedulerOutput:
+    "Process step `out`'s model run: one token per sampling request, finishes; recorded in `into` (default `out`)."
+    if not isinstance(out, SchedulerOutput): raise TypeError(f"update_from_output takes a SchedulerOutput, got {type(out).__name__}")
+    into = out if into is None else into
+    if self.config.async_scheduling: sampling = [self.requests[rid] for rid in out.samples if rid in self.requests]
+    else: sampling = [r for r in self.running if r.request.num_computed_tokens == r.request.num_tokens]  # owed ones too
+    tokens = [self._next_token(r) for r in sampling]  # every model call and check before any change
+    stale = set()
+    for rid, n in out.num_scheduled_tokens.items():
+        if (req := self.requests.get(rid)) is None: continue
+        req.num_in_flight_tokens -= n
+        if req.num_stale_output_tokens: req.num_stale_output_tokens -= n; stale.add(rid)
+    for req, token in zip(sampling, tokens): self._take_token(req, token, req.request_id in stale, into)
+    into.stats, self._step_stats = self._step_stats, PrefixCacheStats()
+    return self._close(into)
+
+# %% ../nbs/06_scheduler.ipynb #6089a527
+@patch
+def _close(self: Scheduler, out: SchedulerOutput) -> SchedulerOutput:
+    "Record the pool and the queues after the step, and count the step."
     out.num_free, out.usage, out.num_running, out.num_waiting = self.kv.num_free_blocks, self.kv.usage, len(self.running), len(self.waiting)
     self.num_steps += 1
     return out
 
+# %% ../nbs/06_scheduler.ipynb #b0754881
+@patch
+def has_requests(self: Scheduler) -> bool:
+    "Whether vLLM's engine would schedule: live requests, or finished ones not yet reported by a schedule."
+    return bool(self.requests or self.finished_req_ids)
+
+@patch(as_prop=True)
+def busy(self: Scheduler) -> bool:
+    "Whether the engine loop steps again (sync: live requests; async: also unreported finishes and batches in flight)."
+    return bool(self.requests) if not self.config.async_scheduling else self.has_requests() or bool(self.batch_queue)
+
 # %% ../nbs/06_scheduler.ipynb #2d0d20ad
 @patch
 def step(self: Scheduler) -> SchedulerOutput:
-    "One engine step: schedule, run the model, update."
-    return self.update_from_output(self.schedule())
+    "One engine step: schedule, run the model, update (async: one call of vLLM's loop with a batch queue of two)."
+    if not self.config.async_scheduling: return self.update_from_output(self.schedule())
+    out = self.schedule() if self.has_requests() else None
+    if out is not None:
+        self.batch_queue.appendleft(out)
+        if len(self.batch_queue) < 2 and (out.total_num_scheduled_tokens > 0 or self.has_requests()): return self._close(out)
+    if not self.batch_queue: return self._close(SchedulerOutput(self.num_steps, {}, [], num_free_scheduled=self.kv.num_free_blocks))
+    done, into = self.batch_queue.pop(), out or SchedulerOutput(self.num_steps, {}, [])
+    into.processed = done.step
+    self.update_from_output(done, into)
+    if out is None: into.num_free_scheduled = into.num_free
+    return into
+
+# %% ../nbs/06_scheduler.ipynb #72736e6a
+_KIND_COLOURS = {"new": NEW, "resumed": EVICTED, "running": HIT}
+
+def schedule_svg(records: list[dict],  # step records (`SchedulerOutput.record()`, or a recorded vLLM run)
+                 title: str = "") -> str:
+    "Tokens scheduled per request per step, as a grid (an SVG document); needs matplotlib."
+    try: import matplotlib; from matplotlib.figure import Figure; from matplotlib.patches import Rectangle
+    except ImportError: raise ImportError("schedule_svg needs matplotlib: pip install 'kvref[pictures]'") from None
+    rids = list(dict.fromkeys(rid for r in records for rid in [s[0] for s in r["sched"]] + r["preempted"]))
+    fig = Figure(figsize=(max(6.0, 1.2 + 0.42 * len(records)), 0.9 + 0.34 * len(rids)))
+    ax = fig.add_axes((0.9 / fig.get_figwidth(), 0.35 / fig.get_figheight(), 1 - 1 / fig.get_figwidth(), 1 - 0.8 / fig.get_figheight()))
+    for x, r in enumerate(records):
+        for rid, n, kind, _ in r["sched"]:
+            ax.add_patch(Rectangle((x + 0.04, rids.index(rid) + 0.06), 0.92, 0.88, facecolor=_KIND_COLOURS[kind], alpha=0.35))
+            ax.text(x + 0.5, rids.index(rid) + 0.5, str(n), ha="center", va="center", fontsize=FONT_SIZE)
+        for rid in r["preempted"]: ax.text(x + 0.5, rids.index(rid) + 0.5, "P", color=EVICTED, fontweight="bold", ha="center", va="center")
+    ax.set(xlim=(0, len(records)), ylim=(len(rids), 0), xticks=[x + 0.5 for x in range(len(records))], yticks=[y + 0.5 for y in range(len(rids))])
+    ax.set_xticklabels([r["step"] for r in records], fontsize=FONT_SIZE); ax.set_yticklabels(rids, fontsize=FONT_SIZE)
+    ax.set_title(title or "blue: new, green: running, red: resumed, P: preempted", fontsize=FONT_SIZE, loc="left")
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "kvref", "svg.fonttype": "none"}): fig.savefig(buf, format="svg", metadata={"Date": None})
+    return buf.getvalue()
 
 # %% ../nbs/06_scheduler.ipynb #992e3588
 @patch
@@ -464,7 +559,7 @@ def _manager_for(workload: Workload, behavior: str) -> KVCacheManager:
 @patch
 def skip_to(self: Scheduler, step: int) -> None:
     "An idle engine does not step: move the step counter on to `step` (nothing live; never backwards)."
-    if self.requests: raise ValueError(f"skip_to needs an idle scheduler, but {len(self.requests)} requests are live")
+    if self.busy: raise ValueError(f"skip_to needs an idle scheduler, but {len(self.requests)} requests are live")
     if type(step) is not int or step < self.num_steps: raise ValueError(f"skip_to: step must be an int >= {self.num_steps}, got {step!r}")
     self.num_steps = step
 
@@ -493,12 +588,13 @@ def run_workload(workload: Workload,  # requests, pool sizes, and optionally sch
     workload = _checked(workload)
     if config is not None and not isinstance(config, SchedulerConfig): raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
     config = SchedulerConfig.of({**asdict(config or SchedulerConfig.of(workload.config)), **settings}, strict=True)
-    s = Scheduler(_manager_for(workload, behavior), config, model or FakeModel(workload.config.get("model_seed", 0)))
+    s = Scheduler(_manager_for(workload, behavior), config, model or FakeModel(workload.config.get("model_seed", 0)),
+                  record_trace=not config.async_scheduling)
     specs, order = {r.id: r for r in workload.requests}, {r.id: i for i, r in enumerate(workload.requests)}
     due = {r.id: r.arrival for r in workload.requests if r.after is None}
     blocked, steps = _followers(workload), []
-    while due or s.requests:
-        if not s.requests and min(due.values()) > s.num_steps: s.skip_to(min(due.values()))
+    while due or s.busy:
+        if not s.busy and min(due.values()) > s.num_steps: s.skip_to(min(due.values()))
         for rid in _due_requests(due, order, s.num_steps): del due[rid]; s.add_request(specs[rid])
         if len(steps) >= max_steps: raise ValueError(f"workload {workload.name!r} did not finish in {max_steps} steps")
         out = s.step(); steps.append(out)

@@ -24,7 +24,7 @@ from kvref.scheduler import FakeModel
 
 LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
                 "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
-                "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 4096,
+                "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 1 << 20,
                 "rms_norm_eps": 1e-5, "torch_dtype": "float32", "tie_word_embeddings": False}
 
 
@@ -112,14 +112,16 @@ def run(workload: dict, v: SimpleNamespace | None = None, max_steps: int = 100_0
     outputs, live, records, t, arrivals = {r["id"]: [] for r in specs}, set(), [], 0, 0
     by_id = {r["id"]: r for r in specs}
     batch_queue: list = []
-    while due or live or batch_queue:
-        if not live and not batch_queue and due and min(due.values()) > t: t = min(due.values())
+    asynchronous = bool(c.get("async_scheduling"))
+    busy = (lambda: s.has_requests() or bool(batch_queue)) if asynchronous else (lambda: bool(live))
+    while due or busy():
+        if not busy() and min(due.values()) > t: t = min(due.values())
         arrived = sorted((rid for rid, d in due.items() if d <= t), key=lambda rid: (due[rid], order[rid]))
         for rid in arrived:
             del due[rid]; live.add(rid)
             s.add_request(_request(v, by_id[rid], arrivals, hasher)); arrivals += 1
         rec = {"step": t, "arrived": arrived}
-        if c.get("async_scheduling"): _async_call(v, s, batch_queue, rec, by_id, outputs, model, t)
+        if asynchronous: _async_call(v, s, batch_queue, rec, by_id, outputs, model, t)
         else:
             out = s.schedule()
             rec.update(_scheduled(s, out))
@@ -134,6 +136,7 @@ def run(workload: dict, v: SimpleNamespace | None = None, max_steps: int = 100_0
         for rid in rec["finished"]:
             live.discard(rid)
             for nxt in waiting_on.pop(rid, []): due[nxt["id"]] = max(nxt["arrival"], t + 1 + nxt.get("think", 0))
+        if "processed" in rec: rec["processed"] = rec.pop("processed")  # last, as kvref writes it
         records.append(rec); t += 1
         if len(records) > max_steps: raise RuntimeError(f"workload {workload['name']!r} did not finish in {max_steps} steps")
     return records
@@ -164,6 +167,7 @@ def _scheduled(s, out) -> dict:
     "What one schedule() decided, in the record's fields."
     free_sched = s.kv_cache_manager.block_pool.get_num_free_blocks()
     preempted = list(s._kvref_preempted); s._kvref_preempted.clear()
+    out._kvref_samples = {rid for rid in out.num_scheduled_tokens if not s.requests[rid].is_prefill_chunk}
     admitted = {r.req_id for r in out.scheduled_new_reqs} | set(out.scheduled_cached_reqs.resumed_req_ids)
     sched = []
     for rid, n in out.num_scheduled_tokens.items():
@@ -179,7 +183,7 @@ def _update(v, s, out, by_id, outputs, model) -> dict:
     for rid in out.num_scheduled_tokens:
         req = s.requests.get(rid)
         req_ids.append(rid)
-        if req is None or req.is_finished() or req.num_computed_tokens < req.num_tokens: sampled.append([]); continue
+        if req is None or req.is_finished() or rid not in out._kvref_samples: sampled.append([]); continue
         script = by_id[rid].get("output")
         token = script[len(outputs[rid])] if script else model.next_token(list(req.all_token_ids))
         tokens[rid] = token; outputs[rid].append(token); sampled.append([token])

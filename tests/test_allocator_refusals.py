@@ -372,3 +372,34 @@ class RefusalMachine(RuleBasedStateMachine):
 
 
 TestRefusalMachine = RefusalMachine.TestCase
+
+
+# ---------------------------------------------------------------- issue 32: pools too large to build
+
+def _huge_pools():
+    from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, SlidingWindowSpec
+    from kvref.releases import ReleaseTraceReplayer, profile_for_version
+    from kvref.replay import replay
+    specs = [SlidingWindowSpec(4, 8), FullAttentionSpec(4)]
+    return {
+        "KVCacheManager(10**12, 16)": lambda: KVCacheManager(10**12, 16),
+        "BlockPool(10**9)": lambda: BlockPool(10**9),
+        "HybridKVCacheManager(specs, 10**12)": lambda: HybridKVCacheManager(specs, 10**12),
+        "from_config(num_blocks=10**30)": lambda: HybridKVCacheManager.from_config(
+            {"op": "config", "num_blocks": 10**30, "groups": [{"kind": "full", "block_size": 4}]}),
+        "a trace asking 10**12 blocks": lambda: list(replay([{"op": "config", "num_blocks": 10**12, "block_size": 4}])),
+        "a release trace asking 10**12 blocks": lambda: ReleaseTraceReplayer(profile_for_version("0.19.1")).apply(
+            {"op": "config", "num_blocks": 10**12, "block_size": 4}),
+    }
+
+
+@pytest.mark.parametrize("name", list(_huge_pools()))
+def test_a_pool_too_large_to_build_is_refused_by_its_named_limit(name):
+    "These ran out of memory or time (issue 32): every pool is built up front, so the pool refuses above MAX_NUM_BLOCKS."
+    from kvref.block_pool import MAX_NUM_BLOCKS
+    with pytest.raises(ValueError, match=f"is above MAX_NUM_BLOCKS={MAX_NUM_BLOCKS}"): _huge_pools()[name]()
+
+
+def test_the_largest_pool_is_built():
+    from kvref.block_pool import MAX_NUM_BLOCKS
+    assert BlockPool(MAX_NUM_BLOCKS).get_num_free_blocks() == MAX_NUM_BLOCKS - 1

@@ -44,6 +44,24 @@ def _vectors(**change) -> str:
     return json.dumps({"vectors": [{**vector, **change}]})
 
 
+ROUTER_ADAPTER, FIRST_BYTES = "kvref.router_conformance:ExampleRouter", "kvref.router_conformance:FirstBytesRouter"
+RELEASE_VECTORS = ROOT / "golden" / "versions" / "0.33.0" / "block-hashes.json"
+
+
+def _release_vectors(drop=None, as_list=False) -> str:
+    "A release vector file whose first vector lacks `drop`, or is a list of its values."
+    data = json.loads(RELEASE_VECTORS.read_text())
+    vector = data["vectors"][0]
+    data["vectors"] = [list(vector.values()) if as_list else {k: v for k, v in vector.items() if k != drop}]
+    return json.dumps(data)
+
+
+def _caching_off() -> str:
+    "The design-doc trace with prefix caching off: it publishes no KV events."
+    ops = [json.loads(line) for line in Path(TRACE).read_text().splitlines() if line.strip()]
+    return "".join(json.dumps(op) + "\n" for op in [{**ops[0], "enable_caching": False}] + ops[1:])
+
+
 def _runs(**change) -> str:
     run = json.loads(RUNS.read_text())["cases"][0]
     return json.dumps({"cases": [{**run, **change}]})
@@ -162,6 +180,20 @@ BAD = [  # (files, argv, piece of the stderr line)
     ({}, ["cudagraph", "--max-num-batched-tokens", "1000000000", "--max-capture-size", "1000000000"],
      "argument --max-capture-size: invalid int value: '1000000000' (an integer from 1 to 65536)"),
     ({}, ["cudagraph", "--capture-sizes", "1,100000000"], "each at most 65536"),
+    # issue 32: the newer commands
+    ({"e.jsonl": ""}, ["replay", "{f}/e.jsonl", "--vllm-version", "0.9.0"], "e.jsonl: empty trace"),
+    ({"v.json": _release_vectors(drop="algo")}, ["hash", "--diagnose", "{f}/v.json"], "v.json: vectors[0] has no 'algo'"),
+    ({"v.json": _release_vectors(as_list=True)}, ["hash", "--check", "{f}/v.json"], "v.json: vectors[0] must be an object, got list"),
+    ({"v.json": _release_vectors(drop="block_size")}, ["hash", "--check", "{f}/v.json"], "vectors[0] has no 'block_size'"),
+    ({}, ["events", TRACE, "--publish", "not-an-endpoint", "--wait-s", "0"], "endpoint 'not-an-endpoint': ZMQ cannot bind it"),
+    ({}, ["events", TRACE, "--publish", "tcp://*:abc", "--wait-s", "0"], "endpoint 'tcp://*:abc': ZMQ cannot bind it"),
+    ({}, ["events", TRACE, "--publish", "", "--wait-s", "0"], "endpoint '': ZMQ cannot bind it"),
+    ({}, ["events", TRACE, "--publish", "ipc:///proc/kvref/x", "--wait-s", "0"], "endpoint 'ipc:///proc/kvref/x': ZMQ cannot bind"),
+    ({}, ["events", TRACE, "--publish", "tcp://127.0.0.1:*", "--replay", "nowhere", "--wait-s", "0"], "replay_endpoint 'nowhere'"),
+    ({"c.jsonl": CONFIG}, ["check-router", "{f}/c.jsonl", "--adapter", ROUTER_ADAPTER], "compared nothing"),
+    ({"off.jsonl": _caching_off()}, ["check-router", "{f}/off.jsonl", "--adapter", FIRST_BYTES],
+     "compared nothing: the traces publish no KV events"),
+    ({}, ["check-router", TRACE, TRACE, "--adapter", ROUTER_ADAPTER], "two traces have the file name 'design-doc-example.jsonl'"),
     # the front door
     ({}, ["--frobnicate"], "kvref: error: unknown option '--frobnicate'"),
     ({}, [], "kvref: error: give a command"),
@@ -376,3 +408,18 @@ def test_sweep_bad_arguments_exit_2(tmp_path, capsys, args):
                   if "--jobs" not in args else ["sweep", str(tmp_path / "in"), "--block-size", "4", "--hash-block-size", "16", *args])
     out, err = capsys.readouterr()
     assert status == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, (status, err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["convert", "/dev/zero", "--from", "mooncake"], "/dev/zero: line 1 is longer than MOONCAKE_MAX_LINE_BYTES"),
+    (["sweep", "/dev/zero", "--blocks", "100"], "/dev/zero: line 1 is longer than MOONCAKE_MAX_LINE_BYTES"),
+    (["convert", "{f}/big.jsonl", "--from", "mooncake", "--hash-block-size", str(1 << 20)],
+     "input_length 1073741824 is above MAX_SYNTHESIZED_TOKENS"),
+])
+def test_production_trace_commands_refuse_what_would_exhaust_memory(tmp_path, capsys, argv, message):
+    "Issue 32: /dev/zero (one endless line) and a 5 KB line asking 2**30 tokens ran out of memory."
+    line = {"timestamp": 0, "input_length": 1 << 30, "output_length": 1, "hash_ids": list(range(1 << 10))}
+    (tmp_path / "big.jsonl").write_text(json.dumps(line) + "\n")
+    assert main([a.replace("{f}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err

@@ -143,3 +143,16 @@ def test_queue_sentinels_are_the_only_blocks_with_id_minus_one():
     assert (q.fake_head.block_id, q.fake_tail.block_id) == (-1, -1)
     assert q.fake_head is not q.fake_tail
     assert links_consistent(q) == [0]
+
+
+@pytest.mark.parametrize("run", [lambda q: [q.fake_tail], lambda q: [q.fake_head], lambda q: [KVCacheBlock(7), q.fake_tail],
+                                 lambda q: [FreeKVCacheBlockQueue([]).fake_head]])
+@pytest.mark.parametrize("put", ["append", "append_n", "prepend_n"])
+def test_a_sentinel_is_never_queued(run, put):
+    "Issue 32: appending a queue's own fake head or tail linked it into the list (counts and walks disagreed)."
+    q = FreeKVCacheBlockQueue([KVCacheBlock(0), KVCacheBlock(1)])
+    blocks = run(q)
+    if put == "append" and len(blocks) > 1: pytest.skip("append takes one block")
+    with pytest.raises(ValueError, match="block -1 is a free queue's sentinel"):
+        getattr(q, put)(blocks[0] if put == "append" else blocks)
+    assert links_consistent(q) == [0, 1]

@@ -161,3 +161,17 @@ def test_a_pool_too_small_for_the_longest_request_is_refused_like_vllm():
         replay_mooncake(reqs, 7)
     with pytest.raises(ValueError, match="num_blocks=7 cannot hold line 7"): sweep(reqs, [100, 7])
     with pytest.raises(ValueError, match="the trace has no requests"): replay_mooncake([], 100)
+
+
+def test_the_sweep_defaults_are_a_default_vllm_and_the_table_says_so(capsys):
+    """On the shipped sample at 12,500 blocks a default vLLM 0.33 (its own Scheduler, bench/sweep_vs_vllm.py) admits
+    with the full-prompt gate: hit rate 0.1421, 0 preemptions, 1,329 steps; with the gate off 68 preemptions."""
+    from kvref.cli import main
+    reqs = list(read_mooncake(SAMPLE))
+    default, no_gate = replay_mooncake(reqs, 12_500), replay_mooncake(reqs, 12_500, scheduler_reserve_full_isl=False)
+    assert (default.hits, default.queries, default.preemptions, default.num_steps) == (974416, 6859548, 0, 1329)
+    assert no_gate.preemptions == 68 and "scheduler_reserve_full_isl=False" in no_gate.settings
+    assert main(["sweep", str(SAMPLE), "--blocks", "12500", "--no-scheduler-reserve-full-isl", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("scheduler: max_num_batched_tokens=8192, max_num_seqs=256, policy=fcfs") and "| 68 |" in out
+    assert main(["sweep", str(SAMPLE), "--blocks", "12500", "--scheduling-policy", "lifo"]) == 2

@@ -157,3 +157,11 @@ def test_block_keys_share_only_where_the_definition_agrees(name, size, num_token
     want = [release_extra_keys(PROFILES[name], s, s + size, decode=s + size > prompt_end, **request)
             for s in range(0, num_tokens // size * size, size)]
     assert _block_keys(PROFILES[name], size, 0, num_tokens // size, prompt_end, **request) == want
+
+
+def test_every_profile_boundary_is_exact():
+    "Issue 32 (planted bug: the 0.19.0 boundary moved): each profile's own first release selects it; the one before does not."
+    for name, profile in PROFILES.items():
+        assert profile_for_version(profile.first).name == name, profile.first
+    assert [profile_for_version(v).name for v in ("0.18.99", "0.19.0", "0.23.99", "0.24.0")] == \
+        ["vllm_0_14", "vllm_0_19", "vllm_0_19", "vllm_0_24"]

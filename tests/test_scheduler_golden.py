@@ -46,3 +46,19 @@ def test_the_defaults_are_vllms():
     c = SchedulerConfig()
     assert (c.policy, c.long_prefill_token_threshold, c.enable_chunked_prefill, c.scheduler_reserve_full_isl,
             c.async_scheduling, c.max_num_batched_tokens, c.max_num_seqs) == ("fcfs", 0, True, True, False, 2048, 128)
+
+
+def test_kvref_schedule_checks_recorded_runs(tmp_path, capsys):
+    "`kvref schedule --expect`: 0 when every step agrees, 1 naming the first step that differs, 2 on bad input."
+    from kvref.cli import main
+    workloads = str(GOLDEN / "workloads.jsonl")
+    assert main(["schedule", workloads, "--expect", str(GOLDEN / "vllm")]) == 0
+    assert capsys.readouterr().out.count("identical") == len(WORKLOADS)
+    changed = recorded("min_control"); changed[2]["sched"][2][1] = 4
+    (tmp_path / "min_control.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed))
+    assert main(["schedule", workloads, "--only", "min_control", "--expect", str(tmp_path)]) == 1
+    assert "step 2: sched: kvref" in capsys.readouterr().out
+    assert main(["schedule", workloads, "--only", "min_long_prefill", "--expect", str(tmp_path)]) == 2  # no recording
+    (tmp_path / "bad.jsonl").write_text('{"requests": [{"id": "a", "prompt": [1], "colour": 3}]}\n')
+    assert main(["schedule", str(tmp_path / "bad.jsonl")]) == 2
+    assert "line 1: request 'a': unknown field 'colour'" in capsys.readouterr().err
