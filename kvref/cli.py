@@ -32,7 +32,7 @@ __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_CAPTURE_
            'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
            'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
            'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'schedule_main', 'events_main',
-           'check_router_main', 'vectors_main', 'main']
+           'check_router_main', 'audit_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -709,6 +709,7 @@ def _events_parser() -> CommandParser:
     p.add_argument("trace", metavar="TRACE.jsonl", help="an allocator trace")
     p.add_argument("--hash-form", choices=HASH_FORMS, default="int", help="64-bit ints (vLLM's default) or digests")
     p.add_argument("--dp-rank", type=int_arg(0, 1 << 16), help="the engine's data-parallel rank, carried by each batch")
+    p.add_argument("--vllm-version", metavar="V", help="lay the batches out as vLLM release V (0.10.2 to 0.33.x) does (default 0.33)")
     p.add_argument("--publish", metavar="ENDPOINT", help="publish the batches on this ZMQ endpoint instead (needs pyzmq)")
     p.add_argument("--replay", metavar="ENDPOINT", help="with --publish: also serve vLLM's replay socket here")
     p.add_argument("--wait-s", type=float, default=1.0, help="with --publish: seconds for subscribers to join (1)")
@@ -716,17 +717,27 @@ def _events_parser() -> CommandParser:
     return p
 
 # %% ../nbs/12_cli.ipynb #f877497e
+def _events_schema(version: str | None):
+    "The layout `kvref events --vllm-version` writes: a release whose events carry digests' last 8 bytes, as kvref's do."
+    from kvref.kv_events import WIRE_SCHEMA
+    from kvref.releases import wire_schema
+    if version is None: return WIRE_SCHEMA
+    if profile_for_version(version).kv_events != "int64":
+        raise ValueError(f"vLLM {version} publishes int hash values (BlockHash.hash_value), not digests: kvref events "
+                         f"lays out kvref's events as a release from 0.10.2 on would")
+    return wire_schema(version)
+
 @subcommand("kvref events")
 def events_main(argv: list[str] | None = None) -> int:
     "`kvref events TRACE [--hash-form int|bytes] [--dp-rank N] [--publish ENDPOINT]`; the exit status."
     from kvref.router_conformance import event_records, publish_trace
     args = _events_parser().parse_args(argv)
-    ops = load_trace_for_cli(args.trace)
+    ops, schema = load_trace_for_cli(args.trace), _events_schema(args.vllm_version)
     if args.publish is None:
-        for record in event_records(ops, args.hash_form, args.dp_rank): print(json.dumps(record))
+        for record in event_records(ops, args.hash_form, args.dp_rank, schema): print(json.dumps(record))
         return 0
     if not (0 <= args.wait_s <= 60 and 0 <= args.serve_s <= 3600): raise ValueError("--wait-s and --serve-s must be 0-60 and 0-3600")
-    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s)
+    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s, schema)
     print(f"kvref events: published {sent} batches on {args.publish}")
     return 0
 
@@ -757,6 +768,61 @@ def check_router_main(argv: list[str] | None = None) -> int:
     for stream, ops in found.traces.items():
         (out / (stream.removesuffix(".jsonl") + ".min.jsonl")).write_text("".join(json.dumps(o) + "\n" for o in ops))
     print(found.report()); return 1
+
+# %% ../nbs/12_cli.ipynb #a81c0202
+def _audit_parser() -> CommandParser:
+    "The options of `kvref audit`."
+    p = CommandParser(prog="kvref audit", description="Audit engines' KV event streams against their stated configuration.")
+    p.add_argument("endpoints", nargs="*", metavar="ENDPOINT", help="a live engine's KV event PUB endpoint (needs pyzmq)")
+    p.add_argument("--file", action="append", default=[], help="a recorded stream: JSONL with seq and payload_b64 per line")
+    p.add_argument("--engine", action="append", default=[], help="the name of each engine, in order (default: file or endpoint)")
+    p.add_argument("--replay", action="append", default=[], help="each live engine's replay endpoint, in order")
+    p.add_argument("--vllm-version", action="append", required=True, help="the release each engine runs")
+    p.add_argument("--hash-algo", action="append", required=True, help="--prefix-caching-hash-algo of each engine")
+    p.add_argument("--block-size", action="append", required=True, type=int_arg(1, 1 << 20), help="tokens per block")
+    p.add_argument("--pythonhashseed", action="append", default=[], help="PYTHONHASHSEED of each engine (default: unset)")
+    p.add_argument("--hash-form", action="append", default=[], choices=HASH_FORMS, help="int (default) or bytes")
+    p.add_argument("--report", metavar="OUT.json", help="write the machine-readable report here")
+    p.add_argument("--duration", type=float, default=10.0, help="live: seconds to listen (10)")
+    p.add_argument("--max-batches", type=int_arg(1), help="live: stop after this many batches")
+    return p
+
+# %% ../nbs/12_cli.ipynb #a81c0203
+def _per_engine(values: list, n: int, option: str, default=None) -> list:
+    "An option given once (every engine), once per engine, or not at all (`default`)."
+    if not values: return [default] * n
+    if len(values) in (1, n): return values * n if len(values) == 1 else values
+    raise ValueError(f"{option} given {len(values)} times for {n} engines: give it once, or once per engine")
+
+# %% ../nbs/12_cli.ipynb #a81c0205
+def _audit_configs(a: argparse.Namespace, sources: list[str]) -> list:
+    "One `EngineConfig` per file or endpoint, from `kvref audit`'s options."
+    from kvref.live_audit import EngineConfig
+    n = len(sources)
+    for option, given in (("--engine", a.engine), ("--replay", a.replay)):
+        if given and len(given) != n: raise ValueError(f"{option} given {len(given)} times for {n} engines: give one per engine")
+    names = a.engine or [Path(s).stem if a.file else s for s in sources]
+    return [EngineConfig(*c) for c in zip(names, _per_engine(a.vllm_version, n, "--vllm-version"),
+            _per_engine(a.hash_algo, n, "--hash-algo"), _per_engine(a.block_size, n, "--block-size"),
+            _per_engine(a.pythonhashseed, n, "--pythonhashseed"), _per_engine(a.hash_form, n, "--hash-form", "int"))]
+
+# %% ../nbs/12_cli.ipynb #a81c0206
+@subcommand("kvref audit")
+def audit_main(argv: list[str] | None = None) -> int:
+    "`kvref audit [ENDPOINT...] [--file F...] --vllm-version V --hash-algo A --block-size B`: 0, 1 on a finding, 2 on bad input."
+    from kvref.live_audit import audit_files, audit_live
+    a = _audit_parser().parse_args(argv)
+    if bool(a.file) == bool(a.endpoints): raise ValueError("give either --file streams or live ENDPOINTs, not both or neither")
+    sources = a.file or a.endpoints
+    configs = _audit_configs(a, sources)
+    if a.file: fleet = audit_files(configs, a.file)
+    else:
+        if not 0 < a.duration <= 86400: raise ValueError(f"--duration must be in (0, 86400] seconds, got {a.duration}")
+        fleet = audit_live(configs, a.endpoints, a.replay or None, a.duration, a.max_batches)
+    if fleet.exit_status() == 2: raise ValueError(f"no batch to audit in {', '.join(map(str, sources))}: nothing was checked")
+    print(fleet.summary())
+    if a.report: Path(a.report).write_text(json.dumps(fleet.report(), indent=1) + "\n", encoding="utf-8")
+    return fleet.exit_status()
 
 # %% ../nbs/12_cli.ipynb #8c1c3465
 def _vectors_parser() -> CommandParser:
@@ -801,6 +867,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "schedule":  (schedule_main, "serve scheduler workloads as vLLM 0.33 does, a step record a line; --expect recorded runs"),
     "events":    (events_main, "the KV events vLLM emits for a trace, as JSON and wire bytes; --publish over ZMQ"),
     "check-router": (check_router_main, "check a router's prefix index against kvref's, batch by batch"),
+    "audit":     (audit_main, "audit engines' KV event streams (recorded or live over ZMQ) against their stated config"),
     "vectors":   (vectors_main, "list the recorded vectors shipped with kvref, or print one's path"),
 }
 
