@@ -63,6 +63,7 @@ def int_arg(low: int = -(1 << 63), high: int = (1 << 63) - 1) -> Callable[[str],
 # %% ../nbs/12_cli.ipynb #3de68226
 MAX_JSON_CHARS = 1 << 25  # 32 Mi characters: a longer JSON input is refused, not read whole
 
+# %% ../nbs/12_cli.ipynb #efc32a09
 def read_text(path: str) -> str:
     "The text of file `path` ('-' is stdin), at most `MAX_JSON_CHARS` characters; ValueError naming the file."
     try:
@@ -124,6 +125,7 @@ def token_id(text: str, index: int) -> int:
 # %% ../nbs/12_cli.ipynb #4ce7ed1e
 TOKEN_FILE_FORMATS = 'a JSON list of token ids, a JSON object {"prompt": [...]}, or integers separated by spaces or commas'
 
+# %% ../nbs/12_cli.ipynb #f53a182a
 def read_token_ids(path: str) -> list[int]:
     "Token ids in file `path` ('-' reads stdin), written in one of `TOKEN_FILE_FORMATS`."
     try: text = read_text(path)
@@ -352,6 +354,7 @@ def _fields_arg(text: str | None) -> list[str] | None:
     if not fields: raise ValueError(f"--fields {text!r} names no field: nothing would be compared")
     return fields
 
+# %% ../nbs/12_cli.ipynb #6892ee25
 def _check_options(ns) -> None:
     "The options' own errors, before any trace is read."
     if (ns.adapter is None) == (not ns.expect): raise ValueError("give --adapter (an engine to check) or --expect (recorded decisions), one of the two")
@@ -378,6 +381,7 @@ def _check_one(ns, path: str, expect: str | None, factory, fields: list[str] | N
     else: print(f"{path}: {d.report().splitlines()[0]}\nminimal trace ({len(minimal)} ops): {target}\n{target}: {own.report()}")
     return 1
 
+# %% ../nbs/12_cli.ipynb #d5e6c659
 @subcommand("kvref check")
 def check_main(argv: list[str] | None = None) -> int:
     "`kvref check`: each trace reported; the worst status: 0 all conform, 1 one diverged, 2 one could not be checked."
@@ -403,6 +407,7 @@ def check_main(argv: list[str] | None = None) -> int:
 # %% ../nbs/12_cli.ipynb #022a7511
 MAX_CAPTURE_SIZE = 1 << 16  # the largest CUDA graph capture size `kvref cudagraph` accepts
 
+# %% ../nbs/12_cli.ipynb #874f890b
 def _cudagraph_parser() -> CommandParser:
     "The options of `kvref cudagraph`."
     from kvref.cudagraph import ATTENTION_CG_SUPPORT  # imports torch: only when the command runs
@@ -572,6 +577,7 @@ def thinking_budget_main(argv: list[str] | None = None) -> int:
 # %% ../nbs/12_cli.ipynb #be1fb6ff
 TRACE_FORMATS = ("mooncake",)  # the request-log formats `kvref convert` reads
 
+# %% ../nbs/12_cli.ipynb #b5aefa92
 def _convert_parser() -> CommandParser:
     "The options of `kvref convert`."
     p = CommandParser(prog="kvref convert", description="Convert a production trace to kvref's trace format "
@@ -609,6 +615,7 @@ def add_scheduler_flags(p: CommandParser) -> None:
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
                    help="schedule a step before the last one's output is processed (off: the synchronous engine loop)")
 
+# %% ../nbs/12_cli.ipynb #caeff8c9
 def scheduler_settings(a: argparse.Namespace) -> dict:
     "The `SchedulerConfig` fields the flags of `add_scheduler_flags` set."
     return dict(policy=a.scheduling_policy, long_prefill_token_threshold=a.long_prefill_token_threshold,
@@ -642,6 +649,7 @@ def _too_small(requests: list, blocks: list[int], block_size: int) -> dict[int, 
         except ValueError as e: found[n] = "too small: " + str(e).removeprefix(f"num_blocks={n} ")
     return found
 
+# %% ../nbs/12_cli.ipynb #01ffdddf
 def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int, str]) -> str:
     "`format_results`'s output with a row for each size too small to replay, in the order of `blocks`."
     if fmt == "json":
@@ -653,6 +661,7 @@ def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int,
     small = (lambda n: f"| {n} | {too_small[n]} |") if fmt == "table" else (lambda n: str(n) + "," * (columns - 1))
     return "\n".join(lines[:head] + [small(n) if n in too_small else next(rows) for n in blocks]) + "\n"
 
+# %% ../nbs/12_cli.ipynb #ee30196d
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
     "`kvref sweep TRACE --blocks 1000,2000 [--format table|csv|json] [--plot OUT]`; the exit status."
@@ -684,6 +693,7 @@ def _first_difference(got: list[dict], want: list[dict]) -> str | None:
         if g != w: return f"step {w.get('step')}: " + "; ".join(f"{k}: kvref {g.get(k)!r}, expected {w.get(k)!r}" for k in w if g.get(k) != w.get(k))
     return None if len(got) == len(want) else f"kvref ran {len(got)} steps, expected {len(want)}"
 
+# %% ../nbs/12_cli.ipynb #6e19037e
 @subcommand("kvref schedule")
 def schedule_main(argv: list[str] | None = None) -> int:
     "`kvref schedule WORKLOADS.jsonl [--expect DIR] [--only NAME]`; the exit status."
@@ -727,6 +737,7 @@ def _events_schema(version: str | None):
                          f"lays out kvref's events as a release from 0.10.2 on would")
     return wire_schema(version)
 
+# %% ../nbs/12_cli.ipynb #0429d71b
 @subcommand("kvref events")
 def events_main(argv: list[str] | None = None) -> int:
     "`kvref events TRACE [--hash-form int|bytes] [--dp-rank N] [--publish ENDPOINT]`; the exit status."
