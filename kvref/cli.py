@@ -32,7 +32,7 @@ __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_CAPTURE_
            'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
            'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
            'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'schedule_main', 'events_main',
-           'check_router_main', 'vectors_main', 'main']
+           'check_router_main', 'audit_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -63,6 +63,7 @@ def int_arg(low: int = -(1 << 63), high: int = (1 << 63) - 1) -> Callable[[str],
 # %% ../nbs/12_cli.ipynb #3de68226
 MAX_JSON_CHARS = 1 << 25  # 32 Mi characters: a longer JSON input is refused, not read whole
 
+# %% ../nbs/12_cli.ipynb #efc32a09
 def read_text(path: str) -> str:
     "The text of file `path` ('-' is stdin), at most `MAX_JSON_CHARS` characters; ValueError naming the file."
     try:
@@ -124,6 +125,7 @@ def token_id(text: str, index: int) -> int:
 # %% ../nbs/12_cli.ipynb #4ce7ed1e
 TOKEN_FILE_FORMATS = 'a JSON list of token ids, a JSON object {"prompt": [...]}, or integers separated by spaces or commas'
 
+# %% ../nbs/12_cli.ipynb #f53a182a
 def read_token_ids(path: str) -> list[int]:
     "Token ids in file `path` ('-' reads stdin), written in one of `TOKEN_FILE_FORMATS`."
     try: text = read_text(path)
@@ -352,6 +354,7 @@ def _fields_arg(text: str | None) -> list[str] | None:
     if not fields: raise ValueError(f"--fields {text!r} names no field: nothing would be compared")
     return fields
 
+# %% ../nbs/12_cli.ipynb #6892ee25
 def _check_options(ns) -> None:
     "The options' own errors, before any trace is read."
     if (ns.adapter is None) == (not ns.expect): raise ValueError("give --adapter (an engine to check) or --expect (recorded decisions), one of the two")
@@ -378,6 +381,7 @@ def _check_one(ns, path: str, expect: str | None, factory, fields: list[str] | N
     else: print(f"{path}: {d.report().splitlines()[0]}\nminimal trace ({len(minimal)} ops): {target}\n{target}: {own.report()}")
     return 1
 
+# %% ../nbs/12_cli.ipynb #d5e6c659
 @subcommand("kvref check")
 def check_main(argv: list[str] | None = None) -> int:
     "`kvref check`: each trace reported; the worst status: 0 all conform, 1 one diverged, 2 one could not be checked."
@@ -403,6 +407,7 @@ def check_main(argv: list[str] | None = None) -> int:
 # %% ../nbs/12_cli.ipynb #022a7511
 MAX_CAPTURE_SIZE = 1 << 16  # the largest CUDA graph capture size `kvref cudagraph` accepts
 
+# %% ../nbs/12_cli.ipynb #874f890b
 def _cudagraph_parser() -> CommandParser:
     "The options of `kvref cudagraph`."
     from kvref.cudagraph import ATTENTION_CG_SUPPORT  # imports torch: only when the command runs
@@ -572,6 +577,7 @@ def thinking_budget_main(argv: list[str] | None = None) -> int:
 # %% ../nbs/12_cli.ipynb #be1fb6ff
 TRACE_FORMATS = ("mooncake",)  # the request-log formats `kvref convert` reads
 
+# %% ../nbs/12_cli.ipynb #b5aefa92
 def _convert_parser() -> CommandParser:
     "The options of `kvref convert`."
     p = CommandParser(prog="kvref convert", description="Convert a production trace to kvref's trace format "
@@ -609,6 +615,7 @@ def add_scheduler_flags(p: CommandParser) -> None:
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
                    help="schedule a step before the last one's output is processed (off: the synchronous engine loop)")
 
+# %% ../nbs/12_cli.ipynb #caeff8c9
 def scheduler_settings(a: argparse.Namespace) -> dict:
     "The `SchedulerConfig` fields the flags of `add_scheduler_flags` set."
     return dict(policy=a.scheduling_policy, long_prefill_token_threshold=a.long_prefill_token_threshold,
@@ -642,6 +649,7 @@ def _too_small(requests: list, blocks: list[int], block_size: int) -> dict[int, 
         except ValueError as e: found[n] = "too small: " + str(e).removeprefix(f"num_blocks={n} ")
     return found
 
+# %% ../nbs/12_cli.ipynb #01ffdddf
 def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int, str]) -> str:
     "`format_results`'s output with a row for each size too small to replay, in the order of `blocks`."
     if fmt == "json":
@@ -653,6 +661,7 @@ def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int,
     small = (lambda n: f"| {n} | {too_small[n]} |") if fmt == "table" else (lambda n: str(n) + "," * (columns - 1))
     return "\n".join(lines[:head] + [small(n) if n in too_small else next(rows) for n in blocks]) + "\n"
 
+# %% ../nbs/12_cli.ipynb #ee30196d
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
     "`kvref sweep TRACE --blocks 1000,2000 [--format table|csv|json] [--plot OUT]`; the exit status."
@@ -684,6 +693,7 @@ def _first_difference(got: list[dict], want: list[dict]) -> str | None:
         if g != w: return f"step {w.get('step')}: " + "; ".join(f"{k}: kvref {g.get(k)!r}, expected {w.get(k)!r}" for k in w if g.get(k) != w.get(k))
     return None if len(got) == len(want) else f"kvref ran {len(got)} steps, expected {len(want)}"
 
+# %% ../nbs/12_cli.ipynb #6e19037e
 @subcommand("kvref schedule")
 def schedule_main(argv: list[str] | None = None) -> int:
     "`kvref schedule WORKLOADS.jsonl [--expect DIR] [--only NAME]`; the exit status."
@@ -709,6 +719,7 @@ def _events_parser() -> CommandParser:
     p.add_argument("trace", metavar="TRACE.jsonl", help="an allocator trace")
     p.add_argument("--hash-form", choices=HASH_FORMS, default="int", help="64-bit ints (vLLM's default) or digests")
     p.add_argument("--dp-rank", type=int_arg(0, 1 << 16), help="the engine's data-parallel rank, carried by each batch")
+    p.add_argument("--vllm-version", metavar="V", help="lay the batches out as vLLM release V (0.10.2 to 0.33.x) does (default 0.33)")
     p.add_argument("--publish", metavar="ENDPOINT", help="publish the batches on this ZMQ endpoint instead (needs pyzmq)")
     p.add_argument("--replay", metavar="ENDPOINT", help="with --publish: also serve vLLM's replay socket here")
     p.add_argument("--wait-s", type=float, default=1.0, help="with --publish: seconds for subscribers to join (1)")
@@ -716,17 +727,28 @@ def _events_parser() -> CommandParser:
     return p
 
 # %% ../nbs/12_cli.ipynb #f877497e
+def _events_schema(version: str | None):
+    "The layout `kvref events --vllm-version` writes: a release whose events carry digests' last 8 bytes, as kvref's do."
+    from kvref.kv_events import WIRE_SCHEMA
+    from kvref.releases import wire_schema
+    if version is None: return WIRE_SCHEMA
+    if profile_for_version(version).kv_events != "int64":
+        raise ValueError(f"vLLM {version} publishes int hash values (BlockHash.hash_value), not digests: kvref events "
+                         f"lays out kvref's events as a release from 0.10.2 on would")
+    return wire_schema(version)
+
+# %% ../nbs/12_cli.ipynb #0429d71b
 @subcommand("kvref events")
 def events_main(argv: list[str] | None = None) -> int:
     "`kvref events TRACE [--hash-form int|bytes] [--dp-rank N] [--publish ENDPOINT]`; the exit status."
     from kvref.router_conformance import event_records, publish_trace
     args = _events_parser().parse_args(argv)
-    ops = load_trace_for_cli(args.trace)
+    ops, schema = load_trace_for_cli(args.trace), _events_schema(args.vllm_version)
     if args.publish is None:
-        for record in event_records(ops, args.hash_form, args.dp_rank): print(json.dumps(record))
+        for record in event_records(ops, args.hash_form, args.dp_rank, schema): print(json.dumps(record))
         return 0
     if not (0 <= args.wait_s <= 60 and 0 <= args.serve_s <= 3600): raise ValueError("--wait-s and --serve-s must be 0-60 and 0-3600")
-    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s)
+    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s, schema)
     print(f"kvref events: published {sent} batches on {args.publish}")
     return 0
 
@@ -757,6 +779,61 @@ def check_router_main(argv: list[str] | None = None) -> int:
     for stream, ops in found.traces.items():
         (out / (stream.removesuffix(".jsonl") + ".min.jsonl")).write_text("".join(json.dumps(o) + "\n" for o in ops))
     print(found.report()); return 1
+
+# %% ../nbs/12_cli.ipynb #a81c0202
+def _audit_parser() -> CommandParser:
+    "The options of `kvref audit`."
+    p = CommandParser(prog="kvref audit", description="Audit engines' KV event streams against their stated configuration.")
+    p.add_argument("endpoints", nargs="*", metavar="ENDPOINT", help="a live engine's KV event PUB endpoint (needs pyzmq)")
+    p.add_argument("--file", action="append", default=[], help="a recorded stream: JSONL with seq and payload_b64 per line")
+    p.add_argument("--engine", action="append", default=[], help="the name of each engine, in order (default: file or endpoint)")
+    p.add_argument("--replay", action="append", default=[], help="each live engine's replay endpoint, in order")
+    p.add_argument("--vllm-version", action="append", required=True, help="the release each engine runs")
+    p.add_argument("--hash-algo", action="append", required=True, help="--prefix-caching-hash-algo of each engine")
+    p.add_argument("--block-size", action="append", required=True, type=int_arg(1, 1 << 20), help="tokens per block")
+    p.add_argument("--pythonhashseed", action="append", default=[], help="PYTHONHASHSEED of each engine (default: unset)")
+    p.add_argument("--hash-form", action="append", default=[], choices=HASH_FORMS, help="int (default) or bytes")
+    p.add_argument("--report", metavar="OUT.json", help="write the machine-readable report here")
+    p.add_argument("--duration", type=float, default=10.0, help="live: seconds to listen (10)")
+    p.add_argument("--max-batches", type=int_arg(1), help="live: stop after this many batches")
+    return p
+
+# %% ../nbs/12_cli.ipynb #a81c0203
+def _per_engine(values: list, n: int, option: str, default=None) -> list:
+    "An option given once (every engine), once per engine, or not at all (`default`)."
+    if not values: return [default] * n
+    if len(values) in (1, n): return values * n if len(values) == 1 else values
+    raise ValueError(f"{option} given {len(values)} times for {n} engines: give it once, or once per engine")
+
+# %% ../nbs/12_cli.ipynb #a81c0205
+def _audit_configs(a: argparse.Namespace, sources: list[str]) -> list:
+    "One `EngineConfig` per file or endpoint, from `kvref audit`'s options."
+    from kvref.live_audit import EngineConfig
+    n = len(sources)
+    for option, given in (("--engine", a.engine), ("--replay", a.replay)):
+        if given and len(given) != n: raise ValueError(f"{option} given {len(given)} times for {n} engines: give one per engine")
+    names = a.engine or [Path(s).stem if a.file else s for s in sources]
+    return [EngineConfig(*c) for c in zip(names, _per_engine(a.vllm_version, n, "--vllm-version"),
+            _per_engine(a.hash_algo, n, "--hash-algo"), _per_engine(a.block_size, n, "--block-size"),
+            _per_engine(a.pythonhashseed, n, "--pythonhashseed"), _per_engine(a.hash_form, n, "--hash-form", "int"))]
+
+# %% ../nbs/12_cli.ipynb #a81c0206
+@subcommand("kvref audit")
+def audit_main(argv: list[str] | None = None) -> int:
+    "`kvref audit [ENDPOINT...] [--file F...] --vllm-version V --hash-algo A --block-size B`: 0, 1 on a finding, 2 on bad input."
+    from kvref.live_audit import audit_files, audit_live
+    a = _audit_parser().parse_args(argv)
+    if bool(a.file) == bool(a.endpoints): raise ValueError("give either --file streams or live ENDPOINTs, not both or neither")
+    sources = a.file or a.endpoints
+    configs = _audit_configs(a, sources)
+    if a.file: fleet = audit_files(configs, a.file)
+    else:
+        if not 0 < a.duration <= 86400: raise ValueError(f"--duration must be in (0, 86400] seconds, got {a.duration}")
+        fleet = audit_live(configs, a.endpoints, a.replay or None, a.duration, a.max_batches)
+    if fleet.exit_status() == 2: raise ValueError(f"no batch to audit in {', '.join(map(str, sources))}: nothing was checked")
+    print(fleet.summary())
+    if a.report: Path(a.report).write_text(json.dumps(fleet.report(), indent=1) + "\n", encoding="utf-8")
+    return fleet.exit_status()
 
 # %% ../nbs/12_cli.ipynb #8c1c3465
 def _vectors_parser() -> CommandParser:
@@ -801,6 +878,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "schedule":  (schedule_main, "serve scheduler workloads as vLLM 0.33 does, a step record a line; --expect recorded runs"),
     "events":    (events_main, "the KV events vLLM emits for a trace, as JSON and wire bytes; --publish over ZMQ"),
     "check-router": (check_router_main, "check a router's prefix index against kvref's, batch by batch"),
+    "audit":     (audit_main, "audit engines' KV event streams (recorded or live over ZMQ) against their stated config"),
     "vectors":   (vectors_main, "list the recorded vectors shipped with kvref, or print one's path"),
 }
 

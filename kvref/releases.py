@@ -20,14 +20,16 @@ from .block_pool import BlockPool
 from .free_queue import _check_count
 from .kv_cache_manager import KVCacheManager, Request
 from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl
+from .kv_events import WIRE_SCHEMA, WireSchema
 
 # %% auto #0
-__all__ = ['PROFILES', 'RELEASE_RANGES', 'PYTHON_HASH_MAX_DEPTH', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'LOOKUP_INDEX_ERROR',
-           'VECTOR_FIELDS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile', 'parse_version', 'profile_for_version',
-           'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash', 'release_extra_keys',
-           'release_block_hashes', 'release_event_block_hashes', 'ReleaseBlockPool', 'ReleaseKVCacheManager',
-           'release_factory', 'ReleaseTraceReplayer', 'validate_release_op', 'load_release_trace', 'replay_release',
-           'ReleaseMismatch', 'check_release_vectors', 'diagnose']
+__all__ = ['PROFILES', 'RELEASE_RANGES', 'PYTHON_HASH_MAX_DEPTH', 'LORA_EVENT_ERROR', 'WIRE_SCHEMAS', 'FREE_ORDERS',
+           'LOOKUP_INDEX_ERROR', 'VECTOR_FIELDS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile', 'parse_version',
+           'profile_for_version', 'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash',
+           'release_extra_keys', 'release_block_hashes', 'release_event_block_hashes', 'wire_schema',
+           'ReleaseBlockPool', 'ReleaseKVCacheManager', 'release_factory', 'ReleaseTraceReplayer',
+           'validate_release_op', 'load_release_trace', 'replay_release', 'ReleaseMismatch', 'check_release_vectors',
+           'diagnose']
 
 # %% ../nbs/05a_vllm_releases.ipynb #fe458b03
 @dataclass(frozen=True)
@@ -379,6 +381,30 @@ def release_event_block_hashes(profile: VllmProfile, block_hashes: Sequence, lor
     if lora is not None and profile.lora_event_raises and len(block_hashes):  # no full block: no event to raise in
         raise ValueError(f"{profile.name} raises {LORA_EVENT_ERROR} emitting a LoRA request's BlockStored (until 0.11.0)")
     return list(block_hashes) if profile.kv_events == "hash_value" else [block_hash_to_int64(h) for h in block_hashes]
+
+# %% ../nbs/05a_vllm_releases.ipynb #a81c0102
+_W09 = WireSchema("0.9.0", ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id"), ("block_hashes",),
+                  ("ts", "events"), events_as_arrays=True, signed_hashes=True)
+_W091 = replace(_W09, first="0.9.1", batch=("ts", "events", "data_parallel_rank"))
+_W0102 = replace(_W091, first="0.10.2", stored=_W091.stored + ("medium",), removed=("block_hashes", "medium"),
+                 signed_hashes=False)
+_W014 = replace(_W0102, first="0.14.0", stored=_W0102.stored + ("lora_name",))
+_W017 = replace(_W014, first="0.17.0", stored=_W014.stored + ("extra_keys",))
+_W020 = replace(_W017, first="0.20.0", stored=_W017.stored + ("group_idx",), removed=_W017.removed + ("group_idx",))
+_W022 = replace(_W020, first="0.22.0", stored=_W020.stored + ("kv_cache_spec_kind", "kv_cache_spec_sliding_window"))
+_W024 = replace(_W022, first="0.24.0", events_as_arrays=False)
+_W026 = replace(_W024, first="0.26.0", stored=_W024.stored + ("locality",), removed=_W024.removed + ("locality",))
+_W029 = replace(_W026, first="0.29.0", stored=_W026.stored + ("ownership",), removed=_W026.removed + ("ownership",))
+_W030 = replace(_W029, first="0.30.0", stored=_W029.stored + ("session_id",))
+WIRE_SCHEMAS = (_W09, _W091, _W0102, _W014, _W017, _W020, _W022, _W024, _W026, _W029, _W030, WIRE_SCHEMA)
+
+# %% ../nbs/05a_vllm_releases.ipynb #a81c0103
+def wire_schema(version: str) -> WireSchema:
+    "The layout of the KV event batches vLLM release `version` publishes (0.9.0 to 0.33.x)."
+    profile = profile_for_version(version)  # refuses what kvref does not model
+    if profile.kv_events is None: raise ValueError(f"vLLM {version} has no KV events (they came in vLLM 0.9.0, #16750)")
+    release = parse_version(version)
+    return next(s for s in reversed(WIRE_SCHEMAS) if parse_version(s.first) <= release)
 
 # %% ../nbs/05a_vllm_releases.ipynb #02283f7d
 FREE_ORDERS = {"request_order": (False, False), "reversed": (True, False),  # (last block first, hashless to head)
