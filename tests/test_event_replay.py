@@ -105,7 +105,7 @@ def test_the_boundaries_are_where_has_room_fails(workload, steps):
     for req in list(s.running):
         if req.request.num_tokens - req.request.num_computed_tokens != 1: continue
         r, kv, found = req.request, s.kv, []
-        events, table, cached = _decode_events(s, req, 12), len(kv.req_to_blocks[r.request_id]), kv.num_cached_block.get(r.request_id, 0)
+        events, table, cached = list(_decode_events(s, req, 12)), len(kv.req_to_blocks[r.request_id]), kv.num_cached_block.get(r.request_id, 0)
         for j in range(12):  # the shortcut's test, on the counts the plain path would have
             end = r.num_computed_tokens + j + 1
             if table * kv.block_size < end or (kv.enable_caching and end // kv.block_size > cached):
