@@ -31,23 +31,7 @@ def _steps_before_finish(s: Scheduler, req: SchedulerRequest) -> int:
     if limit is not None: left = min(left, limit - req.request.num_tokens)
     return left - 1
 
-# %% ../nbs/06e_event_driven_replay.ipynb #dfaf52ad
-def _blocks_needed(s: Scheduler, num_steps: int) -> int:
-    "New blocks the running requests take in the next `num_steps` decode steps."
-    kv, size = s.kv, s.kv.block_size
-    return sum(max(0, -(-(r.request.num_computed_tokens + num_steps) // size) - len(kv.req_to_blocks[r.request_id]))
-               for r in s.running)
-
-def _steps_the_pool_allows(s: Scheduler, limit: int) -> int:
-    "The most decode steps, at most `limit`, whose new blocks the free queue holds: none of them preempts."
-    free, low, high = s.kv.num_free_blocks, 0, limit
-    while low < high:
-        mid = (low + high + 1) // 2
-        if _blocks_needed(s, mid) <= free: low = mid
-        else: high = mid - 1
-    return low
-
-# %% ../nbs/06e_event_driven_replay.ipynb #f0c58f33
+# %% ../nbs/06e_event_driven_replay.ipynb #9a9728fb
 def _decode_events(s: Scheduler, req: SchedulerRequest, num_steps: int):
     "The steps, of the next `num_steps`, at which `_has_room` fails for decoding `req`: (step, whether it takes a block), in order."
     kv, size, r = s.kv, s.kv.block_size, req.request
@@ -59,26 +43,26 @@ def _decode_events(s: Scheduler, req: SchedulerRequest, num_steps: int):
         yield end - c - 1, end > table * size
         table, cached, end = max(table, -(-end // size)), max(cached, end // size) if caching else cached, end + 1
 
-# %% ../nbs/06e_event_driven_replay.ipynb #ed86275e
-def _head_hits(s: Scheduler) -> tuple[list, list] | None:
-    "The waiting head's block hashes and prefix hits, as the next step's lookup finds them (None: no lookup happens)."
+# %% ../nbs/06e_event_driven_replay.ipynb #cda699f9
+def _head_hashes(s: Scheduler) -> list | None:
+    "The block hashes the waiting head's prefix lookup reads at the next step (None: no lookup happens)."
     kv, budget = s.kv, s.max_num_batched_tokens - len(s.running)
     if not (kv.enable_caching and s.waiting and budget > 0 and len(s.running) < s.max_num_seqs): return None
     head = s.waiting.peek_request().request
-    return kv._block_hashes(head), kv.get_computed_blocks(head)[0]
+    return kv._block_hashes(head)[:(head.num_tokens - 1) // kv.block_size]
 
-# %% ../nbs/06e_event_driven_replay.ipynb #ee4c8a7a
-def _may_extend_head(s: Scheduler, req: SchedulerRequest, head: tuple[list, list]) -> bool:
-    "Whether the block `req` fills next could extend the head's hits (it sits where they stop, after a block of the head's)."
-    (hashes, hits), cached = head, s.kv.num_cached_block.get(req.request_id, 0)
-    return cached == len(hits) < len(hashes) and (cached == 0 or req.request.block_hashes[cached - 1] == hashes[cached - 1])
+# %% ../nbs/06e_event_driven_replay.ipynb #419086bf
+def _may_extend_head(s: Scheduler, req: SchedulerRequest, head: list) -> bool:
+    "Whether the block `req` fills next could carry one of the head's hashes (hashes chain: its previous block must)."
+    cached = s.kv.num_cached_block.get(req.request_id, 0)
+    return cached < len(head) and (cached == 0 or req.request.block_hashes[cached - 1] == head[cached - 1])
 
 def _first_fill(s: Scheduler, req: SchedulerRequest) -> int:
     "The decode step at which `req`'s next block fills."
     r, size = req.request, s.kv.block_size
     return max((s.kv.num_cached_block.get(req.request_id, 0) + 1) * size, r.num_computed_tokens + 1) - r.num_computed_tokens - 1
 
-# %% ../nbs/06e_event_driven_replay.ipynb #657f99c0
+# %% ../nbs/06e_event_driven_replay.ipynb #c6929ddd
 def _boundaries(s: Scheduler, num_steps: int):
     "Every running request's boundaries in the next `num_steps` steps, merged lazily in (step, running position) order."
     return heapq.merge(*[_positioned(i, _decode_events(s, r, num_steps)) for i, r in enumerate(s.running)])
@@ -87,22 +71,22 @@ def _positioned(i: int, events):
     "`events` of the request at running position `i`, as (step, i, takes a block)."
     return ((j, i, takes) for j, takes in events)
 
-# %% ../nbs/06e_event_driven_replay.ipynb #56eb0861
+# %% ../nbs/06e_event_driven_replay.ipynb #6773907b
 def _plan(s: Scheduler, horizon: int | None) -> tuple[int, list[tuple[int, int, bool]]]:
     "The steps a move may take, and its boundaries (step, running position, takes a block) in vLLM's order."
     k = min([_steps_before_finish(s, r) for r in s.running] + ([horizon] if horizon is not None else []))
-    k, head = _steps_the_pool_allows(s, max(k, 0)), _head_hits(s)
-    if head is not None: k = min([k] + [_first_fill(s, r) for r in s.running if _may_extend_head(s, r, head)])
-    hits = {id(b) for b in head[1] if b.ref_cnt == 0} if head is not None else ()
-    events, block = [], s.kv.block_pool.free_block_queue.fake_head
+    if k < 2: return 0, []  # one step: the plain step costs no more
+    head = _head_hashes(s)
+    if head: k = min([k] + [_first_fill(s, r) for r in s.running if _may_extend_head(s, r, head)])
+    events, block, watched, free = [], s.kv.block_pool.free_block_queue.fake_head, None, s.kv.num_free_blocks
     for j, i, takes in _boundaries(s, k):
-        if takes and hits:
-            block = block.next_free_block
-            if id(block) in hits: k = j; break
+        if takes:
+            free, block = free - 1, block.next_free_block
+            if free < 0 or head and block.block_hash is not None and block.block_hash in (watched := watched or set(head)): k = j; break
         events.append((j, i, takes))
     return k, [e for e in events if e[0] < k]
 
-# %% ../nbs/06e_event_driven_replay.ipynb #dca581a9
+# %% ../nbs/06e_event_driven_replay.ipynb #a2f8b1ee
 def _take_tokens(s: Scheduler, req: SchedulerRequest, num_steps: int) -> None:
     "Append `req`'s next `num_steps` tokens, as that many updates would (a script's slice, or the model's in turn)."
     if req.script is not None:
@@ -111,7 +95,7 @@ def _take_tokens(s: Scheduler, req: SchedulerRequest, num_steps: int) -> None:
     for _ in range(num_steps):
         token = s._next_token(req); req.output.append(token); req.request.append_output_token_ids(token)
 
-# %% ../nbs/06e_event_driven_replay.ipynb #a75e2bd9
+# %% ../nbs/06e_event_driven_replay.ipynb #34bf9df3
 def _bulk_output(s: Scheduler, j: int, starts: list[int], outputs: list[int]) -> SchedulerOutput:
     "The output the plain path writes for step `j` of the move (called with the pool as it is after that step)."
     rids = [r.request_id for r in s.running]
@@ -122,7 +106,7 @@ def _bulk_output(s: Scheduler, j: int, starts: list[int], outputs: list[int]) ->
     out.usage, out.num_running, out.num_waiting = s.kv.usage, len(s.running), len(s.waiting)
     return out
 
-# %% ../nbs/06e_event_driven_replay.ipynb #f038c434
+# %% ../nbs/06e_event_driven_replay.ipynb #b84fd7b8
 def _commit(s: Scheduler, k: int, events: list, into: list | None) -> None:
     "Move every running request `k` decode steps on: tokens, then each boundary's `_try_allocate` in vLLM's order."
     starts, outputs = [r.request.num_computed_tokens for r in s.running], [len(r.output) for r in s.running]
@@ -138,7 +122,7 @@ def _commit(s: Scheduler, k: int, events: list, into: list | None) -> None:
     for r, c in zip(s.running, starts): r.request.num_computed_tokens = c + k
     s.num_steps += k
 
-# %% ../nbs/06e_event_driven_replay.ipynb #d128692e
+# %% ../nbs/06e_event_driven_replay.ipynb #11192821
 def _check_advance(s, last, horizon, into) -> None:
     "Refuse, by name, arguments `advance_decode` cannot take."
     if not isinstance(s, Scheduler): raise TypeError(f"advance_decode needs a Scheduler, got {type(s).__name__}")
