@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from fuzz_support import Entry
-from kvref import (block_pool, conformance, cudagraph, free_queue, hashing, hybrid, hybrid_replay, kv_cache_manager, kv_events,
+from kvref import (block_pool, conformance, cudagraph, event_replay, free_queue, hashing, hybrid, hybrid_replay, kv_cache_manager, kv_events,
                    live_audit, logits_processors, mamba, nano, pictures, production_traces, releases, replay, router_conformance,
                    sampling_params, scheduler, thinking_budget, thinking_budget_vllm, workloads)
 
@@ -206,6 +206,14 @@ def sched():
     return s
 
 
+def decoding():
+    "A scheduler (no op trace) right after a decode-only step, and that step."
+    s = scheduler.Scheduler(kv_cache_manager.KVCacheManager(16, 4), record_trace=False)
+    for rid, prompt in (("a", [1, 2, 3, 4, 5]), ("b", [9, 8])): s.add_request(workloads.RequestSpec(rid, prompt, list(range(20, 28))))
+    s.step()
+    return s, s.step()
+
+
 def queued():
     return scheduler.SchedulerRequest(kv_cache_manager.Request("q", [1, 2, 3]), 2)
 
@@ -276,6 +284,8 @@ SCHEDULING = [
           state=sched_state),
     Entry("scheduler.run_workload", nothing, lambda _, w, b, n: scheduler.run_workload(w, behavior="vllm_0_33", max_num_batched_tokens=b, max_num_seqs=n),
           (WORKLOAD, 64, 4), ("any", "positive", "positive"), skip={(1, "10**30"): "", (2, "10**30"): ""}),
+    Entry("event_replay.advance_decode", decoding, lambda c, h: event_replay.advance_decode(c[0], c[1], h), (3,), ("count",),
+          state=lambda c: sched_state(c[0]), skip={(0, "None"): "None: no arrival is coming", (0, "10**30"): ""}),
     Entry("PrefixCacheStats.record", scheduler.PrefixCacheStats, lambda p, n, h, b: p.record(n, h, b), (4, 2, False),
           ("count", "count", "bool"), skip={(0, "10**30"): "", (1, "10**30"): ""}),
     Entry("production_traces.parse_mooncake_line", nothing,
