@@ -611,9 +611,10 @@ def golden_dir() -> Path:
     return package / "golden" if (package / "golden").is_dir() else package.parent / "golden"
 
 # %% ../nbs/05_replay.ipynb #b5a0f003
-VECTOR_KINDS = (*FILE_KINDS, "hashing", "cudagraph", "thinking-budget", "attention")  # `kvref vectors --kind`
+VECTOR_KINDS = (*FILE_KINDS, "hashing", "cudagraph", "thinking-budget", "attention", "findings")  # `kvref vectors --kind`
 _JSON_KINDS = {"hashing": "hashing", "versions": "hashing", "versions-vllm": "hashing", "cudagraph": "cudagraph",
-               "thinking_budget": "thinking-budget", "events": "events", "attention": "attention"}  # by top folder
+               "thinking_budget": "thinking-budget", "events": "events", "attention": "attention",
+               "field": "findings"}  # by top folder
 _SOURCES = {"trace": "allocator trace (ops) recorded with vLLM {}", "hybrid-trace": "hybrid allocator trace recorded with vLLM {}",
             "scheduler": "vLLM {}'s V1 scheduler: workloads, or its steps (see scheduler/PROVENANCE.md)",
             "decisions": "vLLM {} KVCacheManager decisions", "events": "KV events vLLM {} emitted for a trace (one line per op)",
@@ -633,6 +634,7 @@ def _describe(path: Path, root: Path) -> tuple[str, int, str, str | None]:
     if path.suffix == ".npz": return "kvref's float64 reference (see attention/PROVENANCE.md)", 1, "attention", None
     if path.suffix == ".json":
         data = json.loads(path.read_text())
+        if isinstance(data, list): data = {"source": f"kvref (see {folder}/PROVENANCE.md)", "cases": data}
         source = data.get("source") or (f"vLLM {data['vllm_version']}" if "vllm_version" in data else "kvref")
         return source, len(data.get("vectors", data.get("cases", ()))), _JSON_KINDS.get(folder, "hashing"), _release(path, root, source)
     count, kind = sum(1 for line in path.open() if line.strip()), file_kind(path)
