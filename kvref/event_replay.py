@@ -29,6 +29,7 @@ def _steps_before_finish(s: Scheduler, req: SchedulerRequest) -> int:
     "Decode steps `req` takes before the step in which it finishes (its last token, or `max_model_len`)."
     left, limit = req.max_tokens - len(req.output), s.kv.max_model_len
     if limit is not None: left = min(left, limit - req.request.num_tokens)
+    if req.script is not None: left = min(left, len(req.script) - len(req.output))  # a short script fails plainly
     return left - 1
 
 # %% ../nbs/06e_event_driven_replay.ipynb #9a9728fb
@@ -95,6 +96,19 @@ def _take_tokens(s: Scheduler, req: SchedulerRequest, num_steps: int) -> None:
     for _ in range(num_steps):
         token = s._next_token(req); req.output.append(token); req.request.append_output_token_ids(token)
 
+def _take_all_tokens(s: Scheduler, num_steps: int) -> bool:
+    "Every running request's next tokens, the model's first; if the model fails, none (the plain steps then fail as they do)."
+    modelled = [r for r in s.running if r.script is None]
+    before = [(len(r.output), r.request.num_tokens) for r in modelled]
+    try:
+        for r in modelled: _take_tokens(s, r, num_steps)
+    except Exception:
+        for r, (o, n) in zip(modelled, before): del r.output[o:], r.request.all_token_ids[n:]
+        return False
+    for r in s.running:
+        if r.script is not None: _take_tokens(s, r, num_steps)
+    return True
+
 # %% ../nbs/06e_event_driven_replay.ipynb #34bf9df3
 def _bulk_output(s: Scheduler, j: int, starts: list[int], outputs: list[int]) -> SchedulerOutput:
     "The output the plain path writes for step `j` of the move (called with the pool as it is after that step)."
@@ -108,9 +122,8 @@ def _bulk_output(s: Scheduler, j: int, starts: list[int], outputs: list[int]) ->
 
 # %% ../nbs/06e_event_driven_replay.ipynb #b84fd7b8
 def _commit(s: Scheduler, k: int, events: list, into: list | None) -> None:
-    "Move every running request `k` decode steps on: tokens, then each boundary's `_try_allocate` in vLLM's order."
-    starts, outputs = [r.request.num_computed_tokens for r in s.running], [len(r.output) for r in s.running]
-    for r in s.running: _take_tokens(s, r, k)
+    "Move every running request `k` decode steps on (its tokens taken): each boundary's `_try_allocate` in vLLM's order."
+    starts, outputs = [r.request.num_computed_tokens for r in s.running], [len(r.output) - k for r in s.running]
     pending = iter(events); event = next(pending, None)
     for j in range(k) if into is not None else (k - 1,):
         while event is not None and event[0] <= j:
@@ -140,5 +153,6 @@ def advance_decode(s: Scheduler,  # the scheduler, right after step `last`
     _check_advance(s, last, horizon, into)
     if not (_bulk_allowed(s) and _is_decode_only(s, last)) or horizon == 0: return 0
     k, events = _plan(s, horizon)
-    if k > 0: _commit(s, k, events, into)
+    if k == 0 or not _take_all_tokens(s, k): return 0
+    _commit(s, k, events, into)
     return k

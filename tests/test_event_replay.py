@@ -177,3 +177,27 @@ def test_not_moved_outside_the_settings_it_covers():
     w = next(w for w in WORKLOADS if lockstep(w)[2] > 0)
     plain, fast, moved = lockstep(w, async_scheduling=True)
     assert moved == 0 and plain.records == fast.records
+
+
+class FailsAt(FakeModel):
+    "A model that fails whenever a request reaches `length` tokens (a function of the tokens, as the move needs)."
+    def __init__(self, length): super().__init__(1); self.length = length
+    def next_token(self, token_ids):
+        if len(token_ids) == self.length: raise ValueError(f"model: no token after {self.length}")
+        return super().next_token(token_ids)
+
+
+def test_a_model_failure_surfaces_where_the_plain_path_raises_it():
+    w = Workload("fails", [RequestSpec("a", [1, 2, 3], [], max_tokens=30), RequestSpec("b", [4, 5], [], max_tokens=30)],
+                 dict(num_blocks=32, block_size=4, max_num_batched_tokens=64))
+    errors = []
+    for advance in (None, advance_decode):
+        with pytest.raises(ValueError) as e: run_workload(w, model=FailsAt(20), advance=advance)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "no token after 20" in errors[0]
+    s = Scheduler(KVCacheManager(32, 4), model=FailsAt(12), record_trace=False, max_num_batched_tokens=64)
+    for r in w.requests: s.add_request(r)
+    s.step(); last = s.step()
+    before = [(len(r.output), r.request.num_tokens, r.request.num_computed_tokens) for r in s.running]
+    assert advance_decode(s, last) == 0  # the model fails inside the move: nothing taken
+    assert [(len(r.output), r.request.num_tokens, r.request.num_computed_tokens) for r in s.running] == before
