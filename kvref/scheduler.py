@@ -366,7 +366,7 @@ def _try_allocate(self: Scheduler, req: SchedulerRequest, num_new: int, limit: i
 @patch
 def _preempt(self: Scheduler, req: SchedulerRequest) -> None:
     "Recompute preemption: free the blocks, forget the computed tokens, back into the waiting queue."
-    self.running.remove(req)
+    self.running.remove(req); self.inflight_prefills.discard(req)
     self.kv.free(req.request)
     req.request.num_computed_tokens, req.status = 0, RequestStatus.WAITING
     req.num_stale_output_tokens, req.request.num_output_placeholders = req.num_in_flight_tokens, 0

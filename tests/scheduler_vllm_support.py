@@ -477,3 +477,21 @@ if __name__ == "__main__":
         recs = run(w, v)
         (dst / f"{w['name']}.jsonl").write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs))
         print(w["name"], len(recs))
+
+
+def random_offload_workload(seed: int) -> dict:
+    "A random scheduler workload (sync) with a random CPU offload tier and, sometimes, prefix-cache resets."
+    import random
+    rng = random.Random(10_000 + seed)
+    w = random_workload(seed)
+    c = w["config"]
+    c["offload"] = {"cpu_chunks": rng.choice([1, 2, 3, 4, 6, 8, 16, 64]), "policy": rng.choice(["lru", "arc"]),
+                    "block_size": c["block_size"] * rng.choice([1, 1, 2, 4])}
+    if rng.random() < 0.2: c["offload"]["store_threshold"] = rng.choice([1, 2, 3])
+    if rng.random() < 0.3: c["offload"]["offload_prompt_only"] = False
+    if rng.random() < 0.3: c["offload"]["worker"] = "vllm"
+    if rng.random() < 0.25:
+        c["resets"] = [{"step": rng.randint(0, 30), "running": rng.random() < 0.3, "connector": rng.random() < 0.7}
+                       for _ in range(rng.randint(1, 2))]
+    w["name"] = f"random-offload-{seed}"
+    return w
