@@ -1,4 +1,4 @@
-"""vLLM 0.33's OffloadingConnector, scheduler side: GPU blocks stored to a CPU pool, loaded back on a hit, evicted by LRU or ARC.
+"""vLLM 0.33's OffloadingConnector, scheduler side: GPU blocks stored to a CPU pool, loaded back on a hit, evicted by LRU or ARC, step for step.
 
 Docs: https://kvref.github.io/kvref/offload.html.md"""
 

@@ -506,7 +506,8 @@ def _after_schedule(self: Scheduler, out: SchedulerOutput) -> None:
 @patch
 def _long_prefill_cap(self: Scheduler) -> int:
     "This step's cap on one request's chunk: `long_prefill_token_threshold` while more than one request is live, else 0."
-    return self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+    num_live = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)  # vLLM's get_request_counts()
+    return self.config.long_prefill_token_threshold if num_live > 1 else 0
 
 @patch
 def schedule(self: Scheduler) -> SchedulerOutput:
@@ -634,7 +635,10 @@ def reset_prefix_cache(self: Scheduler, reset_running_requests: bool = False, re
     while reset_running_requests and self.running:
         req = self.running[-1]; self._preempt(req); self._reset_preempted.append(req.request_id)
     ok = self.kv.reset_prefix_cache(); self._gpu_reset |= ok
-    if reset_running_requests and not ok: raise RuntimeError("Failed to reset KV cache even when all the running requests are preempted")
+    if reset_running_requests and not ok:  # vLLM's words: requests loading KV still hold blocks
+        raise RuntimeError("Failed to reset KV cache even when all the running requests are preempted and moved to the waiting "
+                           "queue. This is likely due to the presence of running requests waiting for remote KV transfer, "
+                           "which is not supported yet.")
     if reset_connector and self.connector is not None:
         self.connector.reset_cache(); self.connector_prefix_cache_stats.reset = True
     return ok

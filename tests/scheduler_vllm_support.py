@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+from kvref.offload import _sorted_stored_runs, chunk_names
 from kvref.scheduler import FakeModel
 
 LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -284,16 +285,6 @@ RECORD_ORDER = ("step", "arrived", "sched", "preempted", "finished", "tokens", "
                 "stores", "store_fail", "evicted", "done", "events", "conn_pcs", "conn_stats", "cpu", "conn_info", "reset")
 
 
-def chunk_names(tokens: list[int], block_size: int, cache_salt) -> list[str]:
-    "The name of each GPU-sized block's key, 'E:D' (E: end token; D: 12 hex digits of the chain digest over blocks)."
-    import hashlib
-    digest, names = hashlib.blake2b(repr(cache_salt).encode(), digest_size=8).digest(), []
-    for end in range(block_size, len(tokens) + 1, block_size):
-        digest = hashlib.blake2b(digest + repr(tuple(tokens[end - block_size:end])).encode(), digest_size=8).digest()
-        names.append(f"{end}:{digest.hex()[:12]}")
-    return names
-
-
 class OffloadObserver:
     "Watches vLLM's OffloadingConnector (scheduler side) through one run; behaviour unchanged. Plays the worker."
     def __init__(self, v: SimpleNamespace, s, c: dict):
@@ -447,17 +438,6 @@ class OffloadObserver:
             if order != self.last_order: out["order"] = order
             self.last_order = order
         return out
-
-
-def _sorted_stored_runs(events: list) -> list:
-    "Each run of consecutive 'stored' events sorted by key (position, then digest)."
-    out, run = [], []
-    key = lambda e: (int(e[1][0].split(":")[0]), e[1][0])
-    for e in events + [None]:
-        if e is not None and e[0] == "stored": run.append(e); continue
-        out += sorted(run, key=key); run = []
-        if e is not None: out.append(e)
-    return out
 
 
 def reexec_with_hash_seed() -> None:
