@@ -97,6 +97,7 @@ def _request_rank(self: LRUCachePolicy, ctx: ReqContext) -> int:
         self.next_rank += 1; state = ctx.state[self] = (self.generation, self.next_rank)
     return state[1]
 
+# %% ../nbs/06d_offload.ipynb #7ea9dccb
 @patch
 def _fresh_rank(self: LRUCachePolicy, keys) -> None:
     "Each resident key in turn takes the next counter value: later ones are kept longer."
@@ -113,6 +114,7 @@ def insert(self: LRUCachePolicy, key: bytes, chunk: ChunkStatus, ctx: ReqContext
     else: self.ranks[key] = (self._request_rank(ctx), -position)
     if chunk.ref_cnt == 0: self.evictable.add(key)
 
+# %% ../nbs/06d_offload.ipynb #f5b9e038
 @patch
 def remove(self: LRUCachePolicy, key: bytes) -> None:
     del self.chunks[key]; self.ranks.pop(key, None); self.evictable.discard(key)
@@ -127,11 +129,13 @@ def on_request_access(self: LRUCachePolicy, keys, ctx: ReqContext) -> None:
         if position is None or key not in self.chunks: continue
         if self.ranks[key] < (rank, -position): self.ranks[key] = (rank, -position)
 
+# %% ../nbs/06d_offload.ipynb #eef91605
 @patch
 def on_request_finished(self: LRUCachePolicy, keys: list[bytes], inserted: set, reused: set, ctx: ReqContext) -> None:
     "A finished request commits its keys' recency, last key first: its head is kept longest."
     self._fresh_rank(reversed(keys))
 
+# %% ../nbs/06d_offload.ipynb #6338d737
 @patch
 def touch(self: LRUCachePolicy, keys, ctx: ReqContext) -> None: self._fresh_rank(reversed(list(keys)))
 @patch
@@ -147,10 +151,12 @@ def evict(self: LRUCachePolicy, n: int, protected: set) -> list[tuple[bytes, Chu
     for k in victims: self.remove(k)
     return out
 
+# %% ../nbs/06d_offload.ipynb #138d4206
 @patch
 def clear(self: LRUCachePolicy) -> None:
     self.chunks.clear(); self.ranks.clear(); self.evictable.clear(); self.next_rank = 0; self.generation += 1
 
+# %% ../nbs/06d_offload.ipynb #308362e1
 @patch
 def mark_evictable(self: LRUCachePolicy, key: bytes) -> None: self.evictable.add(key)
 @patch
@@ -188,10 +194,12 @@ def _adapt_to_ghost_hit(self: ARCCachePolicy, key: bytes) -> None:
         self.target_t1_size = max(self.target_t1_size - max(1, len(self.b1) / len(self.b2)), 0)
         self.b2[key] = self.b2.pop(key)
 
+# %% ../nbs/06d_offload.ipynb #f77ec63f
 @patch
 def on_store_miss(self: ARCCachePolicy, keys, ctx: ReqContext) -> None:
     for key in reversed(list(keys)): self._adapt_to_ghost_hit(key)
 
+# %% ../nbs/06d_offload.ipynb #51e20c90
 @patch
 def on_request_access(self: ARCCachePolicy, keys, ctx: ReqContext) -> None: return
 
@@ -242,11 +250,13 @@ def evict(self: ARCCachePolicy, n: int, protected: set) -> list[tuple[bytes, Chu
 def clear(self: ARCCachePolicy) -> None:
     self.t1.clear(); self.t2.clear(); self.b1.clear(); self.b2.clear(); self.target_t1_size = 0.0
 
+# %% ../nbs/06d_offload.ipynb #453a95cc
 @patch
 def mark_evictable(self: ARCCachePolicy, key: bytes) -> None: return
 @patch
 def mark_non_evictable(self: ARCCachePolicy, key: bytes) -> None: return
 
+# %% ../nbs/06d_offload.ipynb #fbe0f425
 @patch(as_prop=True)
 def chunks(self: ARCCachePolicy) -> dict: return {**self.t1, **self.t2}
 
@@ -281,6 +291,7 @@ def lookup(self: CPUOffloadingManager, key: bytes) -> str:
     chunk = self.policy.get(key)
     return "miss" if chunk is None else "hit" if chunk.is_ready else "pending"
 
+# %% ../nbs/06d_offload.ipynb #9c05f575
 @patch
 def _access(self: CPUOffloadingManager, ctx: ReqContext) -> RequestAccess:
     "The request's access record for the current cache generation (a reset starts a new one)."
@@ -310,6 +321,7 @@ def prepare_load(self: CPUOffloadingManager, keys: list[bytes], ctx: ReqContext)
     self._record_access(keys, ctx, reused=keys)
     return [c.chunk_id for c in chunks]
 
+# %% ../nbs/06d_offload.ipynb #9981f929
 @patch
 def complete_load(self: CPUOffloadingManager, keys, ctx: ReqContext) -> None:
     for key in keys:
@@ -370,6 +382,7 @@ def prepare_store(self: CPUOffloadingManager, keys: list[bytes], ctx: ReqContext
 @patch
 def _num_free(self: CPUOffloadingManager) -> int: return len(self.free_list) + self.num_chunks - self.num_allocated
 
+# %% ../nbs/06d_offload.ipynb #10c78e03
 @patch
 def _allocate_slot(self: CPUOffloadingManager) -> int:
     "A never-used slot while there are any, else the last freed."
@@ -469,6 +482,7 @@ def _new_batch(self: OffloadingConnector) -> None:
     self.batch_jobs_to_flush: set[int] = set()
     self.batch_allocated_block_ids: set[int] = set()
 
+# %% ../nbs/06d_offload.ipynb #1676f5c6
 @patch
 def on_new_request(self: OffloadingConnector, req) -> None:
     self.req_status[req.request_id] = RequestOffloadState(req, ReqContext(req.request_id))
@@ -651,6 +665,7 @@ def _unwatch(self: OffloadingConnector, job_id: int, block_ids: list[int]) -> No
         watching.discard(job_id)
         if not watching: del self.block_id_to_pending_jobs[bid]
 
+# %% ../nbs/06d_offload.ipynb #f9516c20
 @patch
 def _fence_report(self: OffloadingConnector, job_id: int) -> None:
     "A job flushed by a reset reports: once all have, the manager may reuse the slots they wrote."
@@ -668,6 +683,7 @@ def request_finished(self: OffloadingConnector, req) -> None:
         if self.jobs[job_id].is_store:
             for bid in self.jobs[job_id].block_ids: self.block_id_to_pending_jobs.setdefault(bid, set()).add(job_id)
 
+# %% ../nbs/06d_offload.ipynb #4a1b1720
 @patch
 def has_pending_push_work(self: OffloadingConnector) -> bool: return bool(self.jobs or self.reset_fence)
 
@@ -696,12 +712,14 @@ def get_stats(self: OffloadingConnector) -> dict:
     self.allocation_failures = 0
     return {k: stats[k] for k in sorted(stats) if stats[k]}
 
+# %% ../nbs/06d_offload.ipynb #516d5c4e
 @patch
 def config_info(self: OffloadingConnector) -> dict:
     "vLLM's CPU config facts (a chunk counted as 4096 bytes, vLLM's alignment, as the recorded runs size it)."
     return {"cpu_num_chunks": self.config.cpu_chunks, "cpu_blocks_per_chunk": self.blocks_per_chunk,
             "cpu_kv_cache_size_bytes": self.config.cpu_chunks * 4096, "cpu_kv_cache_size_tokens": self._size_tokens()}
 
+# %% ../nbs/06d_offload.ipynb #9fe8b9a8
 @patch
 def _size_tokens(self: OffloadingConnector) -> int | None:
     "Tokens the tier holds counted as whole max_model_len requests (vLLM's `cpu_kv_cache_size_tokens`)."
@@ -715,6 +733,7 @@ class InstantWorker:
         "Jobs reported complete this step, and the requests whose async load finished."
         return [*meta.load_jobs, *meta.store_jobs], {job.req_id for job in meta.load_jobs.values()}
 
+# %% ../nbs/06d_offload.ipynb #0788191b
 class VLLMWorker:
     "vLLM's own worker timing: loads and flushed jobs at step t, other stores at step t+1 (`prepare_store_kv` defers them)."
     def __init__(self): self.deferred: list[int] = []
@@ -733,6 +752,7 @@ def connector(self: OffloadConfig, kv: KVCacheManager) -> OffloadingConnector:
 @patch
 def _note(self: OffloadingConnector, name: str, value) -> None: self.record.setdefault(name, []).append(value)
 
+# %% ../nbs/06d_offload.ipynb #eefc4a07
 @patch
 def _names(self: OffloadingConnector, keys) -> list[str]: return [self.names.get(k, k.hex()[:12]) for k in keys]
 
@@ -761,6 +781,7 @@ def _events(self: OffloadingConnector) -> list:
         else: out += [["stored", self._names([k])] for k in keys]
     return _sorted_stored_runs(out)
 
+# %% ../nbs/06d_offload.ipynb #a2157672
 def _sorted_stored_runs(events: list) -> list:
     "Each run of consecutive 'stored' events in key order (vLLM emits a job's keys in set order)."
     out, run = [], []

@@ -109,6 +109,7 @@ def record(self: SchedulerOutput) -> dict:
 CONNECTOR_FIELDS = ("fin_order", "kv_fetch", "loading", "lookups", "admitted", "loads", "stores", "store_fail", "evicted", "done",
                     "events", "conn_pcs", "conn_stats", "cpu", "conn_info", "reset")  # a connector step's fields, in record order
 
+# %% ../nbs/06_scheduler.ipynb #c010d17e
 @patch
 def _connector_record(self: SchedulerOutput) -> dict:
     "With a KV connector: `skipped`, then the connector's non-empty fields in record order."
@@ -267,14 +268,20 @@ def max_num_seqs(self: Scheduler) -> int: return self.config.max_num_seqs
 @patch(as_prop=True)
 def policy(self: Scheduler) -> str: return self.config.policy
 
+# %% ../nbs/06_scheduler.ipynb #744a321d
+@patch
+def _check_offload(self: Scheduler, offload) -> None:
+    "Refuse, by name, a tier this scheduler cannot take."
+    if not callable(getattr(offload, "connector", None)):
+        raise TypeError(f"offload must be a kvref.offload.OffloadConfig, got {type(offload).__name__}")
+    if self.record_trace or self.config.async_scheduling:
+        raise ValueError("offload needs record_trace=False and sync scheduling: an allocator trace has no CPU loads")
+
 # %% ../nbs/06_scheduler.ipynb #8d16e4d0
 @patch
 def _init_connector(self: Scheduler, offload) -> None:
     "vLLM's KV-connector state: no connector, or the one `offload.connector(kv)` builds (chapter 06d)."
-    if offload is not None and not callable(getattr(offload, "connector", None)):
-        raise TypeError(f"offload must be a kvref.offload.OffloadConfig, got {type(offload).__name__}")
-    if offload is not None and (self.record_trace or self.config.async_scheduling):
-        raise ValueError("offload needs record_trace=False and sync scheduling: an allocator trace has no CPU loads")
+    if offload is not None: self._check_offload(offload)
     self.connector = offload.connector(self.kv) if offload is not None else None
     self.kv_holding_waiting = PriorityRequestQueue() if self.config.policy == "priority" else FCFSRequestQueue()
     self.deferred_waiting: set[SchedulerRequest] = set()  # skipped at least once, not yet admitted
@@ -608,11 +615,17 @@ def _connector_output(self: Scheduler, out: SchedulerOutput, into: SchedulerOutp
     for rid in loaded:
         if self.requests[rid].status is RequestStatus.WAITING_FOR_REMOTE_KVS:
             self.finished_recving_kv_req_ids.add(rid); self.kv_fetch_stages[rid] = "completed_waiting"
-    record["kv_fetch"] = {stage: n for stage in ("waiting_to_start", "in_progress", "completed_waiting")
-                          if (n := list(self.kv_fetch_stages.values()).count(stage))}
+    record["kv_fetch"] = self._kv_fetch_counts()
     record["conn_pcs"], self.connector_prefix_cache_stats = self.connector_prefix_cache_stats, PrefixCacheStats()
     record["_gpu_reset"], self._gpu_reset = self._gpu_reset, False
     into.kv_connector = self.connector.record_step(record)
+
+# %% ../nbs/06_scheduler.ipynb #06e64230
+@patch
+def _kv_fetch_counts(self: Scheduler) -> dict[str, int]:
+    "Requests with an async load, by stage (vLLM's num_kv_fetch_reqs_by_stage), non-zero only."
+    stages = list(self.kv_fetch_stages.values())
+    return {stage: n for stage in ("waiting_to_start", "in_progress", "completed_waiting") if (n := stages.count(stage))}
 
 # %% ../nbs/06_scheduler.ipynb #b0754881
 @patch
