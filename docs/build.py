@@ -231,12 +231,29 @@ def stage(proc: Path) -> None:
     shutil.copytree(DOCS / "_static", SRC / "_static")
 
 
-def build(out: Path) -> None:
-    "Process, stage and render the site into `out`."
+SITE_KEY = ".kvref-site-key"  # in the built site: the `site_key` it was built from
+
+
+def site_key() -> str:
+    "What the whole site depends on: the notebooks, the package, the golden files, the docs folder (this script too)."
+    import hashlib
+    digest = hashlib.sha256()
+    for f in sorted([*NBS.glob("*.ipynb"), *(ROOT / "kvref").rglob("*.py"), *(ROOT / "golden").rglob("*"),
+                     *DOCS.rglob("*"), ROOT / "pyproject.toml"]):
+        if f.is_file() and "__pycache__" not in f.parts: digest.update(f.as_posix().encode() + f.read_bytes())
+    return digest.hexdigest()
+
+
+def build(out: Path, force: bool = False) -> None:
+    "Process, stage and render the site into `out`; nothing to do when it was built from the same sources."
+    key, stamp = site_key(), out / SITE_KEY
+    if not force and stamp.is_file() and stamp.read_text() == key:
+        print(f"docs: {out} is current (nothing changed since it was built; --force rebuilds it)"); return
     stage(process_notebooks(execute()))
     if out.exists(): shutil.rmtree(out)  # no page of a renamed or removed chapter lingers
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(SRC), str(out)]
     if subprocess.run(cmd).returncode: sys.exit("docs: sphinx-build failed")
+    stamp.write_text(key)
     print(f"docs: built {out}")
 
 
@@ -245,6 +262,7 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=ROOT / "_site", help="where the HTML goes (default: _site)")
     parser.add_argument("--execute", action="store_true",
                         help="only run every notebook with nbdev-test --save (the test step; the build reuses it)")
+    parser.add_argument("--force", action="store_true", help="rebuild the site even when nothing changed")
     args = parser.parse_args()
     if args.execute: execute(force=True)
-    else: build(args.out)
+    else: build(args.out, args.force)

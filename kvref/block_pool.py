@@ -103,7 +103,7 @@ class AllBlocksCleared:
 KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 # %% ../nbs/03_block_pool.ipynb #6878f12d
-MAX_NUM_BLOCKS = 1 << 20  # the largest pool kvref builds: every block is an object, made up front as vLLM makes them
+MAX_NUM_BLOCKS = 1 << 21  # the largest pool kvref builds: every block is an object, made up front as vLLM makes them
 
 class BlockPool:
     "All KV cache blocks: the free queue in eviction order and the map from block hash to cached blocks."

@@ -15,11 +15,11 @@ from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to
                            hash_request_tokens)
 from .block_pool import MAX_NUM_BLOCKS
 from .kv_cache_manager import BEHAVIORS
-from .replay import (TRACE_FORMAT_VERSION, Divergence, TraceReplayer, list_vectors, load_decisions, load_trace,
-                          replay_lockstep, vector_path)
-from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, load_release_trace,
-                            profile_for_version, release_block_hashes, release_event_block_hashes)
-from .conformance import check, check_recorded, load_adapter, shrink
+from .replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, Divergence, TraceReplayer, list_vectors, load_decisions,
+                          load_trace, replay_lockstep, vector_path)
+from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, profile_for_version,
+                            release_block_hashes, release_event_block_hashes)
+from .conformance import check, check_recorded, load_adapter, load_any_trace, shrink
 from .hybrid_replay import (HybridTraceReplayer, hybrid_replay_stats, is_hybrid_file, load_hybrid_trace,
                                  write_hybrid_svgs)
 from .kv_events import HASH_FORMS
@@ -27,12 +27,12 @@ from .pictures import progress, write_svgs
 from .workloads import replay_stats
 
 # %% auto #0
-__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS', 'SUBCOMMANDS',
-           'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand', 'token_id',
-           'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli', 'replay_main',
-           'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main', 'convert_main',
-           'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'schedule_main', 'events_main',
-           'check_router_main', 'vectors_main', 'main']
+__all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
+           'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
+           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
+           'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
+           'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'schedule_main', 'events_main',
+           'check_router_main', 'audit_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -63,6 +63,7 @@ def int_arg(low: int = -(1 << 63), high: int = (1 << 63) - 1) -> Callable[[str],
 # %% ../nbs/12_cli.ipynb #3de68226
 MAX_JSON_CHARS = 1 << 25  # 32 Mi characters: a longer JSON input is refused, not read whole
 
+# %% ../nbs/12_cli.ipynb #efc32a09
 def read_text(path: str) -> str:
     "The text of file `path` ('-' is stdin), at most `MAX_JSON_CHARS` characters; ValueError naming the file."
     try:
@@ -122,12 +123,17 @@ def token_id(text: str, index: int) -> int:
     return value
 
 # %% ../nbs/12_cli.ipynb #4ce7ed1e
+TOKEN_FILE_FORMATS = 'a JSON list of token ids, a JSON object {"prompt": [...]}, or integers separated by spaces or commas'
+
+# %% ../nbs/12_cli.ipynb #f53a182a
 def read_token_ids(path: str) -> list[int]:
-    "Token ids from a JSON list or whitespace/comma-separated integers in file `path` ('-' reads stdin)."
+    "Token ids in file `path` ('-' reads stdin), written in one of `TOKEN_FILE_FORMATS`."
     try: text = read_text(path)
     except ValueError as e: raise ValueError(f"--file {e}") from None
-    if text.lstrip().startswith("["):
+    if text.lstrip().startswith(("[", "{")):
         ids = parse_json(text, path)
+        if isinstance(ids, dict) and set(ids) == {"prompt"}: ids = ids["prompt"]
+        if not isinstance(ids, list): raise ValueError(f"{path}: expected {TOKEN_FILE_FORMATS}")
         for i, t in enumerate(ids):
             if type(t) is not int or not 0 <= t <= TOKEN_ID_MAX:
                 raise ValueError(f"{path}: token_ids[{i}] is {json.dumps(t)[:30]}; token ids are integers from 0 to {TOKEN_ID_MAX}")
@@ -135,7 +141,7 @@ def read_token_ids(path: str) -> list[int]:
         ids = []
         for n, line in enumerate(text.splitlines(), 1):
             try: ids += [token_id(w, len(ids) + k) for k, w in enumerate(line.replace(",", " ").split())]
-            except ValueError as e: raise ValueError(f"{path}, line {n}: {e}") from None
+            except ValueError as e: raise ValueError(f"{path}, line {n}: {e} (a token file holds {TOKEN_FILE_FORMATS})") from None
     if not ids: raise ValueError(f"{path}: no tokens")
     return ids
 
@@ -159,7 +165,8 @@ def _hash_parser() -> CommandParser:
     parser = CommandParser(prog="kvref hash", description="Hash token ids into vLLM 0.33 block hashes, "
                            "one per full block, or verify vector files with --check.")
     parser.add_argument("tokens", nargs="*", help=f"token ids (integers from 0 to {TOKEN_ID_MAX})")
-    parser.add_argument("--file", help="read token ids from FILE (JSON list or whitespace/comma separated; - for stdin)")
+    parser.add_argument("--file", help="read token ids from FILE (a JSON list, {\"prompt\": [...]}, or integers separated "
+                        "by spaces or commas; - for stdin)")
     parser.add_argument("--block-size", type=int_arg(), default=16, help="tokens per block (default 16)")
     parser.add_argument("--algo", default="sha256", help=f"hash algorithm: {', '.join(HASH_FUNCTIONS)} (default sha256)")
     parser.add_argument("--salt", help="cache salt")
@@ -245,7 +252,7 @@ def hash_main(argv: list[str] | None = None) -> int:
     return 0
 
 # %% ../nbs/12_cli.ipynb #214977b1
-def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_trace) -> list[dict]:
+def load_trace_for_cli(path: str, load: Callable[[str], list[dict]] = load_any_trace) -> list[dict]:
     "`load(path)` (a trace loader), refusing a pool larger than `MAX_NUM_BLOCKS`."
     ops = load(path)
     if not isinstance(ops[0].get("num_blocks"), int) or isinstance(ops[0]["num_blocks"], bool):
@@ -295,8 +302,7 @@ def replay_main(argv: list[str] | None = None) -> int:
     hybrid = is_hybrid_file(args.trace)
     decide, keep = _decider(args, hybrid), args.stats or args.svg
     if keep and args.format == 2: raise ValueError("--stats and --svg read format 1 decisions: drop --format 2")
-    load = load_hybrid_trace if hybrid else load_release_trace if args.vllm_version else load_trace
-    ops = load_trace_for_cli(args.trace, load)
+    ops = load_trace_for_cli(args.trace)
     expected = load_decisions(args.expect) if args.expect else None
     if expected == []: raise ValueError(f"{args.expect}: no decisions, nothing to compare")
     lock = replay_lockstep(expected, decide=decide) if expected is not None else None
@@ -325,6 +331,8 @@ def _check_parser() -> CommandParser:
     p.add_argument("--adapter", help="module:factory or path/to/file.py:factory; factory(config dict) -> AllocatorAdapter")
     p.add_argument("--expect", action="append", metavar="DECISIONS.jsonl", help="recorded decisions instead of an adapter (one per trace, in order)")
     p.add_argument("--behavior", default="vllm_0_33", choices=["vllm_0_33", "design_doc"])
+    p.add_argument("--vllm-version", metavar="V", help="hold the adapter or decisions to vLLM release V's allocator "
+                   "(0.8.5 to 0.33.x; single-group traces)")
     p.add_argument("--fields", help="comma-separated decision fields to compare (default: all)")
     p.add_argument("--out", help="existing folder for minimal diverging traces (default: .)")
     p.add_argument("--free-queue-every", type=int_arg(1), metavar="K", help="compare whole free queues every K ops")
@@ -346,45 +354,60 @@ def _fields_arg(text: str | None) -> list[str] | None:
     if not fields: raise ValueError(f"--fields {text!r} names no field: nothing would be compared")
     return fields
 
-def _check_runs(ns) -> list[tuple[str, list[dict], list[dict] | None]]:
-    "Each trace with its `--expect` decisions (None: checked against the adapter), all read before any runs."
+# %% ../nbs/12_cli.ipynb #6892ee25
+def _check_options(ns) -> None:
+    "The options' own errors, before any trace is read."
     if (ns.adapter is None) == (not ns.expect): raise ValueError("give --adapter (an engine to check) or --expect (recorded decisions), one of the two")
     if ns.expect and len(ns.expect) != len(ns.traces):
         raise ValueError(f"--expect gives {len(ns.expect)} decisions files for {len(ns.traces)} traces: give one per trace, in order")
     if ns.expect and (ns.out or ns.free_queue_every): raise ValueError("--out and --free-queue-every go with --adapter, not --expect")
-    expected = [load_decisions(path) for path in ns.expect or ()]
-    if empty := next((path for path, d in zip(ns.expect or (), expected) if not d), None): raise ValueError(f"{empty}: no decisions, nothing to compare")
-    ops = [load_trace_for_cli(t, load_hybrid_trace if is_hybrid_file(t) else load_trace) for t in ns.traces]
-    return list(zip(ns.traces, ops, expected or [None] * len(ops)))
+    if ns.vllm_version: profile_for_version(ns.vllm_version)  # an unknown release is refused before any trace runs
 
 # %% ../nbs/12_cli.ipynb #6ecf92d5
+def _check_one(ns, path: str, expect: str | None, factory, fields: list[str] | None, out: Path | None) -> int:
+    "Check one trace: 0 if it conforms, 1 if it diverged (the minimal trace written); ValueError if it cannot be checked."
+    ops = load_trace_for_cli(path)
+    decisions = load_decisions(expect) if expect else None
+    if decisions == []: raise ValueError(f"{expect}: no decisions, nothing to compare")
+    try: d = (check(factory, ops, ns.behavior, fields, ns.free_queue_every, ns.vllm_version) if decisions is None
+              else check_recorded(decisions, ops, ns.behavior, fields, ns.vllm_version))
+    except ValueError as e: raise ValueError(f"{path}: {e}") from None
+    if d is None: print(f"{path}: conforms ({len(ops)} ops)"); return 0
+    if decisions is not None: print(f"{path}: {d.report()}"); return 1
+    minimal, target = shrink(factory, ops, ns.behavior, fields, ns.vllm_version), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
+    target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
+    own = check(factory, minimal, ns.behavior, fields, ns.free_queue_every, ns.vllm_version)  # what re-checking it shows
+    if own.report().split("\n", 1)[1:] == d.report().split("\n", 1)[1:]: print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}")
+    else: print(f"{path}: {d.report().splitlines()[0]}\nminimal trace ({len(minimal)} ops): {target}\n{target}: {own.report()}")
+    return 1
+
+# %% ../nbs/12_cli.ipynb #d5e6c659
 @subcommand("kvref check")
 def check_main(argv: list[str] | None = None) -> int:
-    "`kvref check`: 0 if every trace conforms, 1 if one diverged (minimal traces written), 2 on bad input."
+    "`kvref check`: each trace reported; the worst status: 0 all conform, 1 one diverged, 2 one could not be checked."
     ns = _check_parser().parse_args(argv)
-    fields, runs = _fields_arg(ns.fields), _check_runs(ns)
+    fields = _fields_arg(ns.fields)
+    _check_options(ns)
     out = _out_folder(ns.out or ".") if ns.adapter else None
-    try: factory, status = (load_adapter(ns.adapter) if ns.adapter else None), 0
+    try: factory = load_adapter(ns.adapter) if ns.adapter else None
     except ValueError as e:
         if ns.traceback and e.__cause__ is not None: traceback.print_exception(e.__cause__)
         raise
-    found = []
-    for path, ops, expected in runs:  # every check first: a refused one (exit 2) writes nothing
-        try: found.append(check(factory, ops, ns.behavior, fields, ns.free_queue_every) if expected is None
-                          else check_recorded(expected, ops, ns.behavior, fields))
-        except ValueError as e: raise ValueError(f"{path}: {e}") from None
-    for (path, ops, expected), d in zip(runs, found):
-        if d is None: print(f"{path}: conforms ({len(ops)} ops)"); continue
-        status = 1
-        if expected is not None: print(f"{path}: {d.report()}"); continue
-        minimal, target = shrink(factory, ops, ns.behavior, fields), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
-        target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
-        print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}")
-    return status
+    statuses = []
+    for path, expect in zip(ns.traces, ns.expect or [None] * len(ns.traces)):
+        try: statuses.append(_check_one(ns, path, expect, factory, fields, out))
+        except ValueError as e:
+            print(f"kvref check: error: {_one_line(e)}", file=sys.stderr)
+            statuses.append(2)
+    if len(statuses) > 1:
+        print(f"kvref check: {len(statuses)} traces: {statuses.count(0)} conform, {statuses.count(1)} diverged, "
+              f"{statuses.count(2)} could not be checked")
+    return max(statuses)
 
 # %% ../nbs/12_cli.ipynb #022a7511
 MAX_CAPTURE_SIZE = 1 << 16  # the largest CUDA graph capture size `kvref cudagraph` accepts
 
+# %% ../nbs/12_cli.ipynb #874f890b
 def _cudagraph_parser() -> CommandParser:
     "The options of `kvref cudagraph`."
     from kvref.cudagraph import ATTENTION_CG_SUPPORT  # imports torch: only when the command runs
@@ -554,6 +577,7 @@ def thinking_budget_main(argv: list[str] | None = None) -> int:
 # %% ../nbs/12_cli.ipynb #be1fb6ff
 TRACE_FORMATS = ("mooncake",)  # the request-log formats `kvref convert` reads
 
+# %% ../nbs/12_cli.ipynb #b5aefa92
 def _convert_parser() -> CommandParser:
     "The options of `kvref convert`."
     p = CommandParser(prog="kvref convert", description="Convert a production trace to kvref's trace format "
@@ -591,6 +615,7 @@ def add_scheduler_flags(p: CommandParser) -> None:
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
                    help="schedule a step before the last one's output is processed (off: the synchronous engine loop)")
 
+# %% ../nbs/12_cli.ipynb #caeff8c9
 def scheduler_settings(a: argparse.Namespace) -> dict:
     "The `SchedulerConfig` fields the flags of `add_scheduler_flags` set."
     return dict(policy=a.scheduling_policy, long_prefill_token_threshold=a.long_prefill_token_threshold,
@@ -615,6 +640,28 @@ def _sweep_parser() -> CommandParser:
     return p
 
 # %% ../nbs/12_cli.ipynb #2472db27
+def _too_small(requests: list, blocks: list[int], block_size: int) -> dict[int, str]:
+    "The sizes in `blocks` that cannot hold the trace's longest request, each with why (the production chapter's check)."
+    from kvref.production_traces import _check_fits
+    found = {}
+    for n in blocks:
+        try: _check_fits(requests, n, block_size)
+        except ValueError as e: found[n] = "too small: " + str(e).removeprefix(f"num_blocks={n} ")
+    return found
+
+# %% ../nbs/12_cli.ipynb #01ffdddf
+def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int, str]) -> str:
+    "`format_results`'s output with a row for each size too small to replay, in the order of `blocks`."
+    if fmt == "json":
+        rows = iter(json.loads(text))
+        return json.dumps([{"num_blocks": n, "too_small": too_small[n]} if n in too_small else next(rows) for n in blocks], indent=1) + "\n"
+    lines = text.splitlines()
+    head, columns = (lines.index(next(l for l in lines if l.startswith("| num_blocks"))) + 2, None) if fmt == "table" else (1, lines[0].count(",") + 1)
+    rows = iter(lines[head:])
+    small = (lambda n: f"| {n} | {too_small[n]} |") if fmt == "table" else (lambda n: str(n) + "," * (columns - 1))
+    return "\n".join(lines[:head] + [small(n) if n in too_small else next(rows) for n in blocks]) + "\n"
+
+# %% ../nbs/12_cli.ipynb #ee30196d
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
     "`kvref sweep TRACE --blocks 1000,2000 [--format table|csv|json] [--plot OUT]`; the exit status."
@@ -622,9 +669,11 @@ def sweep_main(argv: list[str] | None = None) -> int:
     a = _sweep_parser().parse_args(argv)
     blocks = [parse_int(b, "--blocks", 1, MAX_NUM_BLOCKS) for b in a.blocks.split(",")]
     requests = list(read_mooncake(a.trace, a.hash_block_size))
-    results = sweep(requests, blocks, a.block_size, a.max_num_batched_tokens, a.max_num_seqs, a.ms_per_step,
-                    a.hash_block_size, a.jobs, **scheduler_settings(a))
-    sys.stdout.write(format_results(results, a.format))
+    too_small = _too_small(requests, blocks, a.block_size)
+    if len(too_small) == len(blocks): raise ValueError(f"no size in --blocks can hold the trace: {too_small[max(blocks)]}")
+    results = sweep(requests, [n for n in blocks if n not in too_small], a.block_size, a.max_num_batched_tokens,
+                    a.max_num_seqs, a.ms_per_step, a.hash_block_size, a.jobs, **scheduler_settings(a))
+    sys.stdout.write(_with_too_small(format_results(results, a.format), a.format, blocks, too_small))
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0
 
@@ -644,6 +693,7 @@ def _first_difference(got: list[dict], want: list[dict]) -> str | None:
         if g != w: return f"step {w.get('step')}: " + "; ".join(f"{k}: kvref {g.get(k)!r}, expected {w.get(k)!r}" for k in w if g.get(k) != w.get(k))
     return None if len(got) == len(want) else f"kvref ran {len(got)} steps, expected {len(want)}"
 
+# %% ../nbs/12_cli.ipynb #6e19037e
 @subcommand("kvref schedule")
 def schedule_main(argv: list[str] | None = None) -> int:
     "`kvref schedule WORKLOADS.jsonl [--expect DIR] [--only NAME]`; the exit status."
@@ -669,6 +719,7 @@ def _events_parser() -> CommandParser:
     p.add_argument("trace", metavar="TRACE.jsonl", help="an allocator trace")
     p.add_argument("--hash-form", choices=HASH_FORMS, default="int", help="64-bit ints (vLLM's default) or digests")
     p.add_argument("--dp-rank", type=int_arg(0, 1 << 16), help="the engine's data-parallel rank, carried by each batch")
+    p.add_argument("--vllm-version", metavar="V", help="lay the batches out as vLLM release V (0.10.2 to 0.33.x) does (default 0.33)")
     p.add_argument("--publish", metavar="ENDPOINT", help="publish the batches on this ZMQ endpoint instead (needs pyzmq)")
     p.add_argument("--replay", metavar="ENDPOINT", help="with --publish: also serve vLLM's replay socket here")
     p.add_argument("--wait-s", type=float, default=1.0, help="with --publish: seconds for subscribers to join (1)")
@@ -676,17 +727,28 @@ def _events_parser() -> CommandParser:
     return p
 
 # %% ../nbs/12_cli.ipynb #f877497e
+def _events_schema(version: str | None):
+    "The layout `kvref events --vllm-version` writes: a release whose events carry digests' last 8 bytes, as kvref's do."
+    from kvref.kv_events import WIRE_SCHEMA
+    from kvref.releases import wire_schema
+    if version is None: return WIRE_SCHEMA
+    if profile_for_version(version).kv_events != "int64":
+        raise ValueError(f"vLLM {version} publishes int hash values (BlockHash.hash_value), not digests: kvref events "
+                         f"lays out kvref's events as a release from 0.10.2 on would")
+    return wire_schema(version)
+
+# %% ../nbs/12_cli.ipynb #0429d71b
 @subcommand("kvref events")
 def events_main(argv: list[str] | None = None) -> int:
     "`kvref events TRACE [--hash-form int|bytes] [--dp-rank N] [--publish ENDPOINT]`; the exit status."
     from kvref.router_conformance import event_records, publish_trace
     args = _events_parser().parse_args(argv)
-    ops = load_trace_for_cli(args.trace)
+    ops, schema = load_trace_for_cli(args.trace), _events_schema(args.vllm_version)
     if args.publish is None:
-        for record in event_records(ops, args.hash_form, args.dp_rank): print(json.dumps(record))
+        for record in event_records(ops, args.hash_form, args.dp_rank, schema): print(json.dumps(record))
         return 0
     if not (0 <= args.wait_s <= 60 and 0 <= args.serve_s <= 3600): raise ValueError("--wait-s and --serve-s must be 0-60 and 0-3600")
-    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s)
+    sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s, schema)
     print(f"kvref events: published {sent} batches on {args.publish}")
     return 0
 
@@ -718,22 +780,90 @@ def check_router_main(argv: list[str] | None = None) -> int:
         (out / (stream.removesuffix(".jsonl") + ".min.jsonl")).write_text("".join(json.dumps(o) + "\n" for o in ops))
     print(found.report()); return 1
 
+# %% ../nbs/12_cli.ipynb #a81c0202
+def _audit_parser() -> CommandParser:
+    "The options of `kvref audit`."
+    p = CommandParser(prog="kvref audit", description="Audit engines' KV event streams against their stated configuration.")
+    p.add_argument("endpoints", nargs="*", metavar="ENDPOINT", help="a live engine's KV event PUB endpoint (needs pyzmq)")
+    p.add_argument("--file", action="append", default=[], help="a recorded stream: JSONL with seq and payload_b64 per line")
+    p.add_argument("--engine", action="append", default=[], help="the name of each engine, in order (default: file or endpoint)")
+    p.add_argument("--replay", action="append", default=[], help="each live engine's replay endpoint, in order")
+    p.add_argument("--vllm-version", action="append", required=True, help="the release each engine runs")
+    p.add_argument("--hash-algo", action="append", required=True, help="--prefix-caching-hash-algo of each engine")
+    p.add_argument("--block-size", action="append", required=True, type=int_arg(1, 1 << 20), help="tokens per block")
+    p.add_argument("--pythonhashseed", action="append", default=[], help="PYTHONHASHSEED of each engine (default: unset)")
+    p.add_argument("--hash-form", action="append", default=[], choices=HASH_FORMS, help="int (default) or bytes")
+    p.add_argument("--report", metavar="OUT.json", help="write the machine-readable report here")
+    p.add_argument("--duration", type=float, default=10.0, help="live: seconds to listen (10)")
+    p.add_argument("--max-batches", type=int_arg(1), help="live: stop after this many batches")
+    return p
+
+# %% ../nbs/12_cli.ipynb #a81c0203
+def _per_engine(values: list, n: int, option: str, default=None) -> list:
+    "An option given once (every engine), once per engine, or not at all (`default`)."
+    if not values: return [default] * n
+    if len(values) in (1, n): return values * n if len(values) == 1 else values
+    raise ValueError(f"{option} given {len(values)} times for {n} engines: give it once, or once per engine")
+
+# %% ../nbs/12_cli.ipynb #a81c0205
+def _audit_configs(a: argparse.Namespace, sources: list[str]) -> list:
+    "One `EngineConfig` per file or endpoint, from `kvref audit`'s options."
+    from kvref.live_audit import EngineConfig
+    n = len(sources)
+    for option, given in (("--engine", a.engine), ("--replay", a.replay)):
+        if given and len(given) != n: raise ValueError(f"{option} given {len(given)} times for {n} engines: give one per engine")
+    names = a.engine or [Path(s).stem if a.file else s for s in sources]
+    return [EngineConfig(*c) for c in zip(names, _per_engine(a.vllm_version, n, "--vllm-version"),
+            _per_engine(a.hash_algo, n, "--hash-algo"), _per_engine(a.block_size, n, "--block-size"),
+            _per_engine(a.pythonhashseed, n, "--pythonhashseed"), _per_engine(a.hash_form, n, "--hash-form", "int"))]
+
+# %% ../nbs/12_cli.ipynb #a81c0206
+@subcommand("kvref audit")
+def audit_main(argv: list[str] | None = None) -> int:
+    "`kvref audit [ENDPOINT...] [--file F...] --vllm-version V --hash-algo A --block-size B`: 0, 1 on a finding, 2 on bad input."
+    from kvref.live_audit import audit_files, audit_live
+    a = _audit_parser().parse_args(argv)
+    if bool(a.file) == bool(a.endpoints): raise ValueError("give either --file streams or live ENDPOINTs, not both or neither")
+    sources = a.file or a.endpoints
+    configs = _audit_configs(a, sources)
+    if a.file: fleet = audit_files(configs, a.file)
+    else:
+        if not 0 < a.duration <= 86400: raise ValueError(f"--duration must be in (0, 86400] seconds, got {a.duration}")
+        fleet = audit_live(configs, a.endpoints, a.replay or None, a.duration, a.max_batches)
+    if fleet.exit_status() == 2: raise ValueError(f"no batch to audit in {', '.join(map(str, sources))}: nothing was checked")
+    print(fleet.summary())
+    if a.report: Path(a.report).write_text(json.dumps(fleet.report(), indent=1) + "\n", encoding="utf-8")
+    return fleet.exit_status()
+
 # %% ../nbs/12_cli.ipynb #8c1c3465
 def _vectors_parser() -> CommandParser:
     "The options of `kvref vectors`."
     parser = CommandParser(prog="kvref vectors", description="List the recorded vectors shipped with kvref.")
-    parser.add_argument("name", nargs="?", help="print this vector file's path (names as listed)")
+    parser.add_argument("name", nargs="?", help="print this vector file's path (names as listed); a folder ending in / "
+                        "(rules/) lists the files under it")
+    parser.add_argument("--kind", choices=VECTOR_KINDS, help="only files of this kind")
+    parser.add_argument("--vllm", metavar="V", help="only answers of vLLM release V (0.33 covers 0.33.x)")
+    parser.add_argument("--checkable", action="store_true", help="only traces `kvref check --adapter` takes as they are "
+                        "(recorded with vLLM 0.33.0, vLLM raised nowhere; --kind trace for single-group adapters)")
+    parser.add_argument("--paths", action="store_true", help="print only the paths, one a line")
     return parser
 
 # %% ../nbs/12_cli.ipynb #f9d31a65
 @subcommand("kvref vectors")
 def vectors_main(argv: list[str] | None = None) -> int:
-    "`kvref vectors [NAME]`: list the shipped vector files, or print the path of one."
+    "`kvref vectors [NAME] [--kind K] [--vllm V] [--checkable] [--paths]`: list the shipped vector files, or print one's path."
     args = _vectors_parser().parse_args(argv)
-    if args.name is not None: print(vector_path(args.name)); return 0
-    found = list_vectors()
-    width = max(len(v.name) for v in found)
-    for v in found: print(f"{v.name:<{width}}  {v.count:>5}  {v.source}")
+    folder = args.name if args.name is not None and args.name.endswith("/") else None
+    if args.name is not None and folder is None:
+        if args.kind or args.vllm or args.checkable or args.paths: raise ValueError("NAME takes no other option: it prints that file's path")
+        print(vector_path(args.name)); return 0
+    found = [v for v in list_vectors(args.kind, args.vllm, args.checkable) if folder is None or v.name.startswith(folder)]
+    if not found: raise ValueError("no shipped vector file matches " + " ".join(a for a in (folder, args.kind and f"--kind {args.kind}",
+                                   args.vllm and f"--vllm {args.vllm}", args.checkable and "--checkable") if a))
+    if args.paths: print("\n".join(str(v.path) for v in found)); return 0
+    rows = [("name", "kind", "vLLM", "cases", "source")] + [(v.name, v.kind, v.release or "-", str(v.count), v.source) for v in found]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows: print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>{widths[3]}}  {r[4]}")
     return 0
 
 # %% ../nbs/12_cli.ipynb #9f06ef68
@@ -748,6 +878,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "schedule":  (schedule_main, "serve scheduler workloads as vLLM 0.33 does, a step record a line; --expect recorded runs"),
     "events":    (events_main, "the KV events vLLM emits for a trace, as JSON and wire bytes; --publish over ZMQ"),
     "check-router": (check_router_main, "check a router's prefix index against kvref's, batch by batch"),
+    "audit":     (audit_main, "audit engines' KV event streams (recorded or live over ZMQ) against their stated config"),
     "vectors":   (vectors_main, "list the recorded vectors shipped with kvref, or print one's path"),
 }
 

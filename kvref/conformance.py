@@ -6,21 +6,22 @@ Docs: https://kvref.github.io/kvref/conformance.html.md"""
 
 # %% ../nbs/07_conformance.ipynb #089a5c78
 from __future__ import annotations
-import importlib, importlib.util, json, os, sys
+import importlib, importlib.util, json, os, sys, time
 from pathlib import Path
 from typing import Callable, Iterable
-from hypothesis import strategies as st
+from hypothesis import Verbosity, settings, strategies as st
 from fastcore.basics import patch
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from .kv_cache_manager import KVCacheManager
-from .replay import (FIELDS, AllocatorAdapter, Divergence, KVRefAdapter, Lockstep, Protocol1, TraceDriver,
-                          TraceReplayer, kvref_factory, load_decisions, load_trace, replay_lockstep)
-from .hybrid_replay import (HYBRID_FIELDS, HybridTraceDriver, HybridTraceReplayer, KVRefHybridAdapter, is_hybrid,
-                                 is_hybrid_file, load_hybrid_trace)
+from .replay import (FIELDS, FILE_KINDS, AllocatorAdapter, Divergence, KVRefAdapter, Lockstep, Protocol1,
+                          TraceDriver, TraceReplayer, file_kind, is_hybrid, kvref_factory, load_decisions, load_trace,
+                          replay_lockstep)
+from .releases import ReleaseTraceReplayer, load_release_trace, profile_for_version
+from .hybrid_replay import HYBRID_FIELDS, HybridTraceDriver, HybridTraceReplayer, KVRefHybridAdapter, load_hybrid_trace
 
 # %% auto #0
-__all__ = ['OP_MIX', 'decision_fields', 'check', 'check_recorded', 'shrink', 'ConformanceMachine', 'conformance_machine',
-           'load_adapter']
+__all__ = ['OP_MIX', 'load_any_trace', 'decision_fields', 'check', 'check_recorded', 'shrink', 'ConformanceMachine',
+           'conformance_machine', 'load_adapter']
 
 # %% ../nbs/07_conformance.ipynb #0dc05355
 def _as_factory(adapter) -> Callable[[dict], AllocatorAdapter]:
@@ -28,10 +29,19 @@ def _as_factory(adapter) -> Callable[[dict], AllocatorAdapter]:
     if isinstance(adapter, type) or (callable(adapter) and not isinstance(adapter, AllocatorAdapter)): return adapter
     raise TypeError(f"adapter must be a factory (config dict -> AllocatorAdapter), got {type(adapter).__name__}")
 
+_NOT_A_TRACE = {"decisions": "; give it to --expect, after its trace", "request-log": "; `kvref convert` makes a trace of it",
+                "events": "; `kvref events TRACE` writes the events vLLM 0.33 emits for a trace",
+                "scheduler": "; the scheduler chapter's `run_workload` replays it"}  # what to do instead
+
+def load_any_trace(path: str | Path) -> list[dict]:
+    "The ops of any allocator trace file: hybrid, or single-group (the release recordings' `mm` read as `mm_items`)."
+    kind = file_kind(path)
+    if kind in _NOT_A_TRACE: raise ValueError(f"{path}: not an allocator trace: it holds {FILE_KINDS[kind]}{_NOT_A_TRACE[kind]}")
+    return load_hybrid_trace(path) if kind == "hybrid-trace" else load_release_trace(path)
+
 def _ops(trace) -> list[dict]:
-    "A trace's ops: a list as given, or a file read by its format's reader (single-group or hybrid)."
-    if not isinstance(trace, (str, Path)): return list(trace)
-    return load_hybrid_trace(trace) if is_hybrid_file(trace) else load_trace(trace)
+    "A trace's ops: a list as given, or a file read by `load_any_trace`."
+    return load_any_trace(trace) if isinstance(trace, (str, Path)) else list(trace)
 
 def decision_fields(fields: Iterable[str] | None, hybrid: bool) -> list[str]:
     "The decision fields to compare (None: every field of the trace's format); a field the format lacks is refused."
@@ -46,18 +56,39 @@ def _queue_every(ops: list[dict], free_queue_every: int | None) -> int:
     num_blocks = ops[0].get("num_blocks", 1) if ops else 1
     return free_queue_every or (1 if num_blocks <= 64 else num_blocks)
 
-def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
+def _one_table(adapter, op: dict) -> bool:
+    "Whether the adapter answers `block_ids` for the op's request with one table of ints (the single-group protocol)."
+    try: got = adapter.block_ids(op["id"]) if adapter is not None and op.get("op") == "schedule" else None
+    except Exception: return False
+    return isinstance(got, list) and bool(got) and all(isinstance(b, int) for b in got)
+
+def _refuse_single_group(d: Divergence, adapter) -> None:
+    "On a hybrid trace, a divergence that says the adapter speaks the single-group protocol: one line saying so."
+    flat = _one_table(adapter, d.op or {})
+    if flat or (d.index == 0 and d.error):
+        why = "answered with one block table" if flat else f"raised on its config ({d.error.splitlines()[-1]})"
+        raise ValueError(f"this is a hybrid trace (its config lists KV cache groups), and the adapter {why}: a hybrid trace "
+                         "needs an adapter of the hybrid protocol (one block table per group; see the engine-authors page)")
+
+def _reference(behavior: str, hybrid: bool, vllm_version: str | None = None, **kwargs) -> TraceDriver:
+    "kvref's side: a hybrid trace's replayer, the allocator of vLLM release `vllm_version`, or kvref's in `behavior`."
+    if vllm_version is not None and (hybrid or behavior != "vllm_0_33"):
+        raise ValueError("a vLLM release is given for single-group traces only, and names the allocator: no other behavior")
+    if hybrid: return HybridTraceReplayer(behavior)
+    return ReleaseTraceReplayer(profile_for_version(vllm_version), **kwargs) if vllm_version else TraceReplayer(behavior, **kwargs)
+
+def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False,
+           vllm_version: str | None = None) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
     "kvref and the engine stepped in lockstep: format 2 drivers, or a hybrid trace's reference and driver (format 1)."
-    if hybrid: ref, engine = HybridTraceReplayer(behavior), HybridTraceDriver(factory, validate=False)
-    else:
-        ref = TraceReplayer(behavior, version=2, free_queue_every=every)
-        engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
+    ref = _reference(behavior, hybrid, vllm_version, version=2, free_queue_every=every)
+    if hybrid: engine = HybridTraceDriver(factory, validate=False)
+    else: engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
     return ref, engine, Lockstep(ref.apply, engine.apply, fields)
 
 # %% ../nbs/07_conformance.ipynb #8bd32e23
-def _tables_before(ops: list[dict], behavior: str, hybrid: bool = False) -> dict[str, list]:
+def _tables_before(ops: list[dict], behavior: str, hybrid: bool = False, vllm_version: str | None = None) -> dict[str, list]:
     "kvref's block tables after `ops` (replayed again, only to report a divergence; a hybrid trace's: one per group)."
-    ref = HybridTraceReplayer(behavior) if hybrid else TraceReplayer(behavior, version=2)
+    ref = _reference(behavior, hybrid, vllm_version, version=2)
     for op in ops: ref.apply(op)
     return {r: ref.manager.get_block_ids(r) for r in ref.requests} if ref.manager else {}
 
@@ -72,6 +103,7 @@ def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -
           behavior: str = "vllm_0_33",  # kvref behaviour to hold the adapter to
           fields: Iterable[str] | None = None,  # decision fields to compare (None: all of the trace's format)
           free_queue_every: int | None = None,  # compare whole free queues every this many ops (None: see above)
+          vllm_version: str | None = None,  # hold the adapter to this vLLM release's allocator instead (the releases chapter)
           ) -> Divergence | None:
     "Run kvref and `adapter` over `trace` in lockstep; the first divergence, or None if every decision matches."
     factory, ops = _as_factory(adapter), _ops(trace)
@@ -80,19 +112,25 @@ def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -
     if hybrid and free_queue_every not in (None, 1):
         raise ValueError("free_queue_every does not apply to a hybrid trace: its decisions carry the whole free queue every op")
     every = 1 if hybrid else _queue_every(ops, free_queue_every)
-    ref, engine, lock = _sides(factory, behavior, fields, every, hybrid)
+    ref, engine, lock = _sides(factory, behavior, fields, every, hybrid, vllm_version)
     for op in ops:
         if (d := lock.apply(op)) is None: continue
-        if every > 1 and "free_queue" in d.fields: return check(factory, d.trace, behavior, fields, 1)
-        d.tables = _tables_before(d.trace[:-1], behavior, hybrid)
+        if hybrid: _refuse_single_group(d, engine.adapter)
+        if "error" in (d.expected or {}):
+            raise ValueError(f"op {d.index}: vLLM {vllm_version} raises here ({d.expected['error']}): an adapter is held "
+                             "only to traces on which vLLM raises nowhere (check the recorded decisions instead)")
+        if every > 1 and "free_queue" in d.fields: return check(factory, d.trace, behavior, fields, 1, vllm_version)
+        d.tables = _tables_before(d.trace[:-1], behavior, hybrid, vllm_version)
         return d
-    return check(factory, ops, behavior, fields, 1) if every > 1 and _queues_differ(ref, engine, fields) else None
+    if every > 1 and _queues_differ(ref, engine, fields): return check(factory, ops, behavior, fields, 1, vllm_version)
+    return None
 
 # %% ../nbs/07_conformance.ipynb #2a4bd0ca
 def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions, or their JSONL file
                    trace: Iterable[dict] | str | Path,  # ops, or a JSONL trace file (single-group or hybrid)
                    behavior: str = "vllm_0_33",  # kvref behaviour to replay in
                    fields: Iterable[str] | None = None,  # decision fields to compare (None: whole decisions)
+                   vllm_version: str | None = None,  # replay as this vLLM release's allocator instead (the releases chapter)
                   ) -> Divergence | None:
     "Recorded `decisions` against kvref's replay of `trace`; the first divergence, or None if every decision matches."
     ops = _ops(trace)
@@ -100,10 +138,10 @@ def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions
     if (bad := next((i for i, d in enumerate(decisions) if not isinstance(d, dict) or "op" not in d), None)) is not None:
         raise ValueError(f"decision {bad} must be a JSON object with an 'op' field, got {decisions[bad]!r:.60}")
     hybrid = bool(ops) and is_hybrid(ops[0])
-    ref = HybridTraceReplayer(behavior) if hybrid else TraceReplayer(behavior)
+    ref = _reference(behavior, hybrid, vllm_version)
     lock = replay_lockstep(decisions, decide=ref.apply, fields=None if fields is None else decision_fields(fields, hybrid))
     for op in ops:
-        if (d := lock.apply(op)) is not None: d.tables = _tables_before(d.trace[:-1], behavior, hybrid); return d
+        if (d := lock.apply(op)) is not None: d.tables = _tables_before(d.trace[:-1], behavior, hybrid, vllm_version); return d
     return Divergence(len(ops), None, decisions[len(ops)], None, [], ops) if len(decisions) > len(ops) else None
 
 # %% ../nbs/07_conformance.ipynb #1a2bb6d9
@@ -112,8 +150,8 @@ def _signature(d: Divergence | None):
     if d is None: return None
     return (d.op.get("op"), tuple(d.fields), d.error and d.error.splitlines()[-1].split(":")[0])
 
-def _diverges_like(adapter, ops, behavior, fields, target) -> Divergence | None:
-    try: d = check(adapter, ops, behavior, fields, free_queue_every=1)
+def _diverges_like(adapter, ops, behavior, fields, target, vllm_version=None) -> Divergence | None:
+    try: d = check(adapter, ops, behavior, fields, free_queue_every=1, vllm_version=vllm_version)
     except (ValueError, KeyError, TypeError): return None  # not a valid trace for kvref
     return d if _signature(d) == target else None
 
@@ -140,16 +178,20 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
            trace: Iterable[dict] | str | Path,  # a trace on which `adapter` diverges
            behavior: str = "vllm_0_33",  # as for `check`
            fields: Iterable[str] | None = None,  # as for `check`
+           vllm_version: str | None = None,  # as for `check`
            ) -> list[dict]:
-    "A short trace (config first) on which `adapter` still diverges from kvref the same way as on `trace`."
+    "A short trace (config first) on which `adapter` still diverges from kvref the same way as on `trace`; shrinking it again finds nothing shorter."
     fields = None if fields is None else list(fields)
-    first = check(adapter, trace, behavior, fields)
+    first = check(adapter, trace, behavior, fields, vllm_version=vllm_version)
     if first is None: raise ValueError("the adapter does not diverge on this trace: nothing to shrink")
     target = _signature(first)
     def attempt(candidate):
-        d = _diverges_like(adapter, candidate, behavior, fields, target)
+        d = _diverges_like(adapter, candidate, behavior, fields, target, vllm_version)
         return None if d is None else d.trace
-    return _without_runs(_without_requests(first.trace, attempt), attempt)
+    ops, shorter = first.trace, _without_runs(_without_requests(first.trace, attempt), attempt)
+    while len(shorter) < len(ops):  # a drop can move the divergence earlier, and then more ops can go: to a fixpoint
+        ops, shorter = shorter, _without_runs(_without_requests(shorter, attempt), attempt)
+    return ops
 
 # %% ../nbs/07_conformance.ipynb #af783fd6
 OP_MIX = ("schedule",) * 48 + ("add",) * 10 + ("append",) * 14 + ("free",) * 8 + ("preempt",) * 4 + ("reset_prefix_cache",)
@@ -159,7 +201,7 @@ class ConformanceMachine(RuleBasedStateMachine):
     factory: Callable = None  # the adapter factory under test
     behavior: str = "vllm_0_33"  # kvref behaviour to hold it to
     fields: tuple = FIELDS  # decision fields compared
-    out_path: Path = Path("kvref-divergence.jsonl")  # where a diverging trace is written
+    out_path: Path = Path("kvref-divergence.jsonl")  # where a diverging trace is written (`conformance_machine` names it after the run)
     caching: tuple = (True, False)  # enable_caching values to try
 
 # %% ../nbs/07_conformance.ipynb #a7c0f020
@@ -239,13 +281,17 @@ def act(self: ConformanceMachine, data):
 def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -> adapter
                         behavior: str = "vllm_0_33",  # kvref behaviour to hold it to
                         fields: Iterable[str] = FIELDS,  # decision fields compared
-                        out_path: str | Path = "kvref-divergence.jsonl",  # where the minimal trace is written
+                        out_path: str | Path | None = None,  # where the minimal trace is written (None: named after the run)
                         caching: Iterable[bool] = (True, False),  # enable_caching values to try
                         ) -> type[ConformanceMachine]:
     "A `ConformanceMachine` subclass bound to `adapter`; use its `.TestCase` in pytest or unittest."
-    return type("ConformanceMachineFor", (ConformanceMachine,), dict(
-        factory=staticmethod(_as_factory(adapter)), behavior=behavior, fields=tuple(fields), out_path=Path(out_path),
+    factory = _as_factory(adapter)
+    name = f"kvref-divergence-{getattr(factory, '__name__', 'adapter')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
+    machine = type("ConformanceMachineFor", (ConformanceMachine,), dict(
+        factory=staticmethod(factory), behavior=behavior, fields=tuple(fields), out_path=Path(out_path or name),
         caching=tuple(caching)))
+    machine.TestCase.settings = settings(machine.TestCase.settings, verbosity=Verbosity.quiet)  # the trace file is the reproducer: no steps, no draws
+    return machine
 
 # %% ../nbs/07_conformance.ipynb #0025f4e6
 def _import_error(what: str, e: Exception) -> ValueError:
@@ -256,6 +302,8 @@ def _import_error(what: str, e: Exception) -> ValueError:
 def _import_file(path: str):
     "The module in the Python file `path`."
     if not Path(path).is_file(): raise ValueError(f"--adapter: no such file {path!r}")
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path: sys.path.insert(0, folder)  # the file imports its sibling modules, as `python file.py` would
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
     try: spec.loader.exec_module(module)

@@ -16,24 +16,19 @@ from .hybrid import (CONFIG_FIELDS, HYBRID_CONFIG_DEFAULTS, HybridKVCacheManager
                           spec_from_group)
 from .free_queue import _check_bool
 from .hashing import LoRARequest, MultiModalItem
-from .replay import MAX_LINE_CHARS, TraceDriver, load_trace, step, validate_op
+from .replay import TraceDriver, file_kind, is_hybrid, load_trace, step, validate_op
 from .pictures import progress
 import kvref.mamba  # registers the Mamba group kind
 
 # %% auto #0
-__all__ = ['HYBRID_OPS', 'HYBRID_FIELDS', 'is_hybrid', 'validate_hybrid_op', 'load_hybrid_trace', 'is_hybrid_file',
-           'hybrid_config', 'HybridAllocatorAdapter', 'KVRefHybridAdapter', 'HybridTraceDriver', 'HybridTraceReplayer',
-           'replay_hybrid', 'GroupStats', 'HybridReplayStats', 'hybrid_replay_stats', 'hybrid_step_svg',
-           'write_hybrid_svgs']
+__all__ = ['HYBRID_OPS', 'HYBRID_FIELDS', 'validate_hybrid_op', 'load_hybrid_trace', 'is_hybrid_file', 'hybrid_config',
+           'HybridAllocatorAdapter', 'KVRefHybridAdapter', 'HybridTraceDriver', 'HybridTraceReplayer', 'replay_hybrid',
+           'GroupStats', 'HybridReplayStats', 'hybrid_replay_stats', 'hybrid_step_svg', 'write_hybrid_svgs']
 
 # %% ../nbs/05c_hybrid_replay.ipynb #008a50f5
 HYBRID_OPS = ("config", "add", "schedule", "append", "preempt", "free", "reset_prefix_cache", "new_step")
 HYBRID_FIELDS = ("hit_tokens", "num_new_tokens", "allocated", "block_ids", "shared_prefix_boundary", "copies", "ok",
                  "free_queue", "num_free")  # every field a hybrid decision can have, besides `op` and `id`
-
-def is_hybrid(config: object) -> bool:
-    "Whether a trace's first op describes KV cache groups (the hybrid format) rather than one block size."
-    return isinstance(config, dict) and "groups" in config
 
 # %% ../nbs/05c_hybrid_replay.ipynb #8359fdd0
 def _check_hybrid_config(op: dict) -> None:
@@ -68,9 +63,7 @@ def load_hybrid_trace(path: str | Path) -> list[dict]:
 
 def is_hybrid_file(path: str | Path) -> bool:
     "Whether a trace file's first line is a hybrid config (False if it cannot be read as one: the loader says why)."
-    try:
-        with open(path, encoding="utf-8") as f: return is_hybrid(json.loads(f.readline(MAX_LINE_CHARS + 1)))
-    except (OSError, ValueError, RecursionError): return False
+    return file_kind(path) == "hybrid-trace"
 
 # %% ../nbs/05c_hybrid_replay.ipynb #dbefb69e
 def hybrid_config(op: dict) -> dict:

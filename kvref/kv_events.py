@@ -14,10 +14,10 @@ from . import block_pool
 from .hashing import LoRARequest, MultiModalItem, block_hash_to_int64, hash_request_tokens
 
 # %% auto #0
-__all__ = ['MEDIUM_GPU', 'HASH_FORMS', 'ExternalBlockHash', 'KVCacheEvent', 'EVENT_TYPES', 'WIRE_CLASSES', 'Engine',
-           'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'KVEventBatch', 'external_block_hash', 'event_extra_keys',
-           'lora_id', 'wire_events', 'event_to_json', 'event_from_json', 'encode_batch', 'msgspec_types',
-           'wire_batch_fast', 'encode_batch_fast', 'decode_batch', 'KVIndex']
+__all__ = ['MEDIUM_GPU', 'HASH_FORMS', 'ExternalBlockHash', 'KVCacheEvent', 'EVENT_TYPES', 'WIRE_SCHEMA', 'WIRE_CLASSES',
+           'Engine', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'KVEventBatch', 'WireSchema',
+           'external_block_hash', 'event_extra_keys', 'lora_id', 'wire_events', 'event_to_json', 'event_from_json',
+           'encode_batch', 'msgspec_types', 'wire_batch_fast', 'encode_batch_fast', 'decode_batch', 'KVIndex']
 
 # %% ../nbs/03a_kv_events.ipynb #6cda02c4
 MEDIUM_GPU = "GPU"          # the only storage medium a single-GPU engine reports
@@ -68,6 +68,26 @@ class KVEventBatch:
     ts: float                              # time.time() at publishing (0.0 in the recordings)
     events: list[KVCacheEvent]
     data_parallel_rank: int | None = None  # the publisher sets its rank when None
+
+# %% ../nbs/03a_kv_events.ipynb #a81c0002
+@dataclass(frozen=True)
+class WireSchema:
+    "How a range of vLLM releases lays out a KV event batch: each struct's fields in order, events as maps or arrays."
+    first: str                    # the first release with this layout
+    stored: tuple[str, ...]       # BlockStored's fields, in order
+    removed: tuple[str, ...]      # BlockRemoved's fields, in order
+    batch: tuple[str, ...]        # KVEventBatch's fields, in order
+    events_as_arrays: bool        # events are array_like: [tag, every field] (up to 0.23); else maps with "type"
+    signed_hashes: bool = False   # hashes are ints of either sign, `BlockHash.hash_value` (up to 0.10.1)
+
+    def names(self, cls: type) -> tuple[str, ...]:
+        "The fields wire class `cls` has in this layout."
+        names = {BlockStored: self.stored, BlockRemoved: self.removed, AllBlocksCleared: (), KVEventBatch: self.batch}.get(cls)
+        if names is None: raise TypeError(f"not a KV event class: {getattr(cls, '__name__', cls)!r}")
+        return names
+
+def _names(cls: type) -> tuple[str, ...]: return tuple(f.name for f in fields(cls))
+WIRE_SCHEMA = WireSchema("0.33.0", _names(BlockStored), _names(BlockRemoved), _names(KVEventBatch), events_as_arrays=False)
 
 # %% ../nbs/03a_kv_events.ipynb #f58f9026
 def _check_hash_form(hash_form: str) -> None:
@@ -144,9 +164,9 @@ def _jsonable(value):
     if isinstance(value, (list, tuple)): return [_jsonable(v) for v in value]
     return value
 
-def event_to_json(event: KVCacheEvent) -> dict:
-    "The event as the recordings write it: `type`, then every field, bytes as hex."
-    return {"type": type(event).__name__, **{f.name: _jsonable(getattr(event, f.name)) for f in fields(event)}}
+def event_to_json(event: KVCacheEvent, schema: WireSchema = WIRE_SCHEMA) -> dict:
+    "The event as the recordings write it: `type`, then every field (that `schema`'s release has), bytes as hex."
+    return {"type": type(event).__name__, **{name: _jsonable(getattr(event, name)) for name in schema.names(type(event))}}
 
 # %% ../nbs/03a_kv_events.ipynb #a0be30a8
 def event_from_json(obj: dict, hash_form: str = "int") -> KVCacheEvent:
@@ -182,20 +202,28 @@ def _pack_int(out: bytearray, n: int) -> None:
     raise ValueError(f"integer {n} does not fit in 64 bits: msgpack cannot encode it")
 
 # %% ../nbs/03a_kv_events.ipynb #8c25fc36
-def _pack_struct(out: bytearray, event) -> None:
-    "A tagged map-encoded struct: header sized for all fields plus the tag, `type` first, None defaults left out."
-    all_fields = fields(event)
-    entries = [(f.name, getattr(event, f.name)) for f in all_fields
-               if f.default is not None or getattr(event, f.name) is not None]
+@functools.cache
+def _omittable(cls: type) -> frozenset[str]:
+    "The fields of wire class `cls` left out of a map when None: those whose default is None."
+    return frozenset(f.name for f in fields(cls) if f.default is None)
+
+def _pack_struct(out: bytearray, event, schema: WireSchema) -> None:
+    "A tagged struct: an array [tag, every field], or a map sized for all fields plus the tag, None defaults left out."
+    names, tag = schema.names(type(event)), type(event).__name__
+    if schema.events_as_arrays:
+        _pack(out, [tag, *(getattr(event, name) for name in names)], schema)
+        return
+    omit = _omittable(type(event))
+    entries = [(name, getattr(event, name)) for name in names if name not in omit or getattr(event, name) is not None]
     count = len(entries) + 1
-    if len(all_fields) + 1 < 16: out.append(0x80 | count)
+    if len(names) + 1 < 16: out.append(0x80 | count)
     else: out += b"\xde" + count.to_bytes(2, "big")
-    for key, value in (("type", type(event).__name__), *entries):
-        _pack(out, key)
-        _pack(out, value)
+    for key, value in (("type", tag), *entries):
+        _pack(out, key, schema)
+        _pack(out, value, schema)
 
 # %% ../nbs/03a_kv_events.ipynb #252ec227
-def _pack(out: bytearray, value) -> None:
+def _pack(out: bytearray, value, schema: WireSchema = WIRE_SCHEMA) -> None:
     "Append the msgpack encoding of `value` (None, bool, int, float, str, bytes, list/tuple, wire event or batch)."
     kind = type(value)
     if value is None or kind is bool: out.append({None: 0xC0, False: 0xC2, True: 0xC3}[value])
@@ -210,23 +238,24 @@ def _pack(out: bytearray, value) -> None:
         out += value
     elif kind is list or kind is tuple:
         _pack_head(out, len(value), 0x90, 16, ((0xDC, 2), (0xDD, 4)), "array")
-        for item in value: _pack(out, item)
-    elif kind is KVEventBatch:
-        out.append(0x93)
-        for item in (value.ts, value.events, value.data_parallel_rank): _pack(out, item)
-    elif kind in EVENT_TYPES.values(): _pack_struct(out, value)
+        for item in value: _pack(out, item, schema)
+    elif kind is KVEventBatch: _pack(out, [getattr(value, name) for name in schema.batch], schema)
+    elif kind in EVENT_TYPES.values(): _pack_struct(out, value, schema)
     else: raise TypeError(f"cannot encode {kind.__name__} in a KV event batch")
 
 # %% ../nbs/03a_kv_events.ipynb #2678b9cf
-def encode_batch(batch: KVEventBatch) -> bytes:
-    "The msgpack bytes vLLM's publisher sends for `batch`."
+def encode_batch(batch: KVEventBatch,
+                 schema: WireSchema = WIRE_SCHEMA,  # the sending release's layout (see `releases.wire_schema`)
+                ) -> bytes:
+    "The msgpack bytes vLLM's publisher sends for `batch` (only the fields `schema`'s release has)."
     if type(batch) is not KVEventBatch: raise TypeError(f"expected a KVEventBatch, got {type(batch).__name__}")
+    if type(schema) is not WireSchema: raise TypeError(f"schema must be a WireSchema, got {type(schema).__name__}")
     if type(batch.ts) is not float or batch.ts != batch.ts: raise TypeError(f"KVEventBatch.ts must be a float, got {batch.ts!r}")
     rank = batch.data_parallel_rank
     if rank is not None and (type(rank) is not int or rank < 0):
         raise ValueError(f"KVEventBatch.data_parallel_rank must be None or an int >= 0, got {rank!r}")
     out = bytearray()
-    _pack(out, batch)
+    _pack(out, batch, schema)
     return bytes(out)
 
 # %% ../nbs/03a_kv_events.ipynb #1df03025
@@ -333,62 +362,84 @@ def _unpack_sized(data: bytes, pos: int, kind: str, n: int, depth: int) -> tuple
     return dict(zip(keys, items[1::2])), pos
 
 # %% ../nbs/03a_kv_events.ipynb #f28312f1
-def _is_hash(hash_form: str):
-    if hash_form == "int": return lambda v: type(v) is int and 0 <= v < 1 << 64
+def _is_hash(hash_form: str, signed: bool = False):  # signed: ints of either sign (hash values, up to 0.10.1)
+    if hash_form == "int": return lambda v: type(v) is int and -(signed << 63) <= v < 1 << 64
     return lambda v: type(v) is bytes and len(v) > 0
 
 # %% ../nbs/03a_kv_events.ipynb #265b9e9f
-def _field_checks(hash_form: str) -> dict[type, dict[str, tuple[Any, str]]]:
+def _field_checks(hash_form: str, signed: bool = False) -> dict[type, dict[str, tuple[Any, str]]]:
     "Per event type, per field: (check, what it must be)."
-    is_hash = _is_hash(hash_form)
-    form = f"{'a 64-bit unsigned int' if hash_form == 'int' else 'bytes (a digest)'} (hash form {hash_form!r})"
+    is_hash = _is_hash(hash_form, signed)
+    form = f"{'a 64-bit ' + ('int' if signed else 'unsigned int') if hash_form == 'int' else 'bytes (a digest)'} (hash form {hash_form!r})"
     hashes = (lambda v: type(v) is list and all(map(is_hash, v)), f"a list of hashes, each {form}")
     opt_int, opt_str = (lambda v: v is None or type(v) is int, "an int or nil"), (lambda v: v is None or type(v) is str, "a str or nil")
+    opt_list = (lambda v: v is None or type(v) is list, "a list or nil")
     return {BlockStored: {"block_hashes": hashes,
                           "parent_block_hash": (lambda v: v is None or is_hash(v), f"nil or a hash, {form}"),
                           "token_ids": (lambda v: type(v) is list and all(type(t) is int and t >= 0 for t in v), "a list of ints >= 0"),
                           "block_size": (lambda v: type(v) is int and v >= 1, "an int >= 1"), "lora_id": opt_int,
-                          "medium": opt_str, "lora_name": opt_str,
-                          "extra_keys": (lambda v: v is None or type(v) is list, "a list or nil"), "group_idx": opt_int,
-                          "kv_cache_spec_kind": opt_str, "kv_cache_spec_sliding_window": opt_int},
-            BlockRemoved: {"block_hashes": hashes, "medium": opt_str, "group_idx": opt_int},
+                          "medium": opt_str, "lora_name": opt_str, "extra_keys": opt_list, "group_idx": opt_int,
+                          "kv_cache_spec_kind": opt_str, "kv_cache_spec_sliding_window": opt_int, "locality": opt_str,
+                          "ownership": opt_str, "session_id": opt_str, "lookahead_token_ids": opt_list},
+            BlockRemoved: {"block_hashes": hashes, "medium": opt_str, "group_idx": opt_int, "locality": opt_str,
+                           "ownership": opt_str},
             AllBlocksCleared: {}}
 
 # %% ../nbs/03a_kv_events.ipynb #60d87da7
-def _event_from_map(obj, hash_form: str, where: str) -> KVCacheEvent:
-    "The event a decoded map describes, every field checked."
+def _event_from_map(obj, hash_form: str, where: str, schema: WireSchema | None = None) -> KVCacheEvent:
+    "The event a decoded map describes, every field checked (with a `schema`: no field that release lacks)."
     if type(obj) is not dict or obj.get("type") not in EVENT_TYPES:
         got = obj.get("type") if type(obj) is dict else type(obj).__name__
         raise ValueError(f"{where}: not a tagged KV event map (type {got!r}); expected one of {', '.join(EVENT_TYPES)}")
     cls = EVENT_TYPES[obj["type"]]
-    for name, (check, what) in _field_checks(hash_form)[cls].items():
-        required = next(f for f in fields(cls) if f.name == name).default is MISSING
+    names = _names(cls) if schema is None else schema.names(cls)
+    if schema is not None and (unknown := [k for k in obj if k != "type" and k not in names]):
+        raise ValueError(f"{where}: {cls.__name__} has field {unknown[0]!r}, which vLLM {schema.first}'s layout does not have")
+    checks = _field_checks(hash_form, schema is not None and schema.signed_hashes)[cls]
+    for name in names:
+        check, what = checks[name]
         if name not in obj:
-            if required: raise ValueError(f"{where}: {cls.__name__} is missing field {name!r}")
+            if name not in _omittable(cls): raise ValueError(f"{where}: {cls.__name__} is missing field {name!r}")
         elif not check(obj[name]): raise ValueError(f"{where}: {cls.__name__}.{name} must be {what}, got {obj[name]!r:.80}")
     if cls is BlockStored and type(obj.get("extra_keys")) is list and len(obj["extra_keys"]) != len(obj["block_hashes"]):
         raise ValueError(f"{where}: BlockStored.extra_keys has {len(obj['extra_keys'])} entries for {len(obj['block_hashes'])} blocks")
     return cls(**{f.name: obj.get(f.name) for f in fields(cls)})
 
+# %% ../nbs/03a_kv_events.ipynb #a81c0007
+def _event_from_array(obj, hash_form: str, where: str, schema: WireSchema) -> KVCacheEvent:
+    "The event an array-events release sent as `[tag, field, ...]`, as the map `_event_from_map` checks."
+    tag = obj[0] if type(obj) is list and obj else None
+    if tag not in EVENT_TYPES:
+        raise ValueError(f"{where}: not a tagged KV event array (tag {tag!r:.40}); vLLM {schema.first} sends events as [tag, field, ...]")
+    names = schema.names(EVENT_TYPES[tag])
+    if len(obj) - 1 > len(names):
+        raise ValueError(f"{where}: {tag} has {len(obj) - 1} fields, but vLLM {schema.first}'s layout has {len(names)}")
+    return _event_from_map({"type": tag, **dict(zip(names, obj[1:]))}, hash_form, where, schema)
+
 # %% ../nbs/03a_kv_events.ipynb #ce3a32d9
 def decode_batch(payload: bytes,         # msgpack bytes of one published batch
                  hash_form: str = "int",  # the hash form the stream must use
                  where: str = "batch",    # names the batch in errors (stream, sequence number)
+                 schema: WireSchema | None = None,  # the sending release's layout, enforced; None: 0.33's, extra fields ignored
                 ) -> KVEventBatch:
     "The `KVEventBatch` in `payload`, every field checked; ValueError naming the batch, event and field."
     _check_hash_form(hash_form)
+    if schema is not None and type(schema) is not WireSchema: raise TypeError(f"schema must be a WireSchema or None, got {type(schema).__name__}")
     if not isinstance(payload, (bytes, bytearray)): raise TypeError(f"{where}: payload must be bytes, got {type(payload).__name__}")
     try: obj, end = _unpack(bytes(payload), 0)
     except ValueError as e: raise ValueError(f"{where}: not msgpack: {e}") from None
     if end != len(payload): raise ValueError(f"{where}: {len(payload) - end} bytes after the batch")
-    if type(obj) is not list or len(obj) not in (2, 3):
-        raise ValueError(f"{where}: not a KVEventBatch (expected the array [ts, events, data_parallel_rank], got {obj!r:.60})")
+    names = (schema or WIRE_SCHEMA).batch
+    if type(obj) is not list or not 2 <= len(obj) <= len(names):
+        raise ValueError(f"{where}: not a KVEventBatch (expected the array [{', '.join(names)}], got {obj!r:.60})")
     ts, events, rank = (obj + [None])[:3]
     if type(ts) not in (float, int) or not math.isfinite(ts): raise ValueError(f"{where}: KVEventBatch.ts must be a number, got {ts!r:.40}")
     if type(events) is not list: raise ValueError(f"{where}: KVEventBatch.events must be an array, got {events!r:.40}")
     if rank is not None and (type(rank) is not int or rank < 0):
         raise ValueError(f"{where}: KVEventBatch.data_parallel_rank must be an int >= 0 or nil, got {rank!r:.40}")
-    return KVEventBatch(float(ts), [_event_from_map(e, hash_form, f"{where}, events[{i}]") for i, e in enumerate(events)], rank)
+    if schema is not None and schema.events_as_arrays:
+        return KVEventBatch(float(ts), [_event_from_array(e, hash_form, f"{where}, events[{i}]", schema) for i, e in enumerate(events)], rank)
+    return KVEventBatch(float(ts), [_event_from_map(e, hash_form, f"{where}, events[{i}]", schema) for i, e in enumerate(events)], rank)
 
 # %% ../nbs/03a_kv_events.ipynb #f0dc5350
 Engine = tuple[str, int | None]  # (stream, data-parallel rank)
@@ -424,13 +475,20 @@ def apply(self: KVIndex, stream: str,      # the publisher (its endpoint, say)
     rank = self.stream_rank.get(stream, batch.data_parallel_rank)
     if batch.data_parallel_rank != rank:
         raise ValueError(f"{where}: data_parallel_rank {batch.data_parallel_rank} but the stream's earlier batches had {rank}")
-    engine = (stream, rank)
-    cleared, changes = self._changes(engine, batch.events, where)
+    self.apply_events((stream, rank), batch.events, where)
+    self.next_seq[stream], self.stream_rank[stream] = seq + 1, rank
+
+@patch
+def apply_events(self: KVIndex, engine: Engine,  # (stream, data-parallel rank)
+                 events: list[KVCacheEvent],     # decoded events of that engine, in order
+                 where: str = "events"):         # names them in errors
+    "Check decoded events against the engine's index, then apply them (refused: nothing changes)."
+    cleared, changes = self._changes(engine, events, where)
     counts = {} if cleared else self.engines.get(engine, {})
     for block_hash, n in changes.items():
         if n: counts[block_hash] = n
         else: counts.pop(block_hash, None)
-    self.engines[engine], self.next_seq[stream], self.stream_rank[stream] = counts, seq + 1, rank
+    self.engines[engine] = counts
 
 # %% ../nbs/03a_kv_events.ipynb #472bbee6
 @patch

@@ -35,7 +35,7 @@ class Step:
 @dataclass(slots=True)
 class _Req:
     tokens: list[int]
-    extra: tuple  # (cache_salt, lora name): part of every key
+    extra: tuple  # (cache_salt, lora name, lora path): part of every key, as in vLLM 0.33's hash
     computed: int = 0
     keys: list[int] = field(default_factory=list)  # cache key of each full block, computed lazily
 
@@ -135,7 +135,8 @@ def _apply(t: _Trace, op: dict, dec: dict) -> tuple[list[int], list[int], list[i
     if kind == "config": t.block_size, t.caching = op["block_size"], op.get("enable_caching", True)
     elif kind == "add":
         lora = op.get("lora")
-        t.reqs[rid] = _Req(list(op["prompt"]), (op.get("cache_salt"), lora.get("name") if isinstance(lora, dict) else None))
+        name_path = (lora.get("name"), lora.get("path")) if isinstance(lora, dict) else (None, None)
+        t.reqs[rid] = _Req(list(op["prompt"]), (op.get("cache_salt"), *name_path))
     elif kind == "append": t.reqs[rid].tokens.extend(op["tokens"])
     elif kind in ("preempt", "free"):
         t.tables.pop(rid, None)

@@ -19,15 +19,17 @@ from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem
 from .block_pool import BlockPool
 from .free_queue import _check_count
 from .kv_cache_manager import KVCacheManager, Request
-from .replay import KVRefAdapter, TraceDriver, trace_config, validate_op, read_jsonl
+from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl
+from .kv_events import WIRE_SCHEMA, WireSchema
 
 # %% auto #0
-__all__ = ['PROFILES', 'RELEASE_RANGES', 'PYTHON_HASH_MAX_DEPTH', 'LORA_EVENT_ERROR', 'FREE_ORDERS', 'LOOKUP_INDEX_ERROR',
-           'VECTOR_FIELDS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile', 'parse_version', 'profile_for_version',
-           'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash', 'release_extra_keys',
-           'release_block_hashes', 'release_event_block_hashes', 'ReleaseBlockPool', 'ReleaseKVCacheManager',
-           'release_factory', 'ReleaseTraceReplayer', 'load_release_trace', 'replay_release', 'ReleaseMismatch',
-           'check_release_vectors', 'diagnose']
+__all__ = ['PROFILES', 'RELEASE_RANGES', 'PYTHON_HASH_MAX_DEPTH', 'LORA_EVENT_ERROR', 'WIRE_SCHEMAS', 'FREE_ORDERS',
+           'LOOKUP_INDEX_ERROR', 'VECTOR_FIELDS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile', 'parse_version',
+           'profile_for_version', 'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash',
+           'release_extra_keys', 'release_block_hashes', 'release_event_block_hashes', 'wire_schema',
+           'ReleaseBlockPool', 'ReleaseKVCacheManager', 'release_factory', 'ReleaseTraceReplayer',
+           'validate_release_op', 'load_release_trace', 'replay_release', 'ReleaseMismatch', 'check_release_vectors',
+           'diagnose']
 
 # %% ../nbs/05a_vllm_releases.ipynb #fe458b03
 @dataclass(frozen=True)
@@ -380,6 +382,30 @@ def release_event_block_hashes(profile: VllmProfile, block_hashes: Sequence, lor
         raise ValueError(f"{profile.name} raises {LORA_EVENT_ERROR} emitting a LoRA request's BlockStored (until 0.11.0)")
     return list(block_hashes) if profile.kv_events == "hash_value" else [block_hash_to_int64(h) for h in block_hashes]
 
+# %% ../nbs/05a_vllm_releases.ipynb #a81c0102
+_W09 = WireSchema("0.9.0", ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id"), ("block_hashes",),
+                  ("ts", "events"), events_as_arrays=True, signed_hashes=True)
+_W091 = replace(_W09, first="0.9.1", batch=("ts", "events", "data_parallel_rank"))
+_W0102 = replace(_W091, first="0.10.2", stored=_W091.stored + ("medium",), removed=("block_hashes", "medium"),
+                 signed_hashes=False)
+_W014 = replace(_W0102, first="0.14.0", stored=_W0102.stored + ("lora_name",))
+_W017 = replace(_W014, first="0.17.0", stored=_W014.stored + ("extra_keys",))
+_W020 = replace(_W017, first="0.20.0", stored=_W017.stored + ("group_idx",), removed=_W017.removed + ("group_idx",))
+_W022 = replace(_W020, first="0.22.0", stored=_W020.stored + ("kv_cache_spec_kind", "kv_cache_spec_sliding_window"))
+_W024 = replace(_W022, first="0.24.0", events_as_arrays=False)
+_W026 = replace(_W024, first="0.26.0", stored=_W024.stored + ("locality",), removed=_W024.removed + ("locality",))
+_W029 = replace(_W026, first="0.29.0", stored=_W026.stored + ("ownership",), removed=_W026.removed + ("ownership",))
+_W030 = replace(_W029, first="0.30.0", stored=_W029.stored + ("session_id",))
+WIRE_SCHEMAS = (_W09, _W091, _W0102, _W014, _W017, _W020, _W022, _W024, _W026, _W029, _W030, WIRE_SCHEMA)
+
+# %% ../nbs/05a_vllm_releases.ipynb #a81c0103
+def wire_schema(version: str) -> WireSchema:
+    "The layout of the KV event batches vLLM release `version` publishes (0.9.0 to 0.33.x)."
+    profile = profile_for_version(version)  # refuses what kvref does not model
+    if profile.kv_events is None: raise ValueError(f"vLLM {version} has no KV events (they came in vLLM 0.9.0, #16750)")
+    release = parse_version(version)
+    return next(s for s in reversed(WIRE_SCHEMAS) if parse_version(s.first) <= release)
+
 # %% ../nbs/05a_vllm_releases.ipynb #02283f7d
 FREE_ORDERS = {"request_order": (False, False), "reversed": (True, False),  # (last block first, hashless to head)
                "reversed_unhashed_to_head": (True, True)}
@@ -498,16 +524,14 @@ def _schedule(self: ReleaseTraceReplayer, op: dict) -> dict:
     return TraceDriver._schedule(self, op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #19e2f818
+def validate_release_op(op: object, version: int = 1) -> dict:
+    "`validate_op` of a release recording's op, its `mm` items read as the trace format's `mm_items`."
+    if isinstance(op, dict) and "mm" in op: op = {**{k: v for k, v in op.items() if k != "mm"}, "mm_items": op["mm"] or []}
+    return validate_op(op, version)
+
 def load_release_trace(path: str | Path) -> list[dict]:
     "The ops of a release trace (`mm` items, as the release recordings write them, read as `mm_items`)."
-    if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")  # open(3) reads fd 3
-    ops = []
-    for lineno, op in read_jsonl(path):
-        if isinstance(op, dict) and "mm" in op: op = {**{k: v for k, v in op.items() if k != "mm"}, "mm_items": op["mm"] or []}
-        try: ops.append(validate_op(op))
-        except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None
-    if not ops: raise ValueError(f"{path}: empty trace (the first line must be a 'config' op)")  # as `load_trace` says
-    return ops
+    return load_trace(path, validate_release_op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #919d18a9
 def replay_release(ops, version: str, strict: bool = False):
@@ -535,10 +559,12 @@ def _event_answer(profile: VllmProfile, hashes: Sequence, lora: LoRARequest | No
 
 # %% ../nbs/05a_vllm_releases.ipynb #900bc70c
 def _vector_answers(profile: VllmProfile, entry: dict) -> dict:
-    "What `profile` computes for a vector: the fields a release file records."
-    inputs, tokens, size, algo = _vector_inputs(entry), entry["prompt_token_ids"], entry["block_size"], entry["algo"]
-    hashes = release_block_hashes(profile, tokens, size, algo, **inputs)
-    keys = [release_extra_keys(profile, s, s + size, **{k: v for k, v in inputs.items() if k != "pythonhashseed"})
+    "What `profile` computes for a vector: the fields a release file records (its `output_token_ids`, if any, hashed as decode)."
+    inputs, prompt, size, algo = _vector_inputs(entry), entry["prompt_token_ids"], entry["block_size"], entry["algo"]
+    tokens = prompt + (entry.get("output_token_ids") or [])
+    hashes = release_block_hashes(profile, tokens, size, algo, num_prompt_tokens=len(prompt), **inputs)
+    keys = [release_extra_keys(profile, s, s + size, decode=s + size > len(prompt),
+                               **{k: v for k, v in inputs.items() if k != "pythonhashseed"})
             for s in range(0, len(hashes) * size, size)]
     answers = dict(none_hash=_encoded([release_none_hash(profile, algo, inputs["pythonhashseed"])])[0],
                    block_hashes=_encoded(hashes), extra_keys=json.loads(json.dumps(keys)))

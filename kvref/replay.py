@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/replay.html.md"""
 
 # %% ../nbs/05_replay.ipynb #2f052368
 from __future__ import annotations
-import json, sys, traceback
+import json, re, sys, traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
@@ -17,11 +17,12 @@ from .hashing import LoRARequest, MultiModalItem
 from .kv_cache_manager import BEHAVIORS, KVCacheManager, Request
 
 # %% auto #0
-__all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'MAX_LINE_CHARS', 'FIELDS',
-           'validate_op', 'trace_config', 'AllocatorAdapter', 'Protocol1', 'as_protocol2', 'KVRefAdapter',
-           'RequestState', 'step', 'decision', 'TraceDriver', 'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter',
-           'read_jsonl', 'load_trace', 'load_decisions', 'apply_changes', 'Divergence', 'Lockstep', 'recorded',
-           'replay_lockstep', 'Vector', 'golden_dir', 'list_vectors', 'vector_path']
+__all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'MAX_LINE_CHARS', 'FILE_KINDS',
+           'FIELDS', 'VECTOR_KINDS', 'validate_op', 'trace_config', 'AllocatorAdapter', 'Protocol1', 'as_protocol2',
+           'KVRefAdapter', 'RequestState', 'step', 'decision', 'TraceDriver', 'kvref_factory', 'TraceReplayer',
+           'replay', 'run_adapter', 'read_jsonl', 'load_trace', 'load_decisions', 'is_hybrid', 'jsonl_kind',
+           'file_kind', 'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector',
+           'golden_dir', 'list_vectors', 'vector_path']
 
 # %% ../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
@@ -432,7 +433,7 @@ def load_trace(path: str | Path,
     ops, version = [], 1
     for lineno, op in read_jsonl(path):
         try:
-            validate(op, version)
+            op = validate(op, version)  # a format's checker may also rename a field (the release recordings' `mm`)
             if (op["op"] == "config") != (not ops):
                 raise ValueError("the first op must be 'config', and only the first")
         except ValueError as e: raise ValueError(f"{path}, line {lineno}: {e}") from None
@@ -450,6 +451,36 @@ def load_decisions(path: str | Path) -> list[dict]:
             raise ValueError(f"{path}, line {lineno}: a decision must be a JSON object with an 'op' field")
         out.append(d)
     return out
+
+# %% ../nbs/05_replay.ipynb #442fb42e
+def is_hybrid(config: object) -> bool:
+    "Whether a trace's first op describes KV cache groups (the hybrid format) rather than one block size."
+    return isinstance(config, dict) and "groups" in config
+
+FILE_KINDS = {"trace": "an allocator trace", "hybrid-trace": "a hybrid allocator trace (KV cache groups)",
+              "decisions": "an allocator's decisions, one per op of a trace",
+              "events": "the KV events an engine emitted, one line per op of a trace",
+              "request-log": "a production request log (Mooncake format)",
+              "scheduler": "a scheduler's workloads or its steps (the scheduler chapter's records)"}  # what a JSONL file can hold
+
+def jsonl_kind(first: object) -> str:
+    "Which of `FILE_KINDS` a JSONL file holds, from its first line (anything unrecognised: 'trace', whose reader says why)."
+    if isinstance(first, list) or isinstance(first, dict) and "events" in first: return "events"
+    if not isinstance(first, dict): return "trace"
+    if "op" not in first and "hash_ids" in first: return "request-log"
+    if "op" not in first and ("sched" in first or "config" in first and "name" in first): return "scheduler"
+    if first.get("op") != "config": return "trace"
+    if is_hybrid(first): return "hybrid-trace"
+    return "decisions" if "num_blocks" not in first and ("num_free" in first or "free_queue" in first) else "trace"
+
+def file_kind(path: str | Path) -> str:
+    "`jsonl_kind` of a file's first non-blank line ('trace' when it cannot be read: the trace reader says why)."
+    try:
+        with open(path, encoding="utf-8") as f:
+            while line := f.readline(MAX_LINE_CHARS + 1):
+                if line.strip(): return jsonl_kind(json.loads(line))
+    except (OSError, ValueError, RecursionError): pass
+    return "trace"
 
 # %% ../nbs/05_replay.ipynb #a1e0f036
 def apply_changes(queue: list[int], d: dict) -> list[int]:
@@ -567,6 +598,9 @@ class Vector:
     source: str  # where the cases come from
     count: int  # cases in the file (ops or decisions for a trace, one for an array file)
     path: Path  # where it is on this machine
+    kind: str = "trace"  # one of `VECTOR_KINDS`
+    release: str | None = None  # the vLLM release that gave the answers (None: kvref's own, or a request log)
+    checkable: bool = False  # a trace `kvref check --adapter` holds an engine to as it is (see `list_vectors`)
 
 # %% ../nbs/05_replay.ipynb #42b6b54f
 def golden_dir() -> Path:
@@ -575,26 +609,62 @@ def golden_dir() -> Path:
     return package / "golden" if (package / "golden").is_dir() else package.parent / "golden"
 
 # %% ../nbs/05_replay.ipynb #b5a0f003
-def _describe(path: Path, root: Path) -> tuple[str, int]:
-    "The source and case count of one vector file (a JSON file names its own source)."
-    if path.suffix == ".npz": return "kvref's float64 reference (see attention/PROVENANCE.md)", 1
+VECTOR_KINDS = (*FILE_KINDS, "hashing", "cudagraph", "thinking-budget", "attention")  # `kvref vectors --kind`
+_JSON_KINDS = {"hashing": "hashing", "versions": "hashing", "versions-vllm": "hashing", "cudagraph": "cudagraph",
+               "thinking_budget": "thinking-budget", "events": "events", "attention": "attention"}  # by top folder
+_SOURCES = {"trace": "allocator trace (ops) recorded with vLLM {}", "hybrid-trace": "hybrid allocator trace recorded with vLLM {}",
+            "scheduler": "vLLM {}'s V1 scheduler: workloads, or its steps (see scheduler/PROVENANCE.md)",
+            "decisions": "vLLM {} KVCacheManager decisions", "events": "KV events vLLM {} emitted for a trace (one line per op)"}
+
+def _release(path: Path, root: Path, source: str = "") -> str | None:
+    "The vLLM release a vector file's answers come from: its `versions*/<release>/` folder, else the one its source names."
+    folder, *rest = path.relative_to(root).parts
+    if folder in ("versions", "versions-vllm") and rest and rest[0][0].isdigit(): return rest[0]
+    if found := re.search(r"vllm (\d+\.\d+\.\d+\S*)", source, re.IGNORECASE): return found.group(1)
+    return None if folder in ("mooncake", "attention") or source.startswith("kvref") else "0.33.0"
+
+def _describe(path: Path, root: Path) -> tuple[str, int, str, str | None]:
+    "The source, case count, kind and release of one vector file (a JSON file names its own source)."
+    folder = path.relative_to(root).parts[0]
+    if path.suffix == ".npz": return "kvref's float64 reference (see attention/PROVENANCE.md)", 1, "attention", None
     if path.suffix == ".json":
         data = json.loads(path.read_text())
         source = data.get("source") or (f"vLLM {data['vllm_version']}" if "vllm_version" in data else "kvref")
-        return source, len(data.get("vectors", data.get("cases", ())))
-    count = sum(1 for line in path.open() if line.strip())
-    folder, *rest = path.relative_to(root).parts
-    release = rest[0] if folder == "versions" else "0.33.0"
-    if folder == "mooncake": return "Mooncake request log (FAST'25 release, Apache-2.0; see mooncake/PROVENANCE.md)", count
-    if ".vllm" in path.name: return f"vLLM {release} KVCacheManager decisions", count
-    return f"allocator trace (ops) recorded with vLLM {release}", count
+        return source, len(data.get("vectors", data.get("cases", ()))), _JSON_KINDS.get(folder, "hashing"), _release(path, root, source)
+    count, kind = sum(1 for line in path.open() if line.strip()), file_kind(path)
+    if kind == "request-log": return "Mooncake request log (FAST'25 release, Apache-2.0; see mooncake/PROVENANCE.md)", count, kind, None
+    if folder == "rules": return "a rule an allocator must follow (see rules/PROVENANCE.md), vLLM 0.33.0's decisions", count, kind, "0.33.0"
+    release = _release(path, root)
+    return _SOURCES[kind].format(release), count, kind, release
 
 # %% ../nbs/05_replay.ipynb #37db91cc
-def list_vectors() -> list[Vector]:
-    "Every shipped vector file, by name."
-    root = golden_dir()
-    files = sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".npz"))
-    return [Vector(str(p.relative_to(root).with_suffix("")), *_describe(p, root), p) for p in files]
+def _decisions_of(trace: Path) -> Path | None:
+    "The recorded decisions beside a shipped trace (`X.vllm.jsonl` or `X.vllm-<release>.jsonl`), if any."
+    return next(iter(sorted(trace.parent.glob(trace.stem + ".vllm*.jsonl"))), None)
+
+def _checkable(path: Path, kind: str, release: str | None) -> bool:
+    "A trace of vLLM 0.33.0 on which vLLM raised nowhere: `kvref check --adapter` takes it as it is."
+    if kind not in ("trace", "hybrid-trace") or release != "0.33.0": return False
+    decisions = _decisions_of(path)
+    return decisions is None or '"error"' not in decisions.read_text()
+
+def _same_release(release: str | None, wanted: str) -> bool:
+    "Whether `release` is `wanted` or one of its patch releases (`0.33` covers 0.33.0 and 0.33.1)."
+    return release is not None and (release == wanted or release.startswith(wanted + "."))
+
+def list_vectors(kind: str | None = None,  # only files of this kind (one of `VECTOR_KINDS`)
+                 vllm: str | None = None,  # only answers of this vLLM release (`0.33` covers 0.33.x)
+                 checkable: bool = False,  # only traces `kvref check --adapter` takes as they are
+                ) -> list[Vector]:
+    "The shipped vector files, by name, with their kind and release."
+    if kind is not None and kind not in VECTOR_KINDS: raise ValueError(f"unknown kind {kind!r}; kinds: {', '.join(VECTOR_KINDS)}")
+    root, out = golden_dir(), []
+    for p in sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".npz")):
+        source, count, found, release = _describe(p, root)
+        v = Vector(str(p.relative_to(root).with_suffix("")), source, count, p, found, release, _checkable(p, found, release))
+        if (kind is None or v.kind == kind) and (vllm is None or _same_release(release, vllm)) and (v.checkable or not checkable):
+            out.append(v)
+    return out
 
 # %% ../nbs/05_replay.ipynb #b5a0f004
 def vector_path(name: str) -> Path:

@@ -14,7 +14,8 @@ from typing import Callable, Iterable, Iterator, Protocol
 from fastcore.basics import patch
 from .hashing import LoRARequest, MultiModalItem, hash_request_tokens
 from .kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventBatch, KVIndex, _check_hash_form,
-                             decode_batch, encode_batch, encode_batch_fast, event_to_json, lora_id, wire_events)
+                             decode_batch, encode_batch, encode_batch_fast, event_to_json, lora_id, wire_events,
+                             WIRE_SCHEMA, WireSchema)
 from .kv_cache_manager import KVCacheManager
 from .free_queue import _check_count
 from .replay import TraceDriver, kvref_factory, load_trace
@@ -47,6 +48,7 @@ def _trace_ops(trace: Iterable[dict] | str | Path) -> list[dict]:
 def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JSONL trace file
                hash_form: str = "int",               # see `HASH_FORMS`
                data_parallel_rank: int | None = None, # written in each payload (a publisher sets its own)
+               schema: WireSchema = WIRE_SCHEMA,      # the layout of the release whose bytes to write
               ) -> Iterator[OpBatch]:
     "Each op of the trace with the events kvref's allocator (vLLM 0.33 behaviour) emits for it."
     _check_hash_form(hash_form)
@@ -59,17 +61,18 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
         except ValueError as e: raise ValueError(f"op {i}: {e}") from None
         if op["op"] == "add" and op.get("lora"): lora_id(lora_ids, op["lora"]["name"], op["lora"]["path"])
         events = wire_events(driver.adapter.manager.take_events(), hash_form, lora_ids)
-        payload = encode_batch_fast(KVEventBatch(0.0, events, data_parallel_rank)) if events else None
+        batch = KVEventBatch(0.0, events, data_parallel_rank)
+        payload = None if not events else encode_batch_fast(batch) if schema is WIRE_SCHEMA else encode_batch(batch, schema)
         yield OpBatch(i, op, events, seq if events else None, payload)
         seq += bool(events)
 
 # %% ../nbs/07d_router_conformance.ipynb #621e1d40
 def event_records(trace: Iterable[dict] | str | Path, hash_form: str = "int",
-                  data_parallel_rank: int | None = None) -> Iterator[dict]:
-    "Per op, the recordings' JSON line: `i`, `op`, `id`, `events`, `seq`, `payload_b64`."
-    for b in op_batches(trace, hash_form, data_parallel_rank):
+                  data_parallel_rank: int | None = None, schema: WireSchema = WIRE_SCHEMA) -> Iterator[dict]:
+    "Per op, the recordings' JSON line: `i`, `op`, `id`, `events`, `seq`, `payload_b64` (in `schema`'s layout)."
+    for b in op_batches(trace, hash_form, data_parallel_rank, schema):
         yield {"i": b.i, "op": b.op["op"], **({"id": b.op["id"]} if "id" in b.op else {}),
-               "events": [event_to_json(e) for e in b.events], "seq": b.seq,
+               "events": [event_to_json(e, schema) for e in b.events], "seq": b.seq,
                "payload_b64": b.payload and base64.b64encode(b.payload).decode()}
 
 # %% ../nbs/07d_router_conformance.ipynb #d4ac1b35
@@ -105,11 +108,13 @@ class EventPublisher:
     def __init__(self, endpoint: str = "tcp://*:5557",      # PUB address (port `*`: any free port)
                  replay_endpoint: str | None = None,        # ROUTER address for replays, or None
                  data_parallel_rank: int = 0,               # offsets the ports, fills the payload's rank
-                 topic: str = "", buffer_steps: int = 10_000, hwm: int = 100_000):
+                 topic: str = "", buffer_steps: int = 10_000, hwm: int = 100_000,
+                 schema: WireSchema = WIRE_SCHEMA):         # the layout of the release it stands for
         for name, value in (("data_parallel_rank", data_parallel_rank), ("buffer_steps", buffer_steps), ("hwm", hwm)):
             _check_count(name, value)
         if not isinstance(topic, str): raise TypeError(f"topic must be a str, got {type(topic).__name__}")
-        zmq = _zmq()
+        if type(schema) is not WireSchema: raise TypeError(f"schema must be a WireSchema, got {type(schema).__name__}")
+        zmq, self.schema = _zmq(), schema
         ctx, self.data_parallel_rank, self.topic = zmq.Context.instance(), data_parallel_rank, topic.encode("utf-8")
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self.next_seq, self.replay = 0, None
@@ -145,7 +150,7 @@ def __exit__(self: EventPublisher, *exc): self.close()
 def publish(self: EventPublisher, batch: KVEventBatch) -> int:
     "Send one batch as [topic, seq, payload] (the rank filled in when None); its sequence number."
     if batch.data_parallel_rank is None: batch = replace(batch, data_parallel_rank=self.data_parallel_rank)
-    seq, payload = self.next_seq, encode_batch(batch)
+    seq, payload = self.next_seq, encode_batch(batch, self.schema)
     self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
     self.buffer.append((seq, payload))
     self.next_seq += 1
@@ -389,10 +394,11 @@ def shrink_router(factory: Callable[[dict], RouterAdapter], divergence: RouterDi
 
 # %% ../nbs/07d_router_conformance.ipynb #e4374ee4
 def publish_trace(trace, endpoint: str, replay_endpoint: str | None = None, hash_form: str = "int",
-                  data_parallel_rank: int = 0, wait_s: float = 1.0, serve_s: float = 0.0) -> int:
+                  data_parallel_rank: int = 0, wait_s: float = 1.0, serve_s: float = 0.0,
+                  schema: WireSchema = WIRE_SCHEMA) -> int:
     "Publish a trace's batches on `endpoint` after `wait_s` (for subscribers to join), serving replays for `serve_s` more; the count."
     batches = [b for b in op_batches(trace, hash_form) if b.events]
-    with EventPublisher(endpoint, replay_endpoint, data_parallel_rank) as publisher:
+    with EventPublisher(endpoint, replay_endpoint, data_parallel_rank, schema=schema) as publisher:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline: publisher.serve_replay(timeout_ms=50)
         for b in batches: publisher.publish(KVEventBatch(0.0, b.events))

@@ -11,7 +11,7 @@ import torch
 
 from fuzz_support import Entry
 from kvref import (block_pool, conformance, cudagraph, free_queue, hashing, hybrid, hybrid_replay, kv_cache_manager, kv_events,
-                   logits_processors, mamba, nano, pictures, production_traces, releases, replay, router_conformance,
+                   live_audit, logits_processors, mamba, nano, pictures, production_traces, releases, replay, router_conformance,
                    sampling_params, scheduler, thinking_budget, thinking_budget_vllm, workloads)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -730,5 +730,29 @@ ROUTER = [
           ({"block_size": 4},), ("any",)),
 ]
 
+# ---------------------------------------------------------------- wire layouts (03a, 05a) and the live audit (07e)
+W032 = releases.wire_schema("0.32.0")
+AUDIT_STREAM = ROOT / "golden" / "events" / "audit" / "engine-a.jsonl"
+
+
+def engine_audit():
+    return live_audit.EngineAudit(live_audit.EngineConfig("a", "0.33.0", "sha256", 4))
+
+
+WIRE = [
+    Entry("releases.wire_schema", nothing, lambda _, v: releases.wire_schema(v), ("0.32.0",), ("name",)),
+    Entry("kv_events.encode_batch schema", nothing, lambda _, b, w: kv_events.encode_batch(b, w), (BATCH, W032), ("any", "any")),
+    Entry("kv_events.decode_batch schema", nothing, lambda _, p, w: kv_events.decode_batch(p, "int", "b", w),
+          (kv_events.encode_batch(BATCH, W032), W032), ("any", "any"), skip={(1, "None"): "0.33's layout, lenient"}),
+    Entry("live_audit.EngineConfig", nothing, lambda _, n, v, a, b, s: live_audit.EngineConfig(n, v, a, b, s),
+          ("a", "0.33.0", "sha256", 4, None), ("str", "name", "name", "positive", "str"),
+          skip={(0, "3"): "", (4, "None"): "unset"}),
+    Entry("EngineAudit.check", engine_audit, lambda e, q, p: e.check(q, p), (0, next(live_audit.read_stream(AUDIT_STREAM))[1]),
+          ("count", "any"), state=lambda e: (dict(e.counts), dict(e.findings), e.next_seq)),
+    Entry("live_audit.read_stream", nothing, lambda _, p: list(live_audit.read_stream(p)), (AUDIT_STREAM,), ("path",)),
+    Entry("live_audit.sharing_causes", nothing, lambda _, a, b: live_audit.sharing_causes(a, b),
+          (live_audit.EngineConfig("a", "0.33.0", "sha256", 4),) * 2, ("any", "any")),
+]
+
 ENTRIES = (ALLOCATOR + HASHING + CONTRACT_ENTRIES + PICTURES + SCHEDULING + SAMPLING + THINKING + CUDAGRAPHS + EVENTS
-           + HYBRID + RELEASES + ROUTER)
+           + HYBRID + RELEASES + ROUTER + WIRE)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kvref.hashing import LoRARequest, MultiModalItem
 from kvref.releases import (profile_for_version, release_block_hashes, release_extra_keys, release_none_hash,
-                            load_release_trace, replay_release, _encoded, _event_answer, _vector_inputs)
+                            load_release_trace, replay_release, _encoded, _event_answer, _vector_answers, _vector_inputs)
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "release_vllm_driver.py"
@@ -101,20 +101,8 @@ def random_case(rng: random.Random, info: dict) -> dict:
 
 def kvref_answers(version: str, case: dict) -> dict:
     "What kvref's profile for `version` says the release computes for `case` (its refusal as {'refused': ...})."
-    profile = profile_for_version(version)
-    inputs = _vector_inputs(case)
-    prompt, outputs, size = case["prompt_token_ids"], case.get("output_token_ids") or [], case["block_size"]
-    tokens = prompt + outputs
-    try:
-        hashes = release_block_hashes(profile, tokens, size, case["algo"], num_prompt_tokens=len(prompt), **inputs)
-        none_hash = release_none_hash(profile, case["algo"], inputs["pythonhashseed"])
+    try: return _vector_answers(profile_for_version(version), case)
     except ValueError as e: return {"refused": str(e)}
-    key_inputs = {k: v for k, v in inputs.items() if k != "pythonhashseed"}
-    keys = [release_extra_keys(profile, s, s + size, decode=s + size > len(prompt), **key_inputs)
-            for s in range(0, len(hashes) * size, size)]
-    answers = dict(none_hash=_encoded([none_hash])[0], block_hashes=_encoded(hashes), extra_keys=json.loads(json.dumps(keys)))
-    if profile.kv_events: answers["event_block_hashes"] = _event_answer(profile, hashes, inputs["lora"])
-    return answers
 
 
 def reproducible(version: str, case: dict, answer: dict) -> bool:

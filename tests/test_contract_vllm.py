@@ -13,7 +13,7 @@ try: load_vllm()
 except ImportError as e: pytest.skip(f"vLLM 0.33 is not installed here ({e}); see the vLLM adapter chapter",
                                      allow_module_level=True)
 
-TRACES = [v.name for v in list_vectors() if v.name.startswith("traces/") and not v.name.endswith(".vllm")]
+TRACES = [v.name for v in list_vectors() if v.name.startswith(("traces/", "rules/")) and not v.name.endswith(".vllm")]
 
 
 def image(name, offset=0, length=4):

@@ -1,8 +1,9 @@
-"""kvref's payloads decoded by vLLM 0.33.0 itself: skipped unless a vLLM 0.33.0 environment is at /work/venv-vllm
-(READY marker present). vLLM's own KVEventBatch decoder reads every batch kvref emits for every recorded trace, in
+"""kvref's payloads decoded by vLLM 0.33.0 itself: skipped unless KVREF_VLLM_VENV names a vLLM 0.33.0 environment
+(a virtual environment with a READY marker). vLLM's own KVEventBatch decoder reads every batch kvref emits for every recorded trace, in
 both hash forms, and its encoder writes the same bytes back."""
 import base64
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import pytest
 from kvref.router_conformance import op_batches
 from test_router_conformance import NAMES, trace
 
-VENV = Path("/work/venv-vllm")
-pytestmark = pytest.mark.skipif(not (VENV / "READY").exists(), reason="no vLLM 0.33.0 environment at /work/venv-vllm")
+VENV = Path(os.environ.get("KVREF_VLLM_VENV", "")).expanduser()
+pytestmark = pytest.mark.skipif(not os.environ.get("KVREF_VLLM_VENV") or not (VENV / "READY").exists(),
+                                reason="set KVREF_VLLM_VENV to a virtual environment with vLLM 0.33.0 (and a READY file) to run")
 
 SCRIPT = r'''
 import base64, json, sys

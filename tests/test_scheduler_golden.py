@@ -10,17 +10,19 @@ from kvref.scheduler import SchedulerConfig, load_workloads, run_workload
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "scheduler"
 WORKLOADS = load_workloads(GOLDEN / "workloads.jsonl")
+DOC_WORKLOADS = load_workloads(GOLDEN / "docs" / "workloads.jsonl")  # recorded here: see PROVENANCE.md
 
 
 def recorded(name: str) -> list[dict]:
-    return [json.loads(line) for line in (GOLDEN / "vllm" / f"{name}.jsonl").read_text().splitlines()]
+    folder = GOLDEN / "docs" if name.startswith("doc_") else GOLDEN
+    return [json.loads(line) for line in (folder / "vllm" / f"{name}.jsonl").read_text().splitlines()]
 
 
 def test_every_workload_has_its_recording():
     assert len(WORKLOADS) >= 29 and all((GOLDEN / "vllm" / f"{w.name}.jsonl").exists() for w in WORKLOADS)
 
 
-@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
+@pytest.mark.parametrize("workload", WORKLOADS + DOC_WORKLOADS, ids=lambda w: w.name)
 def test_step_exact(workload):
     want, got = recorded(workload.name), run_workload(workload).records
     first = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
