@@ -384,7 +384,7 @@ class OffloadObserver:
         # the meta's loads: GPU block ids per load job, keys in prepare_load order
         loads = self.step.pop("_load_keys", [])
         for (rid, keys), job in zip(loads, meta.load_jobs.values()):
-            self.step.setdefault("loads", []).append([rid, keys, list(job.dst_spec.block_ids)])
+            self.step.setdefault("loads", []).append([rid, keys, [int(b) for b in job.dst_spec.block_ids]])
         if len(out.finished_req_ids) >= 2: self.step["fin_order"] = list(out.finished_req_ids)
         self.step["loading"] = [r.request_id for q in (self.s.kv_holding_waiting, self.s.waiting) for r in q
                                 if r.status == self.v.RequestStatus.WAITING_FOR_REMOTE_KVS]
