@@ -14,8 +14,8 @@ __all__ = ['advance_decode']
 
 # %% ../nbs/06e_event_driven_replay.ipynb #93043b40
 def _bulk_allowed(s: Scheduler) -> bool:
-    "The settings the argument covers: sync scheduling, no op-by-op trace, no preallocation."
-    return not (s.config.async_scheduling or s.record_trace or s.kv.num_preallocate_blocks)
+    "The settings the argument covers: sync scheduling, no op-by-op trace, no preallocation, no KV connector."
+    return not (s.config.async_scheduling or s.record_trace or s.kv.num_preallocate_blocks or s.connector is not None)
 
 def _is_decode_only(s: Scheduler, last: SchedulerOutput) -> bool:
     "Whether step `last`, just taken, gave each running request one decode token and did nothing else."
@@ -111,14 +111,13 @@ def _take_all_tokens(s: Scheduler, num_steps: int) -> bool:
 
 # %% ../nbs/06e_event_driven_replay.ipynb #34bf9df3
 def _bulk_output(s: Scheduler, j: int, starts: list[int], outputs: list[int]) -> SchedulerOutput:
-    "The output the plain path writes for step `j` of the move (called with the pool as it is after that step)."
+    "Step `j` of the move as the plain path records it, closed by the plain path's `_close` (the pool as it is after it)."
     rids = [r.request_id for r in s.running]
-    out = SchedulerOutput(s.num_steps + j, dict.fromkeys(rids, 1), [], kinds=dict.fromkeys(rids, "running"),
+    out = SchedulerOutput(s.num_steps, dict.fromkeys(rids, 1), [], kinds=dict.fromkeys(rids, "running"),
                           num_computed_before={rid: c + j for rid, c in zip(rids, starts)}, samples=rids, stats=PrefixCacheStats(),
                           tokens={r.request_id: r.output[o + j] for r, o in zip(s.running, outputs)})
-    out.num_free_scheduled = out.num_free = s.kv.num_free_blocks
-    out.usage, out.num_running, out.num_waiting = s.kv.usage, len(s.running), len(s.waiting)
-    return out
+    out.num_free_scheduled = s.kv.num_free_blocks
+    return s._close(out)
 
 # %% ../nbs/06e_event_driven_replay.ipynb #b84fd7b8
 def _commit(s: Scheduler, k: int, events: list, into: list | None) -> None:
@@ -133,7 +132,7 @@ def _commit(s: Scheduler, k: int, events: list, into: list | None) -> None:
             event = next(pending, None)
         if into is not None: into.append(_bulk_output(s, j, starts, outputs))
     for r, c in zip(s.running, starts): r.request.num_computed_tokens = c + k
-    s.num_steps += k
+    if into is None: s.num_steps += k  # else each step's `_close` counted it
 
 # %% ../nbs/06e_event_driven_replay.ipynb #11192821
 def _check_advance(s, last, horizon, into) -> None:

@@ -274,17 +274,16 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
     arrival = (lambda r: 0) if ms_per_step is None else (lambda r: int(r.timestamp // ms_per_step))
     pending, usable, now, peak, preemptions = deque(enumerate(requests)), kv.num_free_blocks, 0, 0, 0
-    while pending or s.requests:
-        if not s.requests: now = max(now, arrival(pending[0][1]))  # idle: jump to the next arrival
+    while pending or s.busy:
+        if not s.busy: now = max(now, arrival(pending[0][1]))  # idle: jump to the next arrival
         while pending and arrival(pending[0][1]) <= now:
             i, r = pending.popleft()
             s.queue(trace_request(r, i, hashes[i], hash_block_size) if fast else
                     s._checked_request(mooncake_to_spec(r, i, hash_block_size), None))
-        out = s.schedule()
-        peak, preemptions, now = max(peak, usable - kv.num_free_blocks), preemptions + len(out.preempted), now + 1
-        s.update_from_output(out)
-        if advance is not None: now += advance(s, out, arrival(pending[0][1]) - now if pending else None)
-        peak = max(peak, usable - kv.num_free_blocks)  # decode steps only take blocks: the last one peaks
+        out = s.step()  # one engine step (async: one call of vLLM's loop with its batch queue of two)
+        peak, preemptions, now = max(peak, usable - out.num_free_scheduled), preemptions + len(out.preempted), now + 1
+        if advance is not None and (moved := advance(s, out, arrival(pending[0][1]) - now if pending else None)):
+            now, peak = now + moved, max(peak, usable - kv.num_free_blocks)  # a move only takes blocks: its last step peaks
     return _result(s, s.num_steps, preemptions, peak)
 
 # %% ../nbs/06c_production_traces.ipynb #f113016b

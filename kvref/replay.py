@@ -466,7 +466,7 @@ FILE_KINDS = {"trace": "an allocator trace", "hybrid-trace": "a hybrid allocator
 
 def jsonl_kind(first: object) -> str:
     "Which of `FILE_KINDS` a JSONL file holds, from its first line (anything unrecognised: 'trace', whose reader says why)."
-    if isinstance(first, list) or isinstance(first, dict) and "events" in first: return "events"
+    if isinstance(first, list) or isinstance(first, dict) and "events" in first and "sched" not in first: return "events"
     if not isinstance(first, dict): return "trace"
     if "meta" in first and "op" not in first: return "wire"
     if "op" not in first and "hash_ids" in first: return "request-log"

@@ -201,3 +201,14 @@ def test_a_model_failure_surfaces_where_the_plain_path_raises_it():
     before = [(len(r.output), r.request.num_tokens, r.request.num_computed_tokens) for r in s.running]
     assert advance_decode(s, last) == 0  # the model fails inside the move: nothing taken
     assert [(len(r.output), r.request.num_tokens, r.request.num_computed_tokens) for r in s.running] == before
+
+
+def test_with_the_cpu_offload_tier_every_step_is_plain():
+    "A KV connector plans loads and stores at every step: the move stands aside, and the records are vLLM's still."
+    from kvref.offload import OffloadConfig
+    offload_workloads = load_workloads(ROOT / "golden" / "offload" / "workloads.jsonl")
+    for w in offload_workloads[:6]:
+        config, calls = OffloadConfig.of(w.config["offload"]), []
+        plain = run_workload(w, offload=config)
+        fast = run_workload(w, offload=OffloadConfig.of(w.config["offload"]), advance=counting(calls))
+        assert fast.records == plain.records and sum(calls) == 0
