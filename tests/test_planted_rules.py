@@ -51,3 +51,21 @@ def test_before_0_19_an_item_ending_at_a_decode_blocks_start_is_in_its_keys(vers
     prefill = release_block_hashes(profile, tokens, 4, "sha256", mm_items=[image], pythonhashseed="0")
     decode = release_block_hashes(profile, tokens, 4, "sha256", mm_items=[image], pythonhashseed="0", num_prompt_tokens=5)
     assert (prefill[0] == decode[0], prefill[1] != decode[1]) == (True, counts)
+
+
+def test_the_ideal_hit_rate_never_counts_a_prompts_last_token():
+    "Plant: `limit = input_length // block_size` (a whole repeated prompt a hit; vLLM always computes its last token)."
+    from kvref.production_traces import MooncakeRequest, ideal_hit_rate
+    twice = [MooncakeRequest(0, 32, 1, [7]), MooncakeRequest(1, 32, 1, [7])]
+    assert ideal_hit_rate(twice, 16, 16 * 2) == 1 / 4  # 4 blocks queried, 1 hit: the second prompt's first block
+
+
+def test_a_router_may_name_an_engine_with_no_hit():
+    "Plant: engines at 0 kept in the answers compared (a router listing every engine would be told it disagrees)."
+    from kvref.router_conformance import ExampleRouter, check_router
+
+    class EveryEngine(ExampleRouter):
+        def longest_prefix(self, *args, **kwargs):
+            return {**super().longest_prefix(*args, **kwargs), ("absent", 0): 0}
+
+    assert check_router(EveryEngine, [TRACE]) is None
