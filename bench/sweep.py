@@ -1,6 +1,6 @@
 """Hit rate versus cache size on the whole shared Mooncake trace: the cost of `kvref.production_traces.sweep`.
 
-Run: .venv/bin/python bench/sweep.py [--trace ../shared/traces/mooncake/synthetic_trace.jsonl] [--jobs 2]
+Run: .venv/bin/python bench/sweep.py [--trace golden/mooncake/synthetic_trace.jsonl] [--jobs 2]
      [--blocks 12500,25000,...] [--scaling]
 Prints the sweep as a markdown table, then wall seconds, CPU seconds per replay and requests per second per core.
 `--scaling` also times one replay of the first half of the trace and of the whole trace at one size (2x the
@@ -16,7 +16,7 @@ SIZES = "12500,25000,50000,100000,200000,400000,800000,1600000"
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--trace", default="../shared/traces/mooncake/synthetic_trace.jsonl")
+    p.add_argument("--trace", default="golden/mooncake/synthetic_trace.jsonl")
     p.add_argument("--blocks", default=SIZES)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--scaling", action="store_true")

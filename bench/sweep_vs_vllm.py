@@ -4,7 +4,7 @@
 
 Run (a venv with vLLM 0.33 importable, kvref on the path):
     PYTHONPATH=$PWD:$PWD/tests VENV/bin/python bench/sweep_vs_vllm.py [--trace golden/mooncake/synthetic-trace-last300.jsonl]
-        [--blocks 12500,25000] [--no-scheduler-reserve-full-isl]
+        [--blocks 12500,25000] [--no-scheduler-reserve-full-isl] [--async-scheduling]
 Prints a markdown table; exits 1 if any column differs.
 """
 import argparse
@@ -15,7 +15,7 @@ from kvref.production_traces import (_check_fits, read_mooncake, replay_mooncake
 from scheduler_vllm_support import load_vllm, run
 
 
-def vllm_workload(requests, num_blocks: int, block_size: int, reserve_full_isl: bool) -> dict:
+def vllm_workload(requests, num_blocks: int, block_size: int, reserve_full_isl: bool, async_scheduling: bool) -> dict:
     "The trace as a scheduler workload: every request waiting from step 0, outputs scripted as kvref's replay does."
     reqs = [{"id": f"m{i}", "prompt": synthesize_prompt(r.hash_ids, r.input_length),
              "max_tokens": max(1, r.output_length), "output": synthesize_output(i, max(1, r.output_length)),
@@ -23,7 +23,8 @@ def vllm_workload(requests, num_blocks: int, block_size: int, reserve_full_isl: 
     config = {"num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": 8192, "max_num_seqs": 256,
               "enable_chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs",
               "enable_prefix_caching": True, "max_model_len": _check_fits(requests, num_blocks, block_size),
-              "scheduler_reserve_full_isl": reserve_full_isl, "hash_algo": "sha256", "model_seed": 0}
+              "scheduler_reserve_full_isl": reserve_full_isl, "hash_algo": "sha256", "model_seed": 0,
+              "async_scheduling": async_scheduling}
     return {"name": "mooncake", "config": config, "requests": reqs}
 
 
@@ -32,15 +33,16 @@ def main() -> int:
     p.add_argument("--trace", default="golden/mooncake/synthetic-trace-last300.jsonl")
     p.add_argument("--blocks", default="12500,25000")
     p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False)
     a = p.parse_args()
     requests, v, differ = list(read_mooncake(a.trace)), load_vllm(), False
-    print(f"{len(requests)} requests, scheduler_reserve_full_isl={a.scheduler_reserve_full_isl}\n")
+    print(f"{len(requests)} requests, scheduler_reserve_full_isl={a.scheduler_reserve_full_isl}, async_scheduling={a.async_scheduling}\n")
     print("| blocks | side | hit rate | hits | queries | preemptions | steps |\n|---|---|---|---|---|---|---|")
     for n in [int(b) for b in a.blocks.split(",")]:
-        records = run(vllm_workload(requests, n, 16, a.scheduler_reserve_full_isl), v)
+        records = run(vllm_workload(requests, n, 16, a.scheduler_reserve_full_isl, a.async_scheduling), v)
         hits, queries = sum(r["stats"]["hits"] for r in records), sum(r["stats"]["queries"] for r in records)
         theirs = (hits, queries, sum(len(r["preempted"]) for r in records), len(records))
-        k = replay_mooncake(requests, n, scheduler_reserve_full_isl=a.scheduler_reserve_full_isl)
+        k = replay_mooncake(requests, n, scheduler_reserve_full_isl=a.scheduler_reserve_full_isl, async_scheduling=a.async_scheduling)
         ours = (k.hits, k.queries, k.preemptions, k.num_steps)
         differ |= ours != theirs
         for side, (h, q, pre, steps) in (("vLLM 0.33", theirs), ("kvref", ours)):

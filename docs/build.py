@@ -55,7 +55,7 @@ def execute(force: bool = False) -> Path:
     if BATCH.exists(): shutil.rmtree(BATCH)
     BATCH.mkdir()
     for name in todo: shutil.copy(NBS / name, BATCH / name)
-    done = subprocess.run(["nbdev-test", str(BATCH), "--save", "--n-workers", "2"], cwd=ROOT)
+    done = subprocess.run(["nbdev-test", str(BATCH), "--save", "--n-workers", "2", "--do-print"], cwd=ROOT)
     if done.returncode: sys.exit(f"docs: nbdev-test failed (see above)")
     for name in todo:
         shutil.move(str(BATCH / name), EXECUTED / name)
@@ -251,7 +251,7 @@ def build(out: Path, force: bool = False) -> None:
         print(f"docs: {out} is current (nothing changed since it was built; --force rebuilds it)"); return
     stage(process_notebooks(execute()))
     if out.exists(): shutil.rmtree(out)  # no page of a renamed or removed chapter lingers
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(SRC), str(out)]
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", str(SRC), str(out)]  # not -q: its progress shows
     if subprocess.run(cmd).returncode: sys.exit("docs: sphinx-build failed")
     stamp.write_text(key)
     print(f"docs: built {out}")

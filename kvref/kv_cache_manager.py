@@ -227,6 +227,12 @@ def _full_sequence_refused(self: KVCacheManager, request: Request, table: list[K
     needed = max(cdiv(num_tokens, self.block_size) - len(table) - len(hits), 0) + [b.ref_cnt for b in hits].count(0)
     return needed > self.block_pool.get_num_free_blocks()
 
+# %% ../nbs/04_kv_cache_manager.ipynb #9b4b6056
+def _check_load_arguments(delay_cache_blocks: bool, reserved_blocks: int) -> None:
+    "Refuse bad KV-connector arguments: `delay_cache_blocks` (cache nothing: a load will fill the blocks) and `reserved_blocks`."
+    if type(delay_cache_blocks) is not bool: raise TypeError(f"delay_cache_blocks must be a bool, got {delay_cache_blocks!r}")
+    _check_count("reserved_blocks", reserved_blocks)
+
 # %% ../nbs/04_kv_cache_manager.ipynb #7af1a3ce
 @patch
 def allocate_slots(self: KVCacheManager,
@@ -236,26 +242,26 @@ def allocate_slots(self: KVCacheManager,
                    new_computed_blocks: Sequence[KVCacheBlock] | None = None,  # the hit blocks
                    num_lookahead_tokens: int = 0,          # extra slots for speculative tokens
                    full_sequence_must_fit: bool = False,   # admission gate: room for the whole sequence, not just this step
+                   delay_cache_blocks: bool = False, reserved_blocks: int = 0,  # a KV connector's load: see below
                   ) -> list[KVCacheBlock] | None:
     "Grow the request's block table for this step; the new blocks, or None (and no change) if they do not fit."
     hits = _checked_blocks(new_computed_blocks, "new_computed_blocks") if new_computed_blocks else []
     table = self._checked_step(request, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens)
+    _check_load_arguments(delay_cache_blocks, reserved_blocks)
     rid, num_computed = request.request_id, request.num_computed_tokens + num_new_computed_tokens
     num_slots = num_computed + num_new_tokens + num_lookahead_tokens
     if self.max_model_len is not None: num_slots = min(num_slots, self.max_model_len)
     num_new_blocks = max(cdiv(num_slots, self.block_size) - len(table) - len(hits), 0)
     num_evictable_hits = [b.ref_cnt for b in hits].count(0)  # checked hits are cached, so never the null block
-    if (num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks()
+    if (num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks() - reserved_blocks
             or self._full_sequence_refused(request, table, hits, full_sequence_must_fit)): return None
     self.req_to_blocks[rid], self.live_requests[rid] = table, request
     if hits:  # checked by _check_hits
         self.block_pool._touch(hits); table.extend(hits); self.num_cached_block[rid] = len(table)
-    new_blocks = []
-    if num_new_blocks:
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks + self._num_preallocate(len(table), num_new_blocks))
-        table.extend(new_blocks)
+    new_blocks = self.block_pool.get_new_blocks(num_new_blocks + self._num_preallocate(len(table), num_new_blocks)) if num_new_blocks else []
+    table.extend(new_blocks)
     num_full_blocks = min(num_computed + num_new_tokens, len(request.all_token_ids)) // self.block_size
-    if self.enable_caching and num_full_blocks > self.num_cached_block.get(rid, 0): self._cache_blocks(request, num_full_blocks)
+    if self.enable_caching and not delay_cache_blocks and num_full_blocks > self.num_cached_block.get(rid, 0): self._cache_blocks(request, num_full_blocks)
     return new_blocks
 
 # %% ../nbs/04_kv_cache_manager.ipynb #a846d79a
@@ -352,10 +358,12 @@ def _is_decode_step(self: KVCacheManager, request, num_new_tokens, num_new_compu
 @patch
 def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                    new_computed_blocks: Sequence[KVCacheBlock] | None = None, num_lookahead_tokens: int = 0,
-                   full_sequence_must_fit: bool = False) -> list[KVCacheBlock] | None:
+                   full_sequence_must_fit: bool = False, delay_cache_blocks: bool = False, reserved_blocks: int = 0) -> list[KVCacheBlock] | None:
     "`allocate_slots` as defined above, with a live request's decode step taken directly."
-    args = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, full_sequence_must_fit)
-    if full_sequence_must_fit is not False or not _is_decode_step(self, *args[:5]): return _allocate_slots_definition(self, *args)
+    args = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, full_sequence_must_fit,
+            delay_cache_blocks, reserved_blocks)
+    if (full_sequence_must_fit is not False or delay_cache_blocks is not False or reserved_blocks != 0
+            or not _is_decode_step(self, *args[:5])): return _allocate_slots_definition(self, *args)
     table, num_computed, size = self.req_to_blocks[request.request_id], request.num_computed_tokens, self.block_size
     total = num_computed + num_new_tokens if type(num_computed) is int else None
     if (total is None or not 0 <= num_computed <= len(table) * size or total > len(request.all_token_ids)

@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/production_traces.html.md"""
 
 # %% ../nbs/06c_production_traces.ipynb #85e3ea3d
 from __future__ import annotations
-import csv, io, json, multiprocessing, os, sys
+import csv, io, json, multiprocessing, os, sys, textwrap
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -275,15 +275,14 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
     arrival = (lambda r: 0) if ms_per_step is None else (lambda r: int(r.timestamp // ms_per_step))
     pending, usable, now, peak, preemptions = deque(enumerate(requests)), kv.num_free_blocks, 0, 0, 0
-    while pending or s.requests:
-        if not s.requests: now = max(now, arrival(pending[0][1]))  # idle: jump to the next arrival
+    while pending or s.busy:
+        if not s.busy: now = max(now, arrival(pending[0][1]))  # idle: jump to the next arrival
         while pending and arrival(pending[0][1]) <= now:
             i, r = pending.popleft()
             s.queue(trace_request(r, i, hashes[i], hash_block_size) if fast else
                     s._checked_request(mooncake_to_spec(r, i, hash_block_size), None))
-        out = s.schedule()
-        peak, preemptions, now = max(peak, usable - kv.num_free_blocks), preemptions + len(out.preempted), now + 1
-        s.update_from_output(out)
+        out = s.step()  # one engine step (async: one call of vLLM's loop with its batch queue of two)
+        peak, preemptions, now = max(peak, usable - out.num_free_scheduled), preemptions + len(out.preempted), now + 1
     return _result(s, s.num_steps, preemptions, peak)
 
 # %% ../nbs/06c_production_traces.ipynb #f113016b
@@ -359,17 +358,23 @@ def format_results(results: Sequence[CacheSizeResult], fmt: str = "table") -> st
                       ["| " + " | ".join(cell(r[n]) for n in names) + " |" for r in rows]) + "\n"
 
 # %% ../nbs/06c_production_traces.ipynb #067f8ed3
+def _size_label(n: int) -> str:
+    "A cache size as a short tick label: 12.5k, 256k, 1.6M."
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k" if n >= 1000 else str(n)
+
 def plot_sweep(results: Sequence[CacheSizeResult], ideal: float, out: str | Path, title: str = "") -> list[Path]:
     "Hit rate and preemptions versus cache size, the infinite-cache hit rate as a line; writes OUT.png and OUT.svg."
     try:
-        import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
+        import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt; from matplotlib.ticker import NullFormatter
     except ImportError: raise ImportError("plot_sweep needs matplotlib: pip install matplotlib") from None
     fig, ax = plt.subplots(figsize=(7, 4)); ax2 = ax.twinx()
-    x = [r.num_blocks for r in results]
+    x, preempted = [r.num_blocks for r in results], [r.preemptions for r in results]
     ax.plot(x, [r.hit_rate for r in results], "o-", label="hit rate"); ax.axhline(ideal, ls="--", c="gray", label="infinite cache")
-    ax2.plot(x, [r.preemptions for r in results], "s:", c="tab:red", label="preemptions")
-    ax.set(xscale="log", xlabel="cache size (blocks)", ylabel="prefix-cache hit rate", ylim=(0, 1), title=title)
-    ax2.set_ylabel("preemptions"); fig.legend(loc="lower right"); fig.tight_layout()
+    ax2.plot(x, preempted, "s:", c="tab:red", label="preemptions"); ax2.set_ylim(0, max(1, *preempted) * 1.1)
+    ax.set(xscale="log", xlabel="cache size (blocks)", ylabel="prefix-cache hit rate", ylim=(0, 1), xticks=x)
+    ax.set_xticklabels([_size_label(n) for n in x]); ax.xaxis.set_minor_formatter(NullFormatter())
+    ax2.set_ylabel("preemptions"); fig.legend(loc="upper center", ncol=3, frameon=False)
+    fig.suptitle(textwrap.fill(title, 110), y=0.01, va="bottom", fontsize=8); fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     paths = [Path(out).with_suffix(s) for s in (".png", ".svg")]
     for p in paths: fig.savefig(p)
     plt.close(fig)

@@ -469,12 +469,14 @@ FILE_KINDS = {"trace": "an allocator trace", "hybrid-trace": "a hybrid allocator
               "decisions": "an allocator's decisions, one per op of a trace",
               "events": "the KV events an engine emitted, one line per op of a trace",
               "request-log": "a production request log (Mooncake format)",
-              "scheduler": "a scheduler's workloads or its steps (the scheduler chapter's records)"}  # what a JSONL file can hold
+              "scheduler": "a scheduler's workloads or its steps (the scheduler chapter's records)",
+              "wire": "KV event batches as one release's own classes encode them (the releases chapter's wire layouts)"}  # what a JSONL file can hold
 
 def jsonl_kind(first: object) -> str:
     "Which of `FILE_KINDS` a JSONL file holds, from its first line (anything unrecognised: 'trace', whose reader says why)."
-    if isinstance(first, list) or isinstance(first, dict) and "events" in first: return "events"
+    if isinstance(first, list) or isinstance(first, dict) and "events" in first and "sched" not in first: return "events"
     if not isinstance(first, dict): return "trace"
+    if "meta" in first and "op" not in first: return "wire"
     if "op" not in first and "hash_ids" in first: return "request-log"
     if "op" not in first and ("sched" in first or "config" in first and "name" in first): return "scheduler"
     if first.get("op") != "config": return "trace"
@@ -617,17 +619,20 @@ def golden_dir() -> Path:
     return package / "golden" if (package / "golden").is_dir() else package.parent / "golden"
 
 # %% ../nbs/05_replay.ipynb #b5a0f003
-VECTOR_KINDS = (*FILE_KINDS, "hashing", "cudagraph", "thinking-budget", "attention")  # `kvref vectors --kind`
+VECTOR_KINDS = (*FILE_KINDS, "hashing", "cudagraph", "thinking-budget", "attention", "findings")  # `kvref vectors --kind`
 _JSON_KINDS = {"hashing": "hashing", "versions": "hashing", "versions-vllm": "hashing", "cudagraph": "cudagraph",
-               "thinking_budget": "thinking-budget", "events": "events", "attention": "attention"}  # by top folder
+               "thinking_budget": "thinking-budget", "events": "events", "attention": "attention",
+               "field": "findings"}  # by top folder
 _SOURCES = {"trace": "allocator trace (ops) recorded with vLLM {}", "hybrid-trace": "hybrid allocator trace recorded with vLLM {}",
             "scheduler": "vLLM {}'s V1 scheduler: workloads, or its steps (see scheduler/PROVENANCE.md)",
-            "decisions": "vLLM {} KVCacheManager decisions", "events": "KV events vLLM {} emitted for a trace (one line per op)"}
+            "decisions": "vLLM {} KVCacheManager decisions", "events": "KV events vLLM {} emitted for a trace (one line per op)",
+            "wire": "KV event batches encoded by vLLM {}'s own classes (see events/wire/PROVENANCE.md)"}
 
 def _release(path: Path, root: Path, source: str = "") -> str | None:
     "The vLLM release a vector file's answers come from: its `versions*/<release>/` folder, else the one its source names."
     folder, *rest = path.relative_to(root).parts
     if folder in ("versions", "versions-vllm") and rest and rest[0][0].isdigit(): return rest[0]
+    if folder == "events" and rest[:1] == ["wire"] and rest[-1][0].isdigit(): return Path(rest[-1]).stem
     if found := re.search(r"vllm (\d+\.\d+\.\d+\S*)", source, re.IGNORECASE): return found.group(1)
     return None if folder in ("mooncake", "attention") or source.startswith("kvref") else "0.33.0"
 
@@ -637,6 +642,7 @@ def _describe(path: Path, root: Path) -> tuple[str, int, str, str | None]:
     if path.suffix == ".npz": return "kvref's float64 reference (see attention/PROVENANCE.md)", 1, "attention", None
     if path.suffix == ".json":
         data = json.loads(path.read_text())
+        if isinstance(data, list): data = {"source": f"kvref (see {folder}/PROVENANCE.md)", "cases": data}
         source = data.get("source") or (f"vLLM {data['vllm_version']}" if "vllm_version" in data else "kvref")
         return source, len(data.get("vectors", data.get("cases", ()))), _JSON_KINDS.get(folder, "hashing"), _release(path, root, source)
     count, kind = sum(1 for line in path.open() if line.strip()), file_kind(path)

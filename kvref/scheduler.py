@@ -19,9 +19,9 @@ from .replay import replay
 from .workloads import RequestSpec, Workload, _checked
 
 # %% auto #0
-__all__ = ['FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'PrefixCacheStats', 'SchedulerConfig',
-           'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'schedule_svg', 'SchedulerRun', 'run_workload',
-           'load_workloads']
+__all__ = ['CONNECTOR_FIELDS', 'FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'PrefixCacheStats',
+           'SchedulerConfig', 'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'schedule_svg', 'SchedulerRun',
+           'run_workload', 'load_workloads']
 
 # %% ../nbs/06_scheduler.ipynb #2bcbfa12
 class FakeModel:
@@ -43,6 +43,7 @@ class FakeModel:
 # %% ../nbs/06_scheduler.ipynb #ffc07279
 class RequestStatus(Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # a KV connector is loading its blocks (skipped until done)
     RUNNING = "running"
     FINISHED = "finished"
 
@@ -84,6 +85,9 @@ class SchedulerOutput:
     num_waiting: int = 0
     samples: list[str] = field(default_factory=list)  # requests whose chunk reaches their last token: each samples one
     processed: int | None = None  # async scheduling: the step whose output this call processed
+    num_skipped: int = 0  # waiting requests skipped (a lookup deferred, a load in flight): vLLM's num_skipped_waiting_reqs
+    kv_connector: dict | None = None  # with a KV connector: its part of the step's record (lookups, loads, stores, ...)
+    kv_connector_metadata: object = None  # with a KV connector: the step's plan for the worker
 
     @property
     def total_num_scheduled_tokens(self) -> int: return sum(self.num_scheduled_tokens.values())
@@ -93,12 +97,25 @@ class SchedulerOutput:
 def record(self: SchedulerOutput) -> dict:
     "The step as one record of the scheduler vectors (vLLM's own runs use the same fields)."
     stats = self.stats or PrefixCacheStats()
+    if self.kv_connector is not None: stats = {**vars(stats), "reset": self.kv_connector.get("_gpu_reset", False)}
     return {"step": self.step, "arrived": list(self.arrived),
             "sched": [[rid, n, self.kinds[rid], self.num_computed_before[rid]] for rid, n in self.num_scheduled_tokens.items()],
             "preempted": list(self.preempted), "finished": list(self.finished), "tokens": dict(self.tokens),
-            "stats": vars(stats).copy(), "free_sched": self.num_free_scheduled, "free": self.num_free,
+            "stats": dict(stats if isinstance(stats, dict) else vars(stats)), "free_sched": self.num_free_scheduled, "free": self.num_free,
             "usage": round(self.usage, 9), "running": self.num_running, "waiting": self.num_waiting,
-            **({"processed": self.processed} if self.processed is not None else {})}
+            **({"processed": self.processed} if self.processed is not None else {}), **self._connector_record()}
+
+# %% ../nbs/06_scheduler.ipynb #79df12e6
+CONNECTOR_FIELDS = ("fin_order", "kv_fetch", "loading", "lookups", "admitted", "loads", "stores", "store_fail", "evicted", "done",
+                    "events", "conn_pcs", "conn_stats", "cpu", "conn_info", "reset")  # a connector step's fields, in record order
+
+# %% ../nbs/06_scheduler.ipynb #c010d17e
+@patch
+def _connector_record(self: SchedulerOutput) -> dict:
+    "With a KV connector: `skipped`, then the connector's non-empty fields in record order."
+    if self.kv_connector is None: return {}
+    c = self.kv_connector
+    return {"skipped": self.num_skipped, **{k: c[k] for k in CONNECTOR_FIELDS if c.get(k) not in (None, [], {})}}
 
 # %% ../nbs/06_scheduler.ipynb #e15f61e4
 @dataclass
@@ -173,6 +190,7 @@ class FCFSRequestQueue(deque):
     "vLLM's first-come-first-served waiting queue: arrivals at the back, preempted requests back at the front."
     def add_request(self, req: SchedulerRequest) -> None: self.append(req)
     def prepend_request(self, req: SchedulerRequest) -> None: self.appendleft(req)
+    def prepend_requests(self, reqs) -> None: self.extendleft(reqs)  # a deque built by appendleft goes back in order
     def peek_request(self) -> SchedulerRequest: return self[0]
     def pop_request(self) -> SchedulerRequest: return self.popleft()
 
@@ -183,6 +201,8 @@ class PriorityRequestQueue:
     def add_request(self, req: SchedulerRequest) -> None:
         heapq.heappush(self._heap, ((req.priority, req.arrival, req.request_id), req))
     prepend_request = add_request  # a heap has no front: a preempted request takes its place by priority
+    def prepend_requests(self, reqs) -> None:
+        for req in reqs: self.add_request(req)
     def peek_request(self) -> SchedulerRequest: return self._heap[0][1]
     def pop_request(self) -> SchedulerRequest: return heapq.heappop(self._heap)[1]
     def remove(self, req: SchedulerRequest) -> None:
@@ -218,6 +238,7 @@ class Scheduler:
                  model: FakeModel | None = None,  # emits tokens for requests without a script
                  record_decisions: bool = False,  # keep what the scheduler saw each op decide, to hold it to `decisions`
                  record_trace: bool = True,  # keep every op in `trace` (False: long replays, counters only)
+                 offload=None,  # a CPU offload tier (`kvref.offload.OffloadConfig`): vLLM's OffloadingConnector
                  **settings):  # `SchedulerConfig` fields over `config`, e.g. `max_num_batched_tokens=10`
         _check_arguments(kv_cache_manager, config, model, record_decisions, record_trace)
         self.config = SchedulerConfig.of({**asdict(config or SchedulerConfig()), **settings}, strict=True)
@@ -237,6 +258,7 @@ class Scheduler:
         self.trace: list[dict] = []
         self.outcomes: list[dict] = []  # per op, what the manager answered the scheduler (record_decisions)
         self._emit(_config_op(kv_cache_manager))
+        self._init_connector(offload)
 
 # %% ../nbs/06_scheduler.ipynb #cd5fa098
 @patch(as_prop=True)
@@ -245,6 +267,28 @@ def max_num_batched_tokens(self: Scheduler) -> int: return self.config.max_num_b
 def max_num_seqs(self: Scheduler) -> int: return self.config.max_num_seqs
 @patch(as_prop=True)
 def policy(self: Scheduler) -> str: return self.config.policy
+
+# %% ../nbs/06_scheduler.ipynb #744a321d
+@patch
+def _check_offload(self: Scheduler, offload) -> None:
+    "Refuse, by name, a tier this scheduler cannot take."
+    if not callable(getattr(offload, "connector", None)):
+        raise TypeError(f"offload must be a kvref.offload.OffloadConfig, got {type(offload).__name__}")
+    if self.record_trace or self.config.async_scheduling:
+        raise ValueError("offload needs record_trace=False and sync scheduling: an allocator trace has no CPU loads")
+
+# %% ../nbs/06_scheduler.ipynb #8d16e4d0
+@patch
+def _init_connector(self: Scheduler, offload) -> None:
+    "vLLM's KV-connector state: no connector, or the one `offload.connector(kv)` builds (chapter 06d)."
+    if offload is not None: self._check_offload(offload)
+    self.connector = offload.connector(self.kv) if offload is not None else None
+    self.kv_holding_waiting = PriorityRequestQueue() if self.config.policy == "priority" else FCFSRequestQueue()
+    self.deferred_waiting: set[SchedulerRequest] = set()  # skipped at least once, not yet admitted
+    self.inflight_prefills: set[SchedulerRequest] = set()  # admitted, still prefilling (or loading)
+    self.finished_recving_kv_req_ids: set[str] = set()  # loads done, the request not yet promoted
+    self.kv_fetch_stages: dict[str, str] = {}  # request id -> "in_progress" | "completed_waiting"
+    self.connector_prefix_cache_stats, self._gpu_reset, self._reset, self._reset_preempted = PrefixCacheStats(), False, None, []
 
 # %% ../nbs/06_scheduler.ipynb #26aeefdd
 @patch
@@ -294,6 +338,7 @@ def queue(self: Scheduler, req: SchedulerRequest) -> SchedulerRequest:
     self._check_new(req)
     req.arrival, self.num_arrived = self.num_arrived, self.num_arrived + 1
     self.requests[req.request_id] = req; self.waiting.add_request(req); self.arrived.append(req.request_id)
+    if self.connector is not None: self.connector.on_new_request(req)
     if self.record_trace:
         r, lora = req.request, req.request.lora_request
         self._emit({"op": "add", "id": r.request_id, "prompt": list(r.prompt_token_ids), "cache_salt": r.cache_salt,
@@ -328,7 +373,7 @@ def _try_allocate(self: Scheduler, req: SchedulerRequest, num_new: int, limit: i
 @patch
 def _preempt(self: Scheduler, req: SchedulerRequest) -> None:
     "Recompute preemption: free the blocks, forget the computed tokens, back into the waiting queue."
-    self.running.remove(req)
+    self.running.remove(req); self.inflight_prefills.discard(req)
     self.kv.free(req.request)
     req.request.num_computed_tokens, req.status = 0, RequestStatus.WAITING
     req.num_stale_output_tokens, req.request.num_output_placeholders = req.num_in_flight_tokens, 0
@@ -345,21 +390,89 @@ def _victim(self: Scheduler) -> SchedulerRequest:
 # %% ../nbs/06_scheduler.ipynb #cc62bf5f
 @patch
 def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int, cap: int) -> None:
-    "Admit waiting requests in queue order, each after a prefix lookup, while they fit."
-    config = self.config
-    while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
-        req = self.waiting.peek_request()
-        hits, num_hit = self.kv.get_computed_blocks(req.request)
-        num_new = req.request.num_tokens - num_hit
-        if 0 < cap < num_new: num_new = cap
-        if not config.enable_chunked_prefill and num_new > budget: break
-        num_new, limit = min(num_new, budget), min(budget, cap or budget)
-        if not self._try_allocate(req, num_new, limit, hits, num_hit, gate=config.scheduler_reserve_full_isl): break
-        if self.kv.enable_caching:
-            for stats in (self.prefix_cache_stats, self._step_stats): stats.record(req.request.num_tokens, num_hit, req.num_preemptions > 0)
-        self.waiting.pop_request(); self.running.append(req); req.status = RequestStatus.RUNNING
-        out.num_scheduled_tokens[req.request_id] = num_new; out.kinds[req.request_id] = "resumed" if req.num_preemptions else "new"
-        budget -= num_new
+    "Admit waiting requests in queue order (those holding blocks first), each after a prefix lookup, while they fit."
+    skipped_waiting, skipped_holding = deque(), deque()
+    while budget > 0:
+        queue = self.kv_holding_waiting or self.waiting
+        if not queue or len(self.running) >= self.config.max_num_seqs: break
+        req = queue.peek_request()
+        if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS and not self._promote(req): num_new = None
+        else: num_new = self._admit(req, out, budget, cap)
+        if num_new is False: break
+        if num_new is None:  # vLLM's skip_request: out of the queue for this step, back at its front after
+            queue.pop_request(); self.deferred_waiting.add(req)
+            (skipped_holding if req.request.num_computed_tokens or req.status is RequestStatus.WAITING_FOR_REMOTE_KVS
+             else skipped_waiting).appendleft(req); continue
+        queue.pop_request(); self.deferred_waiting.discard(req); budget -= num_new
+    self.kv_holding_waiting.prepend_requests(skipped_holding); self.waiting.prepend_requests(skipped_waiting)
+
+# %% ../nbs/06_scheduler.ipynb #cc62bf5g
+@patch
+def _lookup(self: Scheduler, req: SchedulerRequest) -> tuple[list, int, int | None, bool]:
+    "Prefix lookup for a request with nothing computed: GPU hit blocks and tokens, then the connector's (None: defer)."
+    if req.request.num_computed_tokens: return [], 0, 0, False  # a finished load: its blocks are held already
+    hits, num_hit = self.kv.get_computed_blocks(req.request)
+    if self.connector is None: return hits, num_hit, 0, False
+    num_external, load_async = self.connector.get_num_new_matched_tokens(req, num_hit)
+    if num_external is not None:
+        if load_async: self.kv_fetch_stages[req.request_id] = "waiting_to_start"
+        else: self.kv_fetch_stages.pop(req.request_id, None)
+    return hits, num_hit, num_external, load_async
+
+# %% ../nbs/06_scheduler.ipynb #cc62bf5h
+@patch
+def _admit(self: Scheduler, req: SchedulerRequest, out: SchedulerOutput, budget: int, cap: int) -> int | bool | None:
+    "Allocate for one waiting request: tokens scheduled, False (stop admitting) or None (skip it this step)."
+    r, looked_up = req.request, req.request.num_computed_tokens == 0
+    hits, num_hit, num_external, load_async = self._lookup(req)
+    if num_external is None: return None
+    if load_async: return self._admit_loading(req, hits, num_hit, num_external)
+    num_new = r.num_tokens - r.num_computed_tokens - num_hit
+    if 0 < cap < num_new: num_new = cap
+    if not self.config.enable_chunked_prefill and num_new > budget: return False
+    num_new, limit = min(num_new, budget), min(budget, cap or budget)
+    if not self._try_allocate(req, num_new, limit, hits, num_hit, gate=self.config.scheduler_reserve_full_isl): return False
+    self._record_admission(req, num_hit, 0, looked_up)
+    self.running.append(req); req.status = RequestStatus.RUNNING; self.kv_fetch_stages.pop(req.request_id, None)
+    out.num_scheduled_tokens[req.request_id] = num_new; out.kinds[req.request_id] = "resumed" if req.num_preemptions else "new"
+    if r.num_computed_tokens < r.num_tokens: self.inflight_prefills.add(req)
+    return num_new
+
+# %% ../nbs/06_scheduler.ipynb #cc62bf5i
+@patch
+def _record_admission(self: Scheduler, req: SchedulerRequest, num_hit: int, num_external: int, looked_up: bool) -> None:
+    "Tell the connector the blocks are allocated; count the admission's GPU (and connector) prefix-cache queries and hits."
+    r, preempted = req.request, req.num_preemptions > 0
+    if self.connector is not None:
+        self.connector.update_state_after_alloc(req, self.kv.req_to_blocks[req.request_id], num_external)
+        if looked_up and r.num_tokens > num_hit: self.connector_prefix_cache_stats.record(r.num_tokens - num_hit, num_external, preempted)
+    if looked_up and self.kv.enable_caching:
+        for stats in (self.prefix_cache_stats, self._step_stats): stats.record(r.num_tokens, num_hit, preempted)
+
+# %% ../nbs/06_scheduler.ipynb #cc62bf5j
+@patch
+def _admit_loading(self: Scheduler, req: SchedulerRequest, hits: list, num_hit: int, num_external: int) -> bool | None:
+    "A CPU hit: allocate blocks for hit and load (cached only once loaded), then wait in WAITING_FOR_REMOTE_KVS (skipped)."
+    kv, r = self.kv, req.request
+    reserved = sum(max(-(-min(q.request.num_tokens, kv.max_model_len or q.request.num_tokens) // kv.block_size)
+                       - len(kv.req_to_blocks.get(q.request_id, ())), 0) for q in self.inflight_prefills)
+    if kv.allocate_slots(r, num_external, num_hit, hits, full_sequence_must_fit=self.config.scheduler_reserve_full_isl,
+                         delay_cache_blocks=True, reserved_blocks=reserved) is None: return False
+    self._record_admission(req, num_hit, num_external, True)
+    req.status, r.num_computed_tokens = RequestStatus.WAITING_FOR_REMOTE_KVS, num_hit + num_external
+    self.inflight_prefills.add(req); self.kv_fetch_stages[req.request_id] = "in_progress"
+    return None
+
+# %% ../nbs/06_scheduler.ipynb #cc62bf5k
+@patch
+def _promote(self: Scheduler, req: SchedulerRequest) -> bool:
+    "A request whose load finished: cache the loaded blocks and wait normally (a whole-prompt hit recomputes one token)."
+    rid, r = req.request_id, req.request
+    if rid not in self.finished_recving_kv_req_ids: return False
+    self.kv.cache_blocks(r, r.num_computed_tokens)
+    if r.num_computed_tokens == r.num_tokens: r.num_computed_tokens -= 1
+    self.finished_recving_kv_req_ids.remove(rid); req.status = RequestStatus.WAITING
+    return True
 
 # %% ../nbs/06_scheduler.ipynb #6ac128a2
 @patch
@@ -393,26 +506,40 @@ def _after_schedule(self: Scheduler, out: SchedulerOutput) -> None:
         req = self.requests[rid]; r = req.request
         req.num_in_flight_tokens += n
         if r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders:
-            out.samples.append(rid)
+            out.samples.append(rid); self.inflight_prefills.discard(req)
             if self.config.async_scheduling: r.num_output_placeholders += 1
 
 # %% ../nbs/06_scheduler.ipynb #8ca5c37b
 @patch
 def _long_prefill_cap(self: Scheduler) -> int:
     "This step's cap on one request's chunk: `long_prefill_token_threshold` while more than one request is live, else 0."
-    return self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+    num_live = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)  # vLLM's get_request_counts()
+    return self.config.long_prefill_token_threshold if num_live > 1 else 0
 
 @patch
 def schedule(self: Scheduler) -> SchedulerOutput:
     "Decide this step's batch: tokens per request, preempting when blocks run out."
     out, cap = SchedulerOutput(self.num_steps, {}, [], arrived=self.arrived), self._long_prefill_cap()
-    self.arrived, self.finished_req_ids = [], set()
+    finished_req_ids, self.arrived, self.finished_req_ids = self.finished_req_ids, [], set()
+    reset_preempted, self._reset_preempted = self._reset_preempted, []
     budget = self._schedule_running(out, cap)
     if not out.preempted: self._schedule_waiting(out, budget, cap)
+    out.preempted[:0] = reset_preempted  # preempted by reset_prefix_cache(reset_running_requests=True) before this step
     out.num_computed_before = {rid: self.requests[rid].request.num_computed_tokens - n for rid, n in out.num_scheduled_tokens.items()}
     self._after_schedule(out)
+    if self.connector is not None: self._connector_schedule_end(out, finished_req_ids)
     out.num_free_scheduled = self.kv.num_free_blocks
     return out
+
+# %% ../nbs/06_scheduler.ipynb #a16f81e2
+@patch
+def _connector_schedule_end(self: Scheduler, out: SchedulerOutput, finished_req_ids: set[str]) -> None:
+    "The connector plans the step's loads and stores (vLLM's build_connector_meta) and starts the step's record."
+    out.kv_connector = {"fin_order": list(finished_req_ids) if len(finished_req_ids) > 1 else None, "reset": self._reset,
+                        "loading": [q.request_id for queue in (self.kv_holding_waiting, self.waiting) for q in queue
+                                    if q.status is RequestStatus.WAITING_FOR_REMOTE_KVS]}
+    out.kv_connector_metadata = self.connector.build_connector_meta(out, finished_req_ids)
+    self._reset = None
 
 # %% ../nbs/06_scheduler.ipynb #47d5006a
 @patch
@@ -429,7 +556,9 @@ def _next_token(self: Scheduler, req: SchedulerRequest) -> int:
 def _finish(self: Scheduler, req: SchedulerRequest, out: SchedulerOutput) -> None:
     "Free a finished request's blocks and move it from `requests` to `finished` (async: it may be waiting, preempted)."
     (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
-    self.kv.free(req.request); req.status = RequestStatus.FINISHED
+    req.status = RequestStatus.FINISHED; self.inflight_prefills.discard(req)
+    if self.connector is not None: self.connector.request_finished(req)  # before its blocks are freed, as vLLM
+    self.kv.free(req.request)
     self.finished[req.request_id] = self.requests.pop(req.request_id); out.finished.append(req.request_id)
     self.finished_req_ids.add(req.request_id)
     self._emit({"op": "free", "id": req.request_id})
@@ -462,6 +591,7 @@ def update_from_output(self: Scheduler, out: SchedulerOutput, into: SchedulerOut
         req.num_in_flight_tokens -= n
         if req.num_stale_output_tokens: req.num_stale_output_tokens -= n; stale.add(rid)
     for req, token in zip(sampling, tokens): self._take_token(req, token, req.request_id in stale, into)
+    if self.connector is not None: self._connector_output(out, into)
     into.stats, self._step_stats = self._step_stats, PrefixCacheStats()
     return self._close(into)
 
@@ -469,20 +599,62 @@ def update_from_output(self: Scheduler, out: SchedulerOutput, into: SchedulerOut
 @patch
 def _close(self: Scheduler, out: SchedulerOutput) -> SchedulerOutput:
     "Record the pool and the queues after the step, and count the step."
-    out.num_free, out.usage, out.num_running, out.num_waiting = self.kv.num_free_blocks, self.kv.usage, len(self.running), len(self.waiting)
+    out.num_free, out.usage, out.num_running = self.kv.num_free_blocks, self.kv.usage, len(self.running)
+    out.num_skipped = len(self.deferred_waiting)  # vLLM counts skipped requests apart from the waiting ones
+    out.num_waiting = len(self.waiting) + len(self.kv_holding_waiting) - out.num_skipped
     self.num_steps += 1
     return out
+
+# %% ../nbs/06_scheduler.ipynb #bc81ca72
+@patch
+def _connector_output(self: Scheduler, out: SchedulerOutput, into: SchedulerOutput) -> None:
+    "The worker's report on step `out`: finished jobs to the connector, finished loads promote; the step's record."
+    completed, loaded = self.connector.worker.report(out.kv_connector_metadata)
+    record = into.kv_connector if into.kv_connector is not None else {}
+    record["done"] = self.connector.update_connector_output(completed)
+    for rid in loaded:
+        if self.requests[rid].status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+            self.finished_recving_kv_req_ids.add(rid); self.kv_fetch_stages[rid] = "completed_waiting"
+    record["kv_fetch"] = self._kv_fetch_counts()
+    record["conn_pcs"], self.connector_prefix_cache_stats = self.connector_prefix_cache_stats, PrefixCacheStats()
+    record["_gpu_reset"], self._gpu_reset = self._gpu_reset, False
+    into.kv_connector = self.connector.record_step(record)
+
+# %% ../nbs/06_scheduler.ipynb #06e64230
+@patch
+def _kv_fetch_counts(self: Scheduler) -> dict[str, int]:
+    "Requests with an async load, by stage (vLLM's num_kv_fetch_reqs_by_stage), non-zero only."
+    stages = list(self.kv_fetch_stages.values())
+    return {stage: n for stage in ("waiting_to_start", "in_progress", "completed_waiting") if (n := stages.count(stage))}
 
 # %% ../nbs/06_scheduler.ipynb #b0754881
 @patch
 def has_requests(self: Scheduler) -> bool:
     "Whether vLLM's engine would schedule: live requests, or finished ones not yet reported by a schedule."
-    return bool(self.requests or self.finished_req_ids)
+    return bool(self.requests or self.finished_req_ids) or (self.connector is not None and self.connector.has_pending_push_work())
 
 @patch(as_prop=True)
 def busy(self: Scheduler) -> bool:
     "Whether the engine loop steps again (sync: live requests; async: also unreported finishes and batches in flight)."
-    return bool(self.requests) if not self.config.async_scheduling else self.has_requests() or bool(self.batch_queue)
+    if self.config.async_scheduling: return self.has_requests() or bool(self.batch_queue)
+    return self.has_requests() if self.connector is not None else bool(self.requests)
+
+# %% ../nbs/06_scheduler.ipynb #fc601753
+@patch
+def reset_prefix_cache(self: Scheduler, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+    "vLLM's reset: optionally preempt every running request first, forget the GPU prefix cache, optionally the connector's."
+    for name, value in (("reset_running_requests", reset_running_requests), ("reset_connector", reset_connector)):
+        if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
+    while reset_running_requests and self.running:
+        req = self.running[-1]; self._preempt(req); self._reset_preempted.append(req.request_id)
+    ok = self.kv.reset_prefix_cache(); self._gpu_reset |= ok
+    if reset_running_requests and not ok:  # vLLM's words: requests loading KV still hold blocks
+        raise RuntimeError("Failed to reset KV cache even when all the running requests are preempted and moved to the waiting "
+                           "queue. This is likely due to the presence of running requests waiting for remote KV transfer, "
+                           "which is not supported yet.")
+    if reset_connector and self.connector is not None:
+        self.connector.reset_cache(); self.connector_prefix_cache_stats.reset = True
+    return ok
 
 # %% ../nbs/06_scheduler.ipynb #2d0d20ad
 @patch
@@ -575,12 +747,21 @@ def _followers(workload: Workload) -> dict[str, list[RequestSpec]]:
         if r.after is not None: blocked.setdefault(r.after, []).append(r)
     return blocked
 
+# %% ../nbs/06_scheduler.ipynb #81787300
+def _apply_reset(s: Scheduler, reset: dict) -> dict:
+    "A workload's `config.resets` entry applied to `s` before its next schedule: what was asked, and the answer or error."
+    out = {"running": reset["running"], "connector": reset["connector"]}
+    try: out["ok"] = s.reset_prefix_cache(reset_running_requests=reset["running"], reset_connector=reset["connector"])
+    except RuntimeError as e: out["error"] = f"RuntimeError: {e}"
+    return out
+
 # %% ../nbs/06_scheduler.ipynb #1e0af796
 def run_workload(workload: Workload,  # requests, pool sizes, and optionally scheduler settings and `model_seed`
                  config: SchedulerConfig | None = None,  # None: the workload config's settings over vLLM's defaults
                  behavior: str = "vllm_0_33",  # allocator behaviour
                  model: FakeModel | None = None,  # None: `FakeModel(config["model_seed"])` (0 if absent)
                  max_steps: int = 100_000,  # give up (ValueError) after this many steps
+                 offload=None,  # a CPU offload tier (`kvref.offload.OffloadConfig`); resets in `config["resets"]` apply
                  **settings,  # `SchedulerConfig` fields over the others, e.g. `max_num_batched_tokens=32`
                  ) -> SchedulerRun:
     "Serve `workload` to completion in vLLM's engine loop (arrivals by step, `after` plus think time, idle jumps)."
@@ -589,13 +770,15 @@ def run_workload(workload: Workload,  # requests, pool sizes, and optionally sch
     if config is not None and not isinstance(config, SchedulerConfig): raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
     config = SchedulerConfig.of({**asdict(config or SchedulerConfig.of(workload.config)), **settings}, strict=True)
     s = Scheduler(_manager_for(workload, behavior), config, model or FakeModel(workload.config.get("model_seed", 0)),
-                  record_trace=not config.async_scheduling)
+                  record_trace=not config.async_scheduling and offload is None, offload=offload)
+    resets = sorted(workload.config.get("resets", []), key=lambda r: r["step"])
     specs, order = {r.id: r for r in workload.requests}, {r.id: i for i, r in enumerate(workload.requests)}
     due = {r.id: r.arrival for r in workload.requests if r.after is None}
     blocked, steps = _followers(workload), []
     while due or s.busy:
         if not s.busy and min(due.values()) > s.num_steps: s.skip_to(min(due.values()))
         for rid in _due_requests(due, order, s.num_steps): del due[rid]; s.add_request(specs[rid])
+        while resets and resets[0]["step"] <= s.num_steps: s._reset = _apply_reset(s, resets.pop(0))
         if len(steps) >= max_steps: raise ValueError(f"workload {workload.name!r} did not finish in {max_steps} steps")
         out = s.step(); steps.append(out)
         for rid in out.finished:

@@ -10,8 +10,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 STAMP="$VENV/.kvref-installed"
-# pip, minus this machine's notices about local package folders that do not exist.
-pip_quiet() { "$VENV/bin/pip" -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; return "${PIPESTATUS[0]}"; }
+# pip, one line a package as it goes (a first install takes minutes), minus this machine's notices about local
+# package folders that do not exist.
+pip_quiet() {
+  "$VENV/bin/pip" --disable-pip-version-check "$@" --progress-bar off 2>&1 \
+    | { grep -E "^(Collecting|Installing collected|Successfully installed|ERROR|error)" | grep -v "^WARNING: Location" || true; }
+  return "${PIPESTATUS[0]}"
+}
 WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "setup: installing kvref and its dev extra into $VENV (first run takes a few minutes)"

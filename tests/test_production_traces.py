@@ -171,6 +171,8 @@ def test_the_sweep_defaults_are_a_default_vllm_and_the_table_says_so(capsys):
     default, no_gate = replay_mooncake(reqs, 12_500), replay_mooncake(reqs, 12_500, scheduler_reserve_full_isl=False)
     assert (default.hits, default.queries, default.preemptions, default.num_steps) == (974416, 6859548, 0, 1329)
     assert no_gate.preemptions == 68 and "scheduler_reserve_full_isl=False" in no_gate.settings
+    asynchronous = replay_mooncake(reqs, 12_500, async_scheduling=True)  # vLLM's AsyncScheduler: 974,336 hits, 1,361 calls
+    assert (asynchronous.hits, asynchronous.preemptions, asynchronous.num_steps) == (974336, 0, 1361)
     assert main(["sweep", str(SAMPLE), "--blocks", "12500", "--no-scheduler-reserve-full-isl", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("scheduler: max_num_batched_tokens=8192, max_num_seqs=256, policy=fcfs") and "| 68 |" in out
