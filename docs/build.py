@@ -190,17 +190,21 @@ def to_myst(nb: dict) -> dict:
     return nb
 
 
-def reference_page() -> str:
-    "Every module's exported names, chapter by chapter: the page an oracle's user looks things up on."
+def reference_pages() -> dict[str, str]:
+    "The API reference: an index page, then one page per module in the book's order (page name -> markdown)."
     import importlib
     from fastcore.nbio import read_nb
-    parts = ["# API reference\n\n> Every name kvref exports, module by module in the book's order: classes with "
+    index = ["# API reference\n\n> Every name kvref exports, one page per module in the book's order: classes with "
              "their fields and methods, Protocols with the methods an implementation provides, Enums with their "
-             "members. Each chapter explains why; this page is for looking things up."]
+             "members. Each chapter explains why; these pages are for looking things up.\n"]
+    pages = {}
     for nb_path in sorted(NBS.glob("*.ipynb")):
         if (module := _default_exp(read_nb(nb_path))):
-            parts.append(apidoc.module_reference(importlib.import_module(f"kvref.{module}"), all_methods=True))
-    return "\n\n".join(parts) + "\n"
+            stem = "reference-" + module.replace(".", "-")
+            pages[stem] = apidoc.module_reference(importlib.import_module(f"kvref.{module}"), level=1, all_methods=True)
+            index.append(f"- [`kvref.{module}`]({stem}.md) (chapter [{nb_path.stem}]({nb_path.stem}.ipynb))")
+    index.append("\n```{toctree}\n:hidden:\n:maxdepth: 1\n\n" + "\n".join(pages) + "\n```")
+    return {"reference": "\n".join(index) + "\n", **pages}
 
 
 def stage(proc: Path) -> None:
@@ -220,7 +224,7 @@ def stage(proc: Path) -> None:
         for cell in nb["cells"]:
             if cell["cell_type"] == "markdown": cell["source"] = link(_text(cell["source"]))
         (SRC / f"{stem}.ipynb").write_text(json.dumps(nb, indent=1))
-    (SRC / "reference.md").write_text(link(reference_page()))
+    for stem, text in reference_pages().items(): (SRC / f"{stem}.md").write_text(link(text))
     for name in HAND_WRITTEN: shutil.copy(DOCS / name, SRC / name)
     order = [p.stem for p in notebooks if p.stem != "index"] + ["reference"] + [Path(n).stem for n in HAND_WRITTEN]
     index = json.loads((SRC / "index.ipynb").read_text())

@@ -219,12 +219,39 @@ def _release_hashes(args, tokens: list[int]) -> list[int | bytes]:
                                 lora=_parse_lora(args.lora) if args.lora else None, lora_int_id=args.lora_int_id,
                                 mm_items=[_parse_mm(s) for s in args.mm], pythonhashseed=args.pythonhashseed)
 
+# %% ../nbs/12_cli.ipynb #4bcf70fd
+def _check_hash_options(args) -> None:
+    "Refuse `kvref hash` options that do not go together, before anything is hashed."
+    if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
+    if not args.file and not args.tokens: raise ValueError("give token ids, --file, --check or --diagnose")
+    if args.vllm_version is None:
+        if args.pythonhashseed is not None or args.lora_int_id is not None:
+            raise ValueError("--pythonhashseed and --lora-int-id go with --vllm-version")
+        return
+    profile = profile_for_version(args.vllm_version)  # '' is no release
+    if args.seed is not None: raise ValueError("--seed does not go with --vllm-version: a release seeds NONE_HASH "
+                                               "from its engine's PYTHONHASHSEED (--pythonhashseed)")
+    if profile.kv_events is None and args.format != "hex":
+        raise ValueError(f"--format {args.format}: vLLM {args.vllm_version} has no KV events, so no event ids "
+                         f"(--format hex prints its hashes)")
+
 # %% ../nbs/12_cli.ipynb #96993aac
 def _print_hashes(hashes: list[int | bytes], event_ids: list[int], fmt: str) -> None:
     "Print the hashes in `--format` hex, int64 (the KV events' ids) or json (both)."
     shown = [h if isinstance(h, int) else h.hex() for h in hashes]
     if fmt == "json": print(json.dumps({"block_hashes": shown, "block_ids_int64": event_ids}))
     else: print("\n".join(str(x) for x in (shown if fmt == "hex" else event_ids)))
+
+# %% ../nbs/12_cli.ipynb #e531ab5b
+def _hashes_and_event_ids(args, tokens: list[int]) -> tuple[list[int | bytes], list[int]]:
+    "The block hashes of `tokens` and the ids their KV events carry (none for a release without events)."
+    lora = _parse_lora(args.lora) if args.lora else None
+    if args.vllm_version is None:
+        hashes = hash_request_tokens(tokens, args.block_size, args.algo, cache_salt=args.salt, seed=args.seed,
+                                     lora=lora, mm_items=[_parse_mm(s) for s in args.mm])
+        return hashes, [block_hash_to_int64(h) for h in hashes]
+    profile, hashes = profile_for_version(args.vllm_version), _release_hashes(args, tokens)
+    return hashes, [] if profile.kv_events is None else release_event_block_hashes(profile, hashes, lora)
 
 # %% ../nbs/12_cli.ipynb #b5db52d5
 @subcommand("kvref hash")
@@ -234,21 +261,9 @@ def hash_main(argv: list[str] | None = None) -> int:
     if args.check or args.diagnose:
         if args.tokens or args.file: raise ValueError("--check and --diagnose take no token ids")
         return check_vector_files(args.check) if args.check else diagnose_file(args.diagnose)
-    if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
-    if not args.file and not args.tokens: raise ValueError("give token ids, --file, --check or --diagnose")
-    if (args.pythonhashseed or args.lora_int_id) and not args.vllm_version:
-        raise ValueError("--pythonhashseed and --lora-int-id go with --vllm-version")
+    _check_hash_options(args)
     tokens = read_token_ids(args.file) if args.file else [token_id(t, i) for i, t in enumerate(args.tokens)]
-    if args.vllm_version:
-        hashes = _release_hashes(args, tokens)
-        lora = _parse_lora(args.lora) if args.lora else None
-        events = release_event_block_hashes(profile_for_version(args.vllm_version), hashes, lora)
-    else:
-        hashes = hash_request_tokens(tokens, args.block_size, args.algo, cache_salt=args.salt, seed=args.seed,
-                                     lora=_parse_lora(args.lora) if args.lora else None,
-                                     mm_items=[_parse_mm(s) for s in args.mm])
-        events = [block_hash_to_int64(h) for h in hashes]
-    _print_hashes(hashes, events, args.format)
+    _print_hashes(*_hashes_and_event_ids(args, tokens), args.format)
     return 0
 
 # %% ../nbs/12_cli.ipynb #214977b1
@@ -361,7 +376,7 @@ def _check_options(ns) -> None:
     if ns.expect and len(ns.expect) != len(ns.traces):
         raise ValueError(f"--expect gives {len(ns.expect)} decisions files for {len(ns.traces)} traces: give one per trace, in order")
     if ns.expect and (ns.out or ns.free_queue_every): raise ValueError("--out and --free-queue-every go with --adapter, not --expect")
-    if ns.vllm_version: profile_for_version(ns.vllm_version)  # an unknown release is refused before any trace runs
+    if ns.vllm_version is not None: profile_for_version(ns.vllm_version)  # an unknown release ('' too), before any trace
 
 # %% ../nbs/12_cli.ipynb #6ecf92d5
 def _check_one(ns, path: str, expect: str | None, factory, fields: list[str] | None, out: Path | None) -> int:

@@ -75,7 +75,7 @@ def _reference(behavior: str, hybrid: bool, vllm_version: str | None = None, **k
     if vllm_version is not None and (hybrid or behavior != "vllm_0_33"):
         raise ValueError("a vLLM release is given for single-group traces only, and names the allocator: no other behavior")
     if hybrid: return HybridTraceReplayer(behavior)
-    return ReleaseTraceReplayer(profile_for_version(vllm_version), **kwargs) if vllm_version else TraceReplayer(behavior, **kwargs)
+    return ReleaseTraceReplayer(profile_for_version(vllm_version), **kwargs) if vllm_version is not None else TraceReplayer(behavior, **kwargs)
 
 def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False,
            vllm_version: str | None = None) -> tuple[TraceReplayer, TraceDriver, Lockstep]:

@@ -608,8 +608,13 @@ def _check_vector_answers(entry: dict, algo: str) -> None:
         raise ValueError("block_ids_int64 must be a list of ints in [0, 2**64)")
 
 # %% ../nbs/01_hashing.ipynb #9bce4868
+def _check_path(path) -> None:
+    "Refuse a path that is not a str or Path (an int would be opened as a file descriptor), naming it."
+    if not isinstance(path, (str, os.PathLike)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
+
 def load_vectors(path: str | Path) -> list[dict]:
     "The vectors of a vector file, every field checked; errors name the file, the vector and the field."
+    _check_path(path)
     try: data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e: raise ValueError(f"{path}: cannot read: {e}") from None
     vectors = data.get("vectors") if isinstance(data, dict) else None

@@ -16,7 +16,7 @@ from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count
 from .block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import get_hash_fn_by_name, _checked_mm_items, _extra_keys_per_block
 from .kv_cache_manager import (KVCacheManager, Request, cdiv, longest_cache_hit, update_block_hashes,
-                                    _check_hits_match, _naming_request)
+                                    _check_hits_match, _check_request_id, _naming_request)
 
 # %% auto #0
 __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'HYBRID_CONFIG_DEFAULTS', 'FullAttentionSpec', 'SlidingWindowSpec',
@@ -60,6 +60,9 @@ def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block siz
                         prefix_match_unit: int | None = None  # hash every this many tokens (default: the gcd)
                        ) -> tuple[int, int]:
     "(scheduler_block_size, hash_block_size): the lcm of the block sizes and the hashing granularity."
+    if isinstance(block_sizes, (str, bytes)) or not isinstance(block_sizes, Sequence) or not block_sizes:
+        raise TypeError(f"block_sizes must be a non-empty list of ints, got {block_sizes!r:.60}")
+    for g, bs in enumerate(block_sizes): _check_count(f"block_sizes[{g}]", bs, 1)
     scheduler_block_size = math.lcm(*block_sizes)
     if not enable_caching: return scheduler_block_size, scheduler_block_size
     hash_block_size = prefix_match_unit or math.gcd(*block_sizes)
@@ -70,6 +73,8 @@ def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block siz
 # %% ../nbs/04a_hybrid.ipynb #b4fa6eb3
 def group_block_hashes(block_hashes: Sequence[bytes], hash_block_size: int, block_size: int) -> Sequence[bytes]:
     "The request's hashes as one group sees them: the fine hash that ends each of its blocks (vLLM's `BlockHashListWithBlockSize`)."
+    if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence):
+        raise TypeError(f"block_hashes must be a list of block hashes, got {type(block_hashes).__name__}")
     _check_count("hash_block_size", hash_block_size, 1); _check_count("block_size", block_size, 1)
     if block_size % hash_block_size: raise ValueError(f"block_size {block_size} is not a multiple of hash_block_size {hash_block_size}")
     k = block_size // hash_block_size
@@ -79,7 +84,8 @@ def group_block_hashes(block_hashes: Sequence[bytes], hash_block_size: int, bloc
 def hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     "The cache key of one group's block: its hash, then the group id in 4 big-endian bytes."
     if type(group_id) is not int or not 0 <= group_id < 1 << 32: raise ValueError(f"group_id must be an int in [0, 2**32), got {group_id!r}")
-    return block_hash + group_id.to_bytes(4, "big")
+    try: return block_hash + group_id.to_bytes(4, "big")  # the hot path: checked only when it fails
+    except TypeError: raise TypeError(f"block_hash must be bytes, got {type(block_hash).__name__}") from None
 
 # %% ../nbs/04a_hybrid.ipynb #fee8b730
 def get_cached_blocks(block_pool: BlockPool, block_hash: bytes, group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
@@ -567,6 +573,17 @@ def _check_request(request) -> None:
     for name in ("num_computed_tokens", "shared_prefix_boundary"):
         _check_count(f"request {request.request_id!r}: {name}", getattr(request, name))
 
+# %% ../nbs/04a_hybrid.ipynb #763f2309
+def _hit_lists(rid: str, new_computed_blocks, num_groups: int) -> list[list[KVCacheBlock]]:
+    "The hit blocks as one list per group (none given: no hits), refusing any other shape by name."
+    if new_computed_blocks is None: return [[] for _ in range(num_groups)]
+    if not isinstance(new_computed_blocks, Sequence) or not all(isinstance(h, Sequence) for h in new_computed_blocks):
+        raise TypeError(f"request {rid!r}: new_computed_blocks must be one list of blocks per group, "
+                        f"got {new_computed_blocks!r:.60}")
+    if len(new_computed_blocks) != num_groups:
+        raise ValueError(f"request {rid!r}: new_computed_blocks needs one list per group ({num_groups}), got {len(new_computed_blocks)}")
+    return [list(h) for h in new_computed_blocks]
+
 # %% ../nbs/04a_hybrid.ipynb #aa7e0a64
 class HybridKVCacheManager:
     "vLLM 0.33's KV cache manager for several KV cache groups sharing one pool."
@@ -598,6 +615,7 @@ class HybridKVCacheManager:
 @patch
 def get_block_ids(self: HybridKVCacheManager, request_id: str) -> list[list[int]]:
     "The request's block table in each group (0: the null block)."
+    _check_request_id(request_id)
     return [block_ids(m.req_to_blocks.get(request_id, ())) for m in self.coordinator.single_type_managers]
 
 # %% ../nbs/04a_hybrid.ipynb #6bdc923e
@@ -631,8 +649,7 @@ def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_c
     _check_count(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
     _check_count(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
     _check_bool("full_sequence_must_fit", full_sequence_must_fit)
-    hits = [list(h) for h in new_computed_blocks] if new_computed_blocks is not None else [[] for _ in range(self.num_groups)]
-    if len(hits) != self.num_groups: raise ValueError(f"request {rid!r}: new_computed_blocks needs one list per group ({self.num_groups}), got {len(hits)}")
+    hits = _hit_lists(rid, new_computed_blocks, self.num_groups)
     for g, group_hits in enumerate(hits): self.block_pool._checked_own(group_hits, f"new_computed_blocks[{g}]")
     held = any(rid in m.req_to_blocks and m.req_to_blocks[rid] for m in self.coordinator.single_type_managers)
     if (any(hits) or num_new_computed_tokens) and (held or request.num_computed_tokens):

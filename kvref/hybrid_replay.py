@@ -16,7 +16,7 @@ from .hybrid import (CONFIG_FIELDS, HYBRID_CONFIG_DEFAULTS, HybridKVCacheManager
                           spec_from_group)
 from .free_queue import _check_bool
 from .hashing import LoRARequest, MultiModalItem
-from .replay import TraceDriver, file_kind, is_hybrid, load_trace, step, validate_op
+from .replay import TraceDriver, file_kind, is_hybrid, load_trace, step, validate_op, _check_ops
 from .pictures import progress
 import kvref.mamba  # registers the Mamba group kind
 
@@ -195,7 +195,7 @@ class HybridTraceReplayer(HybridTraceDriver):
 def replay_hybrid(ops: Iterable[dict]  # a hybrid trace's ops, `config` first
                  ) -> list[dict]:
     "The decision for each op of a hybrid trace, replayed by kvref (`HybridTraceReplayer`)."
-    replayer = HybridTraceReplayer()
+    _check_ops(ops); replayer = HybridTraceReplayer()
     return [replayer.apply(op) for op in ops]
 
 # %% ../nbs/05c_hybrid_replay.ipynb #a272dd3d
@@ -258,6 +258,7 @@ def _count_op(s: HybridReplayStats, op: dict, d: dict, queried_tokens: int) -> N
 def hybrid_replay_stats(ops: list[dict]  # a hybrid trace's ops, `config` first
                        ) -> HybridReplayStats:
     "Replay a hybrid trace with kvref and count what each op did to the pool and to each group's tables."
+    _check_ops(ops); ops = list(ops)
     if not ops: raise ValueError("no ops: a hybrid trace starts with its config op")
     replayer, owner = HybridTraceReplayer(), {}
     first = replayer.apply(ops[0])

@@ -148,10 +148,14 @@ def num_free_blocks(self: KVCacheManager) -> int: return self.block_pool.get_num
 def usage(self: KVCacheManager) -> float: return self.block_pool.get_usage()
 
 # %% ../nbs/04_kv_cache_manager.ipynb #83a78d01
+def _check_request_id(request_id) -> None:
+    "Refuse a request id that is not a str, naming it."
+    if not isinstance(request_id, str): raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+
 @patch
 def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
     "The request's block table as block ids (empty if it holds none)."
-    if not isinstance(request_id, str): raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+    _check_request_id(request_id)
     return block_ids(self.req_to_blocks.get(request_id, ()))
 
 # %% ../nbs/04_kv_cache_manager.ipynb #2173b5ea

@@ -147,6 +147,8 @@ def wire_events(events: Sequence[block_pool.KVCacheEvent],  # from `BlockPool.ta
                ) -> list[KVCacheEvent]:
     "The events vLLM would publish for these pool events, in order."
     _check_hash_form(hash_form)
+    if isinstance(events, (str, bytes, dict)) or not hasattr(events, "__iter__"):
+        raise TypeError(f"events must be a list of block pool events, got {type(events).__name__}")
     lora_ids = {} if lora_ids is None else lora_ids
     out = []
     for event in events:

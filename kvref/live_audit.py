@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 from fastcore.basics import patch
-from .hashing import _decoded, hash_block_tokens
+from .hashing import _check_path, _decoded, hash_block_tokens
 from .kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, KVIndex, _check_hash_form, _short,
                              decode_batch, encode_batch, encode_batch_fast, external_block_hash)
 from .releases import PROFILES, profile_for_version, release_hash_fn, release_none_hash, wire_schema
@@ -293,7 +293,7 @@ def _remember_root(self: EngineAudit, event: BlockStored, entry) -> None:
 # %% ../nbs/07e_live_audit.ipynb #b6937c11
 def read_stream(path: str | Path) -> Iterator[tuple[int, bytes]]:
     "The (seq, payload) of each batch of a recorded stream (JSONL: `seq`, `payload_b64`), read line by line."
-    if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
+    _check_path(path)
     with open(path, encoding="utf-8") as lines:
         for lineno, line in enumerate(lines, 1):
             if not line.strip(): continue

@@ -14,6 +14,8 @@ from itertools import chain
 from pathlib import Path
 from typing import Iterable, Iterator
 from .kv_cache_manager import KVCacheManager, Request, cdiv
+from .free_queue import _check_count
+from .hashing import _check_path
 from .pictures import progress
 from .scheduler import Scheduler, SchedulerConfig, SchedulerRequest
 from .workloads import RequestSpec, _add_op, _tick
@@ -87,7 +89,7 @@ def read_mooncake(path: str | Path,  # a Mooncake JSONL trace
                   hash_block_size: int = 512,  # tokens per hash id (512 for Mooncake, 16 for bailian)
                   ) -> Iterator[MooncakeRequest]:
     "Stream the checked requests of a trace, a line at a time; blank lines are skipped."
-    if not isinstance(path, (str, os.PathLike)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
+    _check_path(path)
     _check_positive(hash_block_size=hash_block_size)
     last, number = 0, 0
     with open(path, "rb") as f:  # bytes, a line at a time and at most MOONCAKE_MAX_LINE_BYTES: /dev/zero has no lines
@@ -267,7 +269,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
-    _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
+    _check_count("num_blocks", num_blocks, 1); _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
     _check_hashes(hashes, requests, block_size)
     kv = KVCacheManager(num_blocks, block_size, max_model_len=_check_fits(requests, num_blocks, block_size))
     s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
@@ -344,6 +346,8 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
 # %% ../nbs/06c_production_traces.ipynb #62aabb24
 def format_results(results: Sequence[CacheSizeResult], fmt: str = "table") -> str:
     "The results as a markdown table (under a line naming the scheduler settings), CSV or JSON."
+    if isinstance(results, (str, bytes)) or not isinstance(results, Sequence) or not all(isinstance(r, CacheSizeResult) for r in results):
+        raise TypeError(f"results must be a list of CacheSizeResult (from sweep or replay_mooncake), got {results!r:.60}")
     rows = [asdict(r) for r in results]
     if fmt == "json": return json.dumps(rows, indent=1) + "\n"
     names = list(CacheSizeResult.__dataclass_fields__)

@@ -15,11 +15,11 @@ from weakref import WeakKeyDictionary
 from fastcore.basics import patch
 from .hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem, sha256, sha256_cbor,
     get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, hash_request_tokens, block_hash_to_int64,
-    _checked_request, _checked_tokens, _chunks, _decoded, _hash_blocks, _lora_from_json, _mm_from_json)
+    _check_path, _checked_request, _checked_tokens, _chunks, _decoded, _hash_blocks, _lora_from_json, _mm_from_json)
 from .block_pool import BlockPool
 from .free_queue import _check_count
 from .kv_cache_manager import KVCacheManager, Request
-from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl
+from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl, _check_ops
 from .kv_events import WIRE_SCHEMA, WireSchema
 
 # %% auto #0
@@ -244,6 +244,7 @@ def _resolved_seed(profile: VllmProfile, algo: str, pythonhashseed: str | None) 
     "The NONE_HASH seed string, or a refusal when the release draws NONE_HASH at random."
     if pythonhashseed is not None and not isinstance(pythonhashseed, str):
         raise TypeError(f"pythonhashseed must be a str or None, got {type(pythonhashseed).__name__}")
+    if not isinstance(algo, str): raise TypeError(f"algo must be a hash algorithm's name, got {type(algo).__name__}")
     seed = pythonhashseed if pythonhashseed is not None else profile.default_seed if algo in SHA256_FAMILY else None
     if seed is None:
         raise ValueError(f"{profile.name} with PYTHONHASHSEED unset draws NONE_HASH ({algo}) at random in every "
@@ -377,6 +378,8 @@ LORA_EVENT_ERROR = "AttributeError: 'LoRARequest' object has no attribute 'id'"
 def release_event_block_hashes(profile: VllmProfile, block_hashes: Sequence, lora: LoRARequest | None = None) -> list[int]:
     "What a `BlockStored` KV event of `profile`'s releases carries for `block_hashes`."
     _check_profile(profile)
+    if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence):
+        raise TypeError(f"block_hashes must be a list of block hashes, got {type(block_hashes).__name__}")
     if profile.kv_events is None: raise ValueError(f"{profile.name} has no KV events (they came in vLLM 0.9.0, #16750)")
     if lora is not None and profile.lora_event_raises and len(block_hashes):  # no full block: no event to raise in
         raise ValueError(f"{profile.name} raises {LORA_EVENT_ERROR} emitting a LoRA request's BlockStored (until 0.11.0)")
@@ -536,7 +539,7 @@ def load_release_trace(path: str | Path) -> list[dict]:
 # %% ../nbs/05a_vllm_releases.ipynb #919d18a9
 def replay_release(ops, version: str, strict: bool = False):
     "The decision for each op, as vLLM release `version` makes it."
-    replayer = ReleaseTraceReplayer(profile_for_version(version), strict)
+    _check_ops(ops); replayer = ReleaseTraceReplayer(profile_for_version(version), strict)
     for op in ops: yield replayer.apply(op)
 
 # %% ../nbs/05a_vllm_releases.ipynb #d73cc4d3
@@ -596,6 +599,7 @@ def _checked_vectors(path: str | Path, vectors: Any, what: str = "checking nothi
 # %% ../nbs/05a_vllm_releases.ipynb #f0614d2b
 def check_release_vectors(path: str | Path) -> tuple[int, ReleaseMismatch | None]:
     "Recompute every vector of a release's `block-hashes.json` with the profile of its `vllm_version`."
+    _check_path(path)
     try: data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e: raise ValueError(f"{path}: cannot read: {e}") from None
     if not isinstance(data, dict): raise ValueError(f"{path}: no 'vectors' list: checking nothing is not a pass")
@@ -644,6 +648,7 @@ def _explains(profile: VllmProfile, mistake: str, entry: dict) -> bool:
 # %% ../nbs/05a_vllm_releases.ipynb #6c956db3
 def diagnose(path: str | Path) -> list[tuple[str, str]]:
     "Every (profile, mistake) that explains all the hashes a consumer computed in the vector file at `path`."
+    _check_path(path)
     try: vectors = json.loads(Path(path).read_text(encoding="utf-8"))["vectors"]
     except (OSError, ValueError, KeyError, TypeError) as e: raise ValueError(f"{path}: not a vector file: {e}") from None
     _checked_vectors(path, vectors, "nothing to diagnose")

@@ -119,6 +119,14 @@ def validate_op(op: object,       # one parsed JSON line
     _check_limits(op, name)
     return op
 
+# %% ../nbs/05_replay.ipynb #92986a84
+def _check_ops(ops, name: str = "ops", path_ok: bool = False) -> None:
+    "Refuse anything but an iterable of ops (a str, bytes or dict is not a trace), naming `name`."
+    if path_ok and isinstance(ops, (str, Path)): return
+    if isinstance(ops, (str, bytes, dict)) or not hasattr(ops, "__iter__"):
+        what = "a list of ops or a trace file's path" if path_ok else "a list of ops"
+        raise TypeError(f"{name} must be {what}, got {type(ops).__name__}")
+
 # %% ../nbs/05_replay.ipynb #a1e0f006
 def trace_config(config: dict) -> dict:
     "A config op (with or without its `op` key), validated, with the defaults of its version filled in."
@@ -397,7 +405,7 @@ def replay(ops: Iterable[dict],              # trace ops, `config` first
            **kwargs,                         # `version`, `free_queue_every`: as for `TraceDriver`
           ) -> Iterator[dict]:
     "The decision for each op, in order, as the ops are applied."
-    replayer = TraceReplayer(behavior, strict, **kwargs)
+    _check_ops(ops); replayer = TraceReplayer(behavior, strict, **kwargs)
     for op in ops: yield replayer.apply(op)
 
 # %% ../nbs/05_replay.ipynb #e1b8903a

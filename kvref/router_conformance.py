@@ -18,7 +18,7 @@ from .kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventBat
                              WIRE_SCHEMA, WireSchema)
 from .kv_cache_manager import KVCacheManager
 from .free_queue import _check_count
-from .replay import TraceDriver, kvref_factory, load_trace
+from .replay import TraceDriver, kvref_factory, load_trace, validate_op, _check_ops
 
 # %% auto #0
 __all__ = ['END_SEQ', 'OpBatch', 'EventfulKVCacheManager', 'op_batches', 'event_records', 'offset_endpoint_port',
@@ -43,7 +43,12 @@ class EventfulKVCacheManager(KVCacheManager):
 
 # %% ../nbs/07d_router_conformance.ipynb #ba9e6918
 def _trace_ops(trace: Iterable[dict] | str | Path) -> list[dict]:
-    return load_trace(trace) if isinstance(trace, (str, Path)) else list(trace)
+    "The ops of a trace file or an op list, refusing anything else (a trace starts with its config op) by name."
+    _check_ops(trace, "trace", path_ok=True)
+    ops = load_trace(trace) if isinstance(trace, (str, Path)) else list(trace)
+    if ops and not (isinstance(ops[0], dict) and ops[0].get("op") == "config"):
+        raise ValueError(f"op 0: the first op must be 'config', got {ops[0]!r:.60}")
+    return ops
 
 def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JSONL trace file
                hash_form: str = "int",               # see `HASH_FORMS`
@@ -53,8 +58,7 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
     "Each op of the trace with the events kvref's allocator (vLLM 0.33 behaviour) emits for it."
     _check_hash_form(hash_form)
     if data_parallel_rank is not None: _check_count("data_parallel_rank", data_parallel_rank)
-    if not isinstance(trace, (str, Path)) and (isinstance(trace, (bytes, dict)) or not hasattr(trace, "__iter__")):
-        raise TypeError(f"trace must be a list of ops or a trace file's path, got {type(trace).__name__}")
+    _check_ops(trace, "trace", path_ok=True)
     driver, lora_ids, seq = TraceDriver(kvref_factory("vllm_0_33", EventfulKVCacheManager)), {}, 0
     for i, op in enumerate(_trace_ops(trace)):
         try: driver.apply(op)
@@ -181,6 +185,8 @@ class RouterAdapter(Protocol):
 # %% ../nbs/07d_router_conformance.ipynb #3d297e37
 def reference_router(config: dict) -> KVIndex:
     "The reference: a `KVIndex` for the engines' `config` (block_size, hash_algo, hash_form, seed)."
+    if not isinstance(config, dict) or "block_size" not in config or set(config) - {"block_size", "hash_algo", "hash_form", "seed"}:
+        raise TypeError(f"config must be a dict of block_size and any of hash_algo, hash_form, seed; got {config!r:.60}")
     return KVIndex(**config)
 
 # %% ../nbs/07d_router_conformance.ipynb #469f4e10
@@ -258,8 +264,11 @@ class Prompt:
 def trace_prompts(stream: str, ops: list[dict]) -> list[Prompt]:
     "The prompts a trace's requests add, and the longer token lists they grow to by `append`."
     if not isinstance(stream, str): raise TypeError(f"stream must be a str, got {type(stream).__name__}")
-    prompts, grown = {}, {}
-    for op in ops:
+    _check_ops(ops); prompts, grown = {}, {}
+    for i, op in enumerate(ops):
+        if not (isinstance(op, dict) and op.get("op") == "config"):  # a hybrid trace's config is not validate_op's
+            try: validate_op(op)
+            except ValueError as e: raise ValueError(f"trace {stream!r}: op {i}: {e}") from None
         if op["op"] == "add":
             lora = LoRARequest(**op["lora"]) if op.get("lora") else None
             items = tuple(MultiModalItem(**m) for m in op.get("mm_items", ()))
@@ -298,6 +307,8 @@ def _answer(router, prompt: Prompt) -> dict | str:
 # %% ../nbs/07d_router_conformance.ipynb #31f11e89
 def _named_traces(traces) -> dict[str, list[dict]]:
     "stream name -> ops, from a dict, or a list of trace files (named by file) or op lists (engine0, ...)."
+    if isinstance(traces, (str, bytes, Path)) or not hasattr(traces, "__iter__"):
+        raise TypeError(f"traces must be a list of trace files or op lists, or a dict of them, got {type(traces).__name__}")
     if isinstance(traces, dict): return {str(k): _trace_ops(v) for k, v in traces.items()}
     named = {}
     for n, t in enumerate(traces): named[Path(t).stem if isinstance(t, (str, Path)) else f"engine{n}"] = _trace_ops(t)
@@ -332,6 +343,9 @@ def check_router(factory: Callable[[dict], RouterAdapter],  # config dict -> the
                  prompts: list[Prompt] | None = None,       # what to ask (default: every prompt of the traces)
                 ) -> RouterDivergence | None:
     "Feed the traces' event streams to the router and to `KVIndex`; the first differing answer, or None."
+    if not callable(factory): raise TypeError(f"factory must make a router from a config dict, got {type(factory).__name__}")
+    if prompts is not None and (not isinstance(prompts, list) or not all(isinstance(p, Prompt) for p in prompts)):
+        raise TypeError(f"prompts must be a list of Prompt (see trace_prompts), got {prompts!r:.60}")
     named = _named_traces(traces)
     config = _router_config(named, hash_form)
     reference, router = reference_router(dict(config)), factory(dict(config))

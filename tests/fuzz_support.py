@@ -75,7 +75,7 @@ class Verdict:
     entry: str
     arg: str
     value: str
-    outcome: str  # "ok", "crash", "state", "accepted"
+    outcome: str  # "ok", "crash", "state", "accepted" (a value to refuse), "refused" (a value vLLM accepts)
     detail: str = ""
 
 
@@ -90,6 +90,9 @@ class Entry:
     state: Callable[[Any], Any] = snap  # the context's observable state
     owner: str = ""  # who fixes defects here (empty: this helper's modules)
     skip: dict = field(default_factory=dict)  # (arg index, repr(value)) -> why this value is legitimately accepted
+    # (arg index, value, verdict): values of this entry's own; verdict "refuse" (a clean refusal, state unchanged), or
+    # "accept: why" (vLLM 0.33 accepts it too, and the chapter says so)
+    cases: tuple = ()
 
 
 def judge(entry: Entry) -> list[Verdict]:
@@ -97,24 +100,26 @@ def judge(entry: Entry) -> list[Verdict]:
     base = entry.make()
     entry.call(base, *entry.args)  # the valid call must go through, or the table is wrong
     out, skip = [], {(i, ALIASES.get(v, v)) for i, v in entry.skip}
-    for i, kind in enumerate(entry.kinds):
-        if kind is None: continue
-        must, may = BAD[kind]
-        for value, required in [(v, True) for v in must] + [(v, False) for v in may]:
-            if (i, repr(value)) in skip: continue
-            args = list(entry.args); args[i] = value
-            ctx = entry.make()
-            before = entry.state(ctx)
-            verdict = Verdict(entry.name, f"arg{i}:{kind}", repr(value)[:60], "ok")
-            try:
-                entry.call(ctx, *args)
-            except NAMED as e:
-                if entry.state(ctx) != before: verdict.outcome, verdict.detail = "state", f"{type(e).__name__}: {e}"
-            except RecursionError as e:  # noqa: PERF203
-                verdict.outcome, verdict.detail = "crash", f"RecursionError: {str(e)[:80]}"
-            except Exception as e:
-                verdict.outcome, verdict.detail = "crash", f"{type(e).__name__}: {str(e)[:100]}"
-            else:
-                if required: verdict.outcome = "accepted"
-            out.append(verdict)
+    tries = [(i, v, True) for i, kind in enumerate(entry.kinds) if kind is not None for v in BAD[kind][0]]
+    tries += [(i, v, False) for i, kind in enumerate(entry.kinds) if kind is not None for v in BAD[kind][1]]
+    tries += [(i, v, verdict) for i, v, verdict in entry.cases]
+    for i, value, required in tries:
+        kind = entry.kinds[i] if required in (True, False) else "case"
+        if required in (True, False) and (i, repr(value)) in skip: continue
+        args = list(entry.args); args[i] = value
+        ctx = entry.make()
+        before = entry.state(ctx)
+        verdict = Verdict(entry.name, f"arg{i}:{kind}", repr(value)[:60], "ok")
+        try:
+            entry.call(ctx, *args)
+        except NAMED as e:
+            if entry.state(ctx) != before: verdict.outcome, verdict.detail = "state", f"{type(e).__name__}: {e}"
+            elif str(required).startswith("accept"): verdict.outcome, verdict.detail = "refused", f"{type(e).__name__}: {e} ({required})"
+        except RecursionError as e:  # noqa: PERF203
+            verdict.outcome, verdict.detail = "crash", f"RecursionError: {str(e)[:80]}"
+        except Exception as e:
+            verdict.outcome, verdict.detail = "crash", f"{type(e).__name__}: {str(e)[:100]}"
+        else:
+            if required is True or required == "refuse": verdict.outcome = "accepted"
+        out.append(verdict)
     return out

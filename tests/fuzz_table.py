@@ -67,7 +67,12 @@ ALLOCATOR = [
           lambda c, h, n, bs: c[0].cache_full_blocks(c[1], h, 0, n, bs),
           ([b"a" * 32, b"b" * 32], 2, 4), ("seq", "count", "positive"), owner=BENCH),
     Entry("kv_cache_manager.Request", nothing, lambda _, i, t: kv_cache_manager.Request(i, t), ("a", [1, 2]),
-          ("str", "tokens"), owner=BENCH),
+          ("str", "tokens"), owner=BENCH,
+          cases=((1, [np.int64(3)], "accept: vLLM's Request takes the ids as given; kvref keeps the ints they stand for (04)"),)),
+    Entry("KVCacheManager.allocate_slots lookahead", manager,
+          lambda c, n: c[0].allocate_slots(fresh_request(), 6, num_lookahead_tokens=n), (2,), ("count",), owner=BENCH,
+          skip={(0, "10**30"): "capped at max_model_len, as below"},
+          cases=((0, 10**18, "accept: vLLM caps the slots at max_model_len (04, Allocating slots)"),)),
     Entry("Request.append_output_token_ids", fresh_request, lambda r, t: r.append_output_token_ids(t), ([1],),
           ("tokens",), owner=BENCH, skip={(0, "5"): "one int is accepted"}),
     Entry("KVCacheManager", nothing, lambda _, n, bs: kv_cache_manager.KVCacheManager(n, bs), (8, 4),
@@ -90,7 +95,16 @@ HASHING = [
           (list(range(8)), 4, "sha256"), ("tokens", "positive", "name"), owner=HASH, skip={(1, "10**30"): ""}),
     Entry("hashing.hash_block_tokens", nothing,
           lambda _, p, t: hashing.hash_block_tokens(hashing.sha256, p, t), (None, [1, 2]), ("any", "tokens"),
-          owner=HASH, skip={(0, "None"): "no parent"}),
+          owner=HASH, skip={(0, "None"): "no parent"},
+          cases=((0, "parent", "accept: vLLM hashes whatever parent it is given (01, Hashing one block)"),
+                 (0, b"", "accept: vLLM reads a falsy parent as NONE_HASH (01)"))),
+    Entry("hashing.hash_request_tokens mm_items", nothing,
+          lambda _, m: hashing.hash_request_tokens(list(range(8)), 4, mm_items=m), ([hashing.MultiModalItem("a", 0, 2)],),
+          ("seq",), owner=HASH, skip={(0, "None"): "no items"},
+          cases=((0, [hashing.MultiModalItem("b", 4, 2), hashing.MultiModalItem("a", 0, 2)],
+                  "accept: vLLM's input processor sorts a request's items by offset; kvref sorts them too (01)"),
+                 (0, [hashing.MultiModalItem("a", 0, 4), hashing.MultiModalItem("b", 2, 2)], "refuse"),
+                 (0, [hashing.MultiModalItem("a", 6, 4)], "refuse"))),
     Entry("hashing.get_hash_fn_by_name", nothing, lambda _, n: hashing.get_hash_fn_by_name(n), ("sha256",), ("name",),
           owner=HASH),
     Entry("hashing.init_none_hash", nothing, lambda _, n: hashing.init_none_hash(n), ("sha256",), ("name",), owner=HASH),
@@ -452,14 +466,16 @@ THINKING = [
           lambda h, b: h.sync_batch(b), (None,), ("any",), state=hstate),
     Entry("ThinkingBudgetStateHolder.update_state", holder(thinking_budget.ThinkingBudgetStateHolder),
           lambda h, o, s: h.update_state(o, s), ([[1, 100]], [[]]), ("seq", "seq"), state=hstate,
-          skip={(1, "None"): "no drafts"}),
+          skip={(1, "None"): "no drafts"},
+          cases=((0, [["a", "b"]], "accept: vLLM's holder reads the sampler's rows unchecked (09, What can go wrong)"),)),
     Entry("ThinkingBudgetStateHolder.apply_to_logits", holder(thinking_budget.ThinkingBudgetStateHolder),
           lambda h, x: h.apply_to_logits(x, False, [[]]), (torch.zeros(1, 256),), ("tensor",), state=hstate),
     Entry("VllmThinkingBudgetStateHolder.sync_batch", holder(thinking_budget_vllm.VllmThinkingBudgetStateHolder),
           lambda h, b: h.sync_batch(b), (None,), ("any",), state=hstate),
     Entry("VllmThinkingBudgetStateHolder.update_state", holder(thinking_budget_vllm.VllmThinkingBudgetStateHolder),
           lambda h, o, s: h.update_state(o, s), ([[1, 100]], [[]]), ("seq", "seq"), state=hstate,
-          skip={(1, "None"): "no drafts"}),
+          skip={(1, "None"): "no drafts"},
+          cases=((0, [["a", "b"]], "accept: vLLM's holder reads the sampler's rows unchecked (09, What can go wrong)"),)),
     Entry("VllmThinkingBudgetStateHolder.apply_to_logits", holder(thinking_budget_vllm.VllmThinkingBudgetStateHolder),
           lambda h, x: h.apply_to_logits(x, False, [[]]), (torch.zeros(1, 256),), ("tensor",), state=hstate),
     Entry("thinking_budget_vllm.find_last", nothing, lambda _, t, m, lo: thinking_budget_vllm.find_last(t, m, lo),
@@ -664,6 +680,59 @@ HYBRID = [
           ("ok",), ("any",)),
 ]
 
+# ---------------------------------------------------------------- hybrid hits (issue 32): a hit is what a lookup finds now
+HIT_MANAGERS = {  # each with the prompt length at which it caches a state a longer prompt hits
+    "hybrid": (lambda: hybrid.HybridKVCacheManager([hybrid.SlidingWindowSpec(4, 8), hybrid.FullAttentionSpec(4)], 24), 17),
+    "mamba": (lambda: hybrid.HybridKVCacheManager([mamba.MambaSpec(4), hybrid.FullAttentionSpec(4)], 24,
+                                                  retention_interval=8), 16),
+    "mamba-checkpoints": (lambda: hybrid.HybridKVCacheManager([mamba.MambaSpec(8, 8), hybrid.FullAttentionSpec(8)], 24,
+                                                              prefix_match_unit=2), 17),
+}
+
+
+def hit_context(kind):
+    "`a` computed and cached its prompt, `u` holds blocks never cached, `o` another prompt's; `b` extends `a`'s prompt."
+    def make():
+        build, length = HIT_MANAGERS[kind]
+        m, a = build(), hybrid.HybridRequest("a", list(range(length)))
+        m.allocate_slots(a, length); a.num_computed_tokens = length
+        m.new_step_starts()  # a Mamba state cached in this step is hit from the next one
+        m.allocate_slots(hybrid.HybridRequest("u", [900, 901, 902]), 3)
+        m.allocate_slots(hybrid.HybridRequest("o", [500 + i for i in range(17)]), 17)
+        b = hybrid.HybridRequest("b", a.all_token_ids + [5])
+        return m, b, *m.get_computed_blocks(b)[:2]
+    return make
+
+
+def with_first_hit(hits, block):
+    "The hits with the first real block of the group that has one replaced by `block`."
+    g = next(g for g, group in enumerate(hits) if any(not x.is_null for x in group))
+    i = next(i for i, x in enumerate(hits[g]) if not x.is_null)
+    return [list(group) if k != g else group[:i] + [block] + group[i + 1:] for k, group in enumerate(hits)]
+
+
+def hit_call(ctx, how):
+    "allocate_slots for `b` with its true hits, or with them corrupted as `how` says."
+    m, b, hits, n = ctx
+    held = {x for t in m.coordinator.single_type_managers for r in ("a", "u") for x in t.req_to_blocks.get(r, ())}
+    if how == "ok": return m.allocate_slots(b, b.num_tokens - n, n, hits)
+    if how == "fresh hit tokens": return m.allocate_slots(hybrid.HybridRequest("f", [700 + i for i in range(17)]), 1, 8)
+    if how == "twice":
+        g = next(g for g, group in enumerate(hits) if sum(not x.is_null for x in group) >= 2)
+        return m.allocate_slots(b, 1, n, [list(x) if k != g else [x[0]] * len(x) for k, x in enumerate(hits)])
+    if how == "no blocks": return m.allocate_slots(b, 1, n, None)
+    if how == "no tokens": return m.allocate_slots(b, 1, 0, hits)
+    block = {"never cached": m.block_pool.free_block_queue.fake_tail.prev_free_block,
+             "another request's": next(x for x in m.block_pool.blocks if x.block_hash is not None and x not in held),
+             "unhashed of another": m.block_pool.blocks[m.get_block_ids("u")[-1][0]]}[how]
+    return m.allocate_slots(b, 1, n, with_first_hit(hits, block))
+
+
+HIT_CASES = tuple((0, how, "refuse") for how in ("never cached", "another request's", "twice", "unhashed of another",
+                                                 "no blocks", "no tokens", "fresh hit tokens"))
+HYBRID_HITS = [Entry(f"HybridKVCacheManager({kind}).allocate_slots hits", hit_context(kind), hit_call, ("ok",), (None,),
+                     cases=HIT_CASES) for kind in HIT_MANAGERS]
+
 # ---------------------------------------------------------------- vLLM releases (05a)
 P033 = releases.profile_for_version("0.33.0")
 VECTORS = ROOT / "golden" / "versions" / "0.33.0" / "block-hashes.json"
@@ -765,4 +834,4 @@ WIRE = [
 ]
 
 ENTRIES = (ALLOCATOR + HASHING + CONTRACT_ENTRIES + PICTURES + SCHEDULING + SAMPLING + THINKING + CUDAGRAPHS + EVENTS
-           + HYBRID + RELEASES + ROUTER + WIRE)
+           + HYBRID + HYBRID_HITS + RELEASES + ROUTER + WIRE)

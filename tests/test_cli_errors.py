@@ -194,6 +194,12 @@ BAD = [  # (files, argv, piece of the stderr line)
     ({"off.jsonl": _caching_off()}, ["check-router", "{f}/off.jsonl", "--adapter", FIRST_BYTES],
      "compared nothing: the traces publish no KV events"),
     ({}, ["check-router", TRACE, TRACE, "--adapter", ROUTER_ADAPTER], "two traces have the file name 'design-doc-example.jsonl'"),
+    # issue 32: kvref hash's version flags
+    ({}, ["hash", "1", "2", "--vllm-version", ""], "kvref hash: error: '' is not a vLLM release number"),
+    ({}, ["check", TRACE, "--expect", DECISIONS, "--vllm-version", ""], "'' is not a vLLM release number"),
+    ({}, ["hash", "1", "2", "--vllm-version", "0.9.2", "--seed", "7"], "--seed does not go with --vllm-version"),
+    ({}, ["hash", "1", "2", "--vllm-version", "0.8.5", "--format", "int64"], "--format int64: vLLM 0.8.5 has no KV events"),
+    ({}, ["hash", "1", "2", "--pythonhashseed", ""], "--pythonhashseed and --lora-int-id go with --vllm-version"),
     # the front door
     ({}, ["--frobnicate"], "kvref: error: unknown option '--frobnicate'"),
     ({}, [], "kvref: error: give a command"),
@@ -237,6 +243,15 @@ def test_num_blocks_limit_is_inclusive(tmp_path, capsys, monkeypatch):
         assert main(["replay", str(tmp_path / "t.jsonl")]) == status
     out, err = capsys.readouterr()
     assert json.loads(out)["num_free"] == 63 and "num_blocks 65 is above the command line's limit of 64" in err
+
+
+def test_hash_of_a_release_without_kv_events(capsys):
+    "vLLM 0.8.5 had no KV events, but its hashes print in hex (issue 32: it was refused for every format)."
+    from kvref.releases import profile_for_version, release_block_hashes
+    argv = ["hash", "1", "2", "3", "4", "--block-size", "2", "--vllm-version", "0.8.5", "--pythonhashseed", "0"]
+    assert main(argv) == 0
+    expected = release_block_hashes(profile_for_version("0.8.5"), [1, 2, 3, 4], 2, "sha256", pythonhashseed="0")
+    assert capsys.readouterr().out.split() == [str(h) for h in expected]
 
 
 def test_parse_int_takes_plain_integers_only():

@@ -1,7 +1,11 @@
 """Issue 32: the hybrid and Mamba managers trust nothing a caller hands `allocate_slots`. A hit is exactly what a
 lookup finds now (per group, the blocks cached under the request's own hashes, in order, and as many tokens as they
 make), a second request object under a live id is refused, and a request's own fields are checked before the first
-block is taken. Every refusal leaves the whole manager as it was (`fuzz_support.snap`)."""
+block is taken. Every refusal leaves the whole manager as it was (`fuzz_support.snap`).
+
+The corrupted hits themselves (a block never cached, another request's, the same block twice, another request's
+unhashed block, hit tokens without blocks and blocks without tokens) are cases of the whole-API fuzz table:
+`fuzz_table.HYBRID_HITS`, one entry per manager."""
 import pytest
 
 from fuzz_support import snap
@@ -39,79 +43,12 @@ def lookup(m, request):
     return hits, num_hit
 
 
-def replace_first(hits, block):
-    "The hits with the first real block of the group that has one replaced by `block`."
-    g = next(g for g, group in enumerate(hits) if any(not b.is_null for b in group))
-    i = next(i for i, b in enumerate(hits[g]) if not b.is_null)
-    return [list(group) if k != g else group[:i] + [block] + group[i + 1:] for k, group in enumerate(hits)]
-
-
 @pytest.mark.parametrize("kind", MANAGERS)
 def test_true_hits_still_go_through(kind):
     m, a, _ = cached(kind)
     b = HybridRequest("b", a.all_token_ids + [5])
     hits, num_hit = lookup(m, b)
     assert m.allocate_slots(b, b.num_tokens - num_hit, num_hit, hits) is not None
-
-
-@pytest.mark.parametrize("kind", MANAGERS)
-def test_a_free_block_never_cached_is_not_a_hit(kind):
-    m, a, _ = cached(kind)
-    b = HybridRequest("b", a.all_token_ids + [5])
-    hits, num_hit = lookup(m, b)
-    stranger = m.block_pool.free_block_queue.fake_tail.prev_free_block
-    assert stranger.block_hash is None
-    refused(m, lambda: m.allocate_slots(b, 1, num_hit, replace_first(hits, stranger)), "is not the block cached for")
-
-
-@pytest.mark.parametrize("kind", MANAGERS)
-def test_a_block_cached_under_another_requests_hash_is_not_a_hit(kind):
-    m, a, _ = cached(kind)
-    other = HybridRequest("o", [500 + i for i in range(17)])
-    assert m.allocate_slots(other, 17) is not None
-    foreign = next(blk for blk in m.block_pool.blocks if blk.block_hash is not None
-                   and blk not in [x for t in m.coordinator.single_type_managers for x in t.req_to_blocks["a"]])
-    b = HybridRequest("b", a.all_token_ids + [5])
-    hits, num_hit = lookup(m, b)
-    refused(m, lambda: m.allocate_slots(b, 1, num_hit, replace_first(hits, foreign)), "is not the block cached for")
-
-
-@pytest.mark.parametrize("kind", MANAGERS)
-def test_the_same_block_twice_is_not_a_hit(kind):
-    m, a, _ = cached(kind)
-    b = HybridRequest("b", a.all_token_ids + [5])
-    hits, num_hit = lookup(m, b)
-    full = [g for g, group in enumerate(hits) if sum(not x.is_null for x in group) >= 2][0]
-    twice = [list(group) if g != full else [group[0]] * len(group) for g, group in enumerate(hits)]
-    refused(m, lambda: m.allocate_slots(b, 1, num_hit, twice), "is not the block cached for")
-
-
-@pytest.mark.parametrize("kind", MANAGERS)
-def test_another_requests_unhashed_block_is_not_a_hit(kind):
-    m, a, _ = cached(kind)
-    held = m.get_block_ids("u")[-1][0]
-    b = HybridRequest("b", a.all_token_ids + [5])
-    hits, num_hit = lookup(m, b)
-    refused(m, lambda: m.allocate_slots(b, 1, num_hit, replace_first(hits, m.block_pool.blocks[held])),
-            "is not the block cached for")
-
-
-@pytest.mark.parametrize("kind", MANAGERS)
-def test_hit_tokens_without_hit_blocks_are_refused(kind):
-    m, a, _ = cached(kind)
-    b = HybridRequest("b", a.all_token_ids + [5])
-    _, num_hit = lookup(m, b)
-    refused(m, lambda: m.allocate_slots(b, 1, num_hit, None), "holds 0 of the hit's")
-    fresh = HybridRequest("f", [700 + i for i in range(17)])
-    refused(m, lambda: m.allocate_slots(fresh, 1, 8, None), "num_new_computed_tokens=8 but the cache holds a hit of 0")
-
-
-@pytest.mark.parametrize("kind", MANAGERS)
-def test_hit_blocks_without_hit_tokens_are_refused(kind):
-    m, a, _ = cached(kind)
-    b = HybridRequest("b", a.all_token_ids + [5])
-    hits, num_hit = lookup(m, b)
-    refused(m, lambda: m.allocate_slots(b, 1, 0, hits), f"num_new_computed_tokens=0 but the cache holds a hit of {num_hit}")
 
 
 @pytest.mark.parametrize("kind", MANAGERS)

@@ -30,8 +30,13 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(entry):
 # Issue 32: refusals that gave Python's generic message ("unhashable type: 'list'", "'int' object is not iterable")
 # now name the argument; each row failed before its fix.
 def _named_refusals():
-    from kvref import block_pool, hashing, kv_cache_manager, kv_events, production_traces, releases, router_conformance
-    index = kv_events.KVIndex(2)
+    from kvref import (block_pool, hashing, hybrid, hybrid_replay, kv_cache_manager, kv_events, production_traces, releases,
+                       replay, router_conformance)
+    index, p033, router = kv_events.KVIndex(2), releases.profile_for_version("0.33.0"), router_conformance.ExampleRouter
+    manager = hybrid.HybridKVCacheManager([hybrid.FullAttentionSpec(4), hybrid.SlidingWindowSpec(4, 8)], 16)
+    trace = [{"op": "config", "num_blocks": 8, "block_size": 4}, {"op": "add", "id": "a", "prompt": list(range(9))},
+             {"op": "schedule", "id": "a"}]
+    mooncake = production_traces.MooncakeRequest(0, 20, 2, [1, 2])
     return [
         (lambda: index.cached_prefix(None), TypeError, "hashes must be a list of external block hashes"),
         (lambda: index.cached_prefix([[1]]), TypeError, "hashes must be a list of external block hashes"),
@@ -41,10 +46,40 @@ def _named_refusals():
         (lambda: hashing.hash_request_tokens([1, 2, 3, 4], 4, known_hashes=None), TypeError, "known_hashes must be a list"),
         (lambda: production_traces.MooncakeRequest("x", 20, 2, [1]), ValueError, "field 'timestamp' must be an int >= 0"),
         (lambda: releases.release_block_hashes(None, [1, 2], 2), TypeError, "profile must be a VllmProfile"),
+        # the rest, found by calling the newer chapters' entry points with wrong types (crash: a KeyError or
+        # AttributeError or ZeroDivisionError before)
+        (lambda: manager.get_block_ids([[1]]), TypeError, "request_id must be a str, got list"),
+        (lambda: hybrid.resolve_block_sizes(["x"]), ValueError, "block_sizes[0] must be an int >= 1, got 'x'"),
+        (lambda: hybrid.resolve_block_sizes([0]), ValueError, "block_sizes[0] must be an int >= 1, got 0"),  # crash
+        (lambda: hybrid.group_block_hashes(None, 4, 8), TypeError, "block_hashes must be a list of block hashes, got NoneType"),
+        (lambda: hybrid.hash_with_group_id(None, 1), TypeError, "block_hash must be bytes, got NoneType"),
+        (lambda: manager.allocate_slots(hybrid.HybridRequest("b", [1, 2]), 2, 0, 5), TypeError,
+         "request 'b': new_computed_blocks must be one list of blocks per group, got 5"),
+        (lambda: hybrid_replay.replay_hybrid(None), TypeError, "ops must be a list of ops, got NoneType"),
+        (lambda: hybrid_replay.hybrid_replay_stats({"a": 1}), TypeError, "ops must be a list of ops, got dict"),  # crash
+        (lambda: list(replay.replay(5)), TypeError, "ops must be a list of ops, got int"),
+        (lambda: releases.release_event_block_hashes(p033, None), TypeError, "block_hashes must be a list of block hashes"),
+        (lambda: releases.release_none_hash(p033, [[1]], None), TypeError, "algo must be a hash algorithm's name, got list"),
+        (lambda: list(releases.replay_release(None, "0.19.1")), TypeError, "ops must be a list of ops, got NoneType"),
+        (lambda: releases.check_release_vectors(None), TypeError, "path must be a str or Path, got NoneType"),
+        (lambda: releases.diagnose(5), TypeError, "path must be a str or Path, got int"),
+        (lambda: hashing.load_vectors(None), TypeError, "path must be a str or Path, got NoneType"),
+        (lambda: router_conformance.check_router(None, [trace]), TypeError, "factory must make a router from a config dict"),
+        (lambda: router_conformance.check_router(router, [[1]]), ValueError, "op 0: the first op must be 'config', got 1"),  # crash
+        (lambda: router_conformance.check_router(router, None), TypeError, "traces must be a list of trace files or op lists"),
+        (lambda: router_conformance.check_router(router, [trace], "int", 5), TypeError, "prompts must be a list of Prompt"),
+        (lambda: router_conformance.trace_prompts("e", None), TypeError, "ops must be a list of ops, got NoneType"),
+        (lambda: router_conformance.trace_prompts("e", [{}]), ValueError, "trace 'e': op 0: unknown op None"),  # crash
+        (lambda: router_conformance.reference_router({}), TypeError, "config must be a dict of block_size"),
+        (lambda: kv_events.wire_events(None), TypeError, "events must be a list of block pool events, got NoneType"),
+        (lambda: production_traces.format_results(None), TypeError, "results must be a list of CacheSizeResult"),
+        (lambda: production_traces.replay_mooncake([mooncake], None, 4, hash_block_size=16), ValueError,
+         "num_blocks must be an int >= 1, got None"),
     ]
 
 
-@pytest.mark.parametrize("i", range(8))
+@pytest.mark.parametrize("i", range(33))
 def test_refusal_names_the_argument(i):
+    assert len(_named_refusals()) == 33
     call, error, message = _named_refusals()[i]
     with pytest.raises(error, match=re.escape(message)): call()
