@@ -115,12 +115,22 @@ def test_replay_topic_and_marker():
     assert [m[:3] for m in got] == [[b"", b"kv", bytes(8)], [b"", b"", END_SEQ]]
 
 
+def free_port_below_the_ephemeral_range() -> int:
+    """A free loopback port the kernel never hands out as a connection's own port. A SUB that keeps reconnecting to a
+    port nobody listens on can be given that very port as its local end (a TCP self-connect), and then the
+    publisher's bind fails with 'Address already in use': a probe bound to port 0 picks from that same range."""
+    import random, socket as sockets
+    range_file = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(range_file.read_text().split()[0]) if range_file.exists() else 32768
+    for port in random.sample(range(10_000, low), 200):
+        with sockets.socket() as probe:
+            try: probe.bind(("127.0.0.1", port)); return port
+            except OSError: continue
+    pytest.skip("no free loopback port below the ephemeral range")
+
+
 def test_publish_trace_reaches_a_subscriber_that_joined_first():
-    ctx = zmq.Context.instance()
-    probe = ctx.socket(zmq.PUB)
-    probe.bind("tcp://127.0.0.1:*")
-    endpoint = probe.getsockopt(zmq.LAST_ENDPOINT).decode()
-    probe.close(linger=0)  # a free loopback port
+    endpoint = f"tcp://127.0.0.1:{free_port_below_the_ephemeral_range()}"
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.RECONNECT_IVL, 20)  # it connects before the publisher binds: retry soon
     sub.connect(endpoint)
