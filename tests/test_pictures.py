@@ -45,8 +45,9 @@ def test_design_doc_time_7():
     assert (last.hit_blocks, last.new_blocks, last.evicted) == ([1, 2, 3], [7, 5, 8, 9, 4], [4])
 
 
-@pytest.mark.parametrize("name", TRACES)
+@pytest.mark.parametrize("name", [n if n in TRACES[:2] else pytest.param(n, marks=pytest.mark.slow) for n in TRACES])
 def test_every_step_renders_well_formed_svg(name):
+    "Every third step of a recorded trace renders (two traces by default; the rest repeat the same drawing code, slow)."
     ops, decisions = golden(name)
     for step in list(follow(ops, decisions))[::3] + [list(follow(ops, decisions))[-1]]:
         svg = step_svg(step)
