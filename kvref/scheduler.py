@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from fastcore.basics import patch
 from .hashing import LoRARequest
-from .pictures import EVICTED, FONT_SIZE, HIT, NEW, PLAIN
+from .pictures import EVICTED, FONT_SIZE, HIT, NEW
 from .kv_cache_manager import KVCacheManager, Request
 from .replay import replay
 from .workloads import RequestSpec, Workload, _checked
