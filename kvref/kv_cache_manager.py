@@ -217,14 +217,19 @@ def get_computed_blocks(self: KVCacheManager, request: Request) -> tuple[list[KV
 
 # %% ../nbs/04_kv_cache_manager.ipynb #3c711ed5
 @patch
-def _full_sequence_refused(self: KVCacheManager, request: Request, table: list[KVCacheBlock], hits: list[KVCacheBlock],
-                           full_sequence_must_fit: bool) -> bool:
-    "The admission gate: asked for, and the free blocks cannot hold the whole sequence (capped at `max_model_len`)."
-    if type(full_sequence_must_fit) is not bool: raise TypeError(f"full_sequence_must_fit must be a bool, got {full_sequence_must_fit!r}")
-    if not full_sequence_must_fit: return False
+def _num_blocks_to_finish(self: KVCacheManager, request: Request, table: Sequence[KVCacheBlock], num_hits: int = 0) -> int:
+    "Blocks the request's whole sequence (capped at `max_model_len`) needs beyond `table` and `num_hits` hit blocks."
     num_tokens = len(request.all_token_ids)
     if self.max_model_len is not None: num_tokens = min(num_tokens, self.max_model_len)
-    needed = max(cdiv(num_tokens, self.block_size) - len(table) - len(hits), 0) + [b.ref_cnt for b in hits].count(0)
+    return max(cdiv(num_tokens, self.block_size) - len(table) - num_hits, 0)
+
+@patch
+def _full_sequence_refused(self: KVCacheManager, request: Request, table: list[KVCacheBlock], hits: list[KVCacheBlock],
+                           full_sequence_must_fit: bool) -> bool:
+    "The admission gate: asked for, and the free blocks cannot hold the whole sequence (its evictable hits count against it)."
+    if type(full_sequence_must_fit) is not bool: raise TypeError(f"full_sequence_must_fit must be a bool, got {full_sequence_must_fit!r}")
+    if not full_sequence_must_fit: return False
+    needed = self._num_blocks_to_finish(request, table, len(hits)) + [b.ref_cnt for b in hits].count(0)
     return needed > self.block_pool.get_num_free_blocks()
 
 # %% ../nbs/04_kv_cache_manager.ipynb #9b4b6056

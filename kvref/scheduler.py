@@ -96,12 +96,12 @@ class SchedulerOutput:
 @patch
 def record(self: SchedulerOutput) -> dict:
     "The step as one record of the scheduler vectors (vLLM's own runs use the same fields)."
-    stats = self.stats or PrefixCacheStats()
-    if self.kv_connector is not None: stats = {**vars(stats), "reset": self.kv_connector.get("_gpu_reset", False)}
+    stats = vars(self.stats or PrefixCacheStats()).copy()
+    if self.kv_connector is not None: stats["reset"] = self.kv_connector.get("_gpu_reset", False)
     return {"step": self.step, "arrived": list(self.arrived),
             "sched": [[rid, n, self.kinds[rid], self.num_computed_before[rid]] for rid, n in self.num_scheduled_tokens.items()],
             "preempted": list(self.preempted), "finished": list(self.finished), "tokens": dict(self.tokens),
-            "stats": dict(stats if isinstance(stats, dict) else vars(stats)), "free_sched": self.num_free_scheduled, "free": self.num_free,
+            "stats": stats, "free_sched": self.num_free_scheduled, "free": self.num_free,
             "usage": round(self.usage, 9), "running": self.num_running, "waiting": self.num_waiting,
             **({"processed": self.processed} if self.processed is not None else {}), **self._connector_record()}
 
@@ -454,8 +454,7 @@ def _record_admission(self: Scheduler, req: SchedulerRequest, num_hit: int, num_
 def _admit_loading(self: Scheduler, req: SchedulerRequest, hits: list, num_hit: int, num_external: int) -> bool | None:
     "A CPU hit: allocate blocks for hit and load (cached only once loaded), then wait in WAITING_FOR_REMOTE_KVS (skipped)."
     kv, r = self.kv, req.request
-    reserved = sum(max(-(-min(q.request.num_tokens, kv.max_model_len or q.request.num_tokens) // kv.block_size)
-                       - len(kv.req_to_blocks.get(q.request_id, ())), 0) for q in self.inflight_prefills)
+    reserved = sum(kv._num_blocks_to_finish(q.request, kv.req_to_blocks.get(q.request_id, ())) for q in self.inflight_prefills)
     if kv.allocate_slots(r, num_external, num_hit, hits, full_sequence_must_fit=self.config.scheduler_reserve_full_isl,
                          delay_cache_blocks=True, reserved_blocks=reserved) is None: return False
     self._record_admission(req, num_hit, num_external, True)
@@ -484,7 +483,7 @@ def _schedule_running(self: Scheduler, out: SchedulerOutput, cap: int) -> int:
         if r.num_output_placeholders and r.num_computed_tokens + 2 - r.num_output_placeholders >= len(r.prompt_token_ids) + req.max_tokens:
             i += 1; continue  # async: the tokens in flight already finish it
         limit = min(budget, cap or budget)
-        if max_len is not None: limit = min(limit, max_len - req.request.num_computed_tokens - 1)
+        if max_len is not None: limit = min(limit, max_len - r.num_computed_tokens - 1)
         num_new = min(r.num_tokens + r.num_output_placeholders - r.num_computed_tokens, limit)
         if num_new <= 0: i += 1; continue
         while not self._try_allocate(req, num_new, limit):  # the retries keep num_new and its limit

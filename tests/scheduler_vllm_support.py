@@ -65,6 +65,13 @@ def load_vllm() -> SimpleNamespace:
     return SimpleNamespace(**{k: v for k, v in locals().items()})
 
 
+def vllm_or_skip():
+    "vLLM 0.33's pieces and a pytest mark that skips, with the reason, the tests that need them where it does not import."
+    import pytest
+    try: return load_vllm(), pytest.mark.skipif(False, reason="")
+    except ImportError as e: return None, pytest.mark.skip(reason=str(e))
+
+
 _MODEL_DIR: list[str] = []
 
 

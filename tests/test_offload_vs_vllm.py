@@ -10,16 +10,12 @@ import os
 
 import pytest
 
-from scheduler_vllm_support import load_vllm, random_offload_workload, run
+from scheduler_vllm_support import vllm_or_skip, random_offload_workload, run
 from kvref.offload import OffloadConfig
 from kvref.scheduler import _spec_of, run_workload
 from kvref.workloads import Workload
 
-try:
-    VLLM = load_vllm()
-except ImportError as e:
-    VLLM, REASON = None, str(e)
-pytestmark = pytest.mark.skipif(VLLM is None, reason=VLLM is None and REASON or "")
+VLLM, pytestmark = vllm_or_skip()
 NUM_SEEDS = int(os.environ.get("KVREF_VLLM_OFFLOAD_SEEDS", "40"))
 
 

@@ -6,15 +6,11 @@ import os
 
 import pytest
 
-from scheduler_vllm_support import load_vllm, random_workload, run
+from scheduler_vllm_support import vllm_or_skip, random_workload, run
 from kvref.scheduler import _spec_of, run_workload
 from kvref.workloads import Workload
 
-try:
-    VLLM = load_vllm()
-except ImportError as e:
-    VLLM, REASON = None, str(e)
-pytestmark = pytest.mark.skipif(VLLM is None, reason=VLLM is None and REASON or "")
+VLLM, pytestmark = vllm_or_skip()
 NUM_SEEDS = int(os.environ.get("KVREF_VLLM_SCHEDULER_SEEDS", "60"))
 
 
