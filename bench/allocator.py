@@ -23,7 +23,7 @@ sit cached in the free queue), each side in its own fresh process. `--profile` r
 from __future__ import annotations
 import argparse, cProfile, datetime, gc, io, os, platform, pstats, random, statistics, subprocess, sys, time
 
-from kvref.kv_cache_manager import KVCacheManager, Request
+from kvref.core.kv_cache_manager import KVCacheManager, Request
 
 BLOCK_SIZE, NUM_PREFIXES, LIVE, DECODE_STEPS, ALGO = 16, 8, 16, 32, "sha256"
 PROMPT_LENGTHS = (128, 512, 2048, 8192, 32768)
@@ -174,7 +174,7 @@ def profile(prompt_len: int, num_requests: int, hashing: bool, top: int = 14) ->
 
 def build_and_hash(v, prompt_len: int, num_requests: int, repeats: int) -> dict:
     "Microseconds per request to build it and to hash its prompt, each side, interleaved (medians, ratios)."
-    from kvref.kv_cache_manager import update_block_hashes
+    from kvref.core.kv_cache_manager import update_block_hashes
     prompts, built = prompts_of(prompt_len, num_requests), []
     steps = {"kvref build": lambda i, p: built.append(Request(f"r{i}", p)),
              "kvref hash": lambda i, p: update_block_hashes(built[i], BLOCK_SIZE, ALGO)}

@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python bench/audit.py [--users N] [--repeats R]`.
 
-Workload: `kvref.workloads.shared_system_prompts` (8 system prompts of 256 tokens, N users each adding 64 tokens
+Workload: `kvref.oracle.workloads.shared_system_prompts` (8 system prompts of 256 tokens, N users each adding 64 tokens
 and generating 32, block size 16, 256 blocks, 8 requests in flight) replayed by kvref's allocator with KV events
 on (vLLM 0.33 behaviour, `op_batches`): one batch per op that published, every block hash an int64, so every stored
 block's hash is rebuilt (none unverifiable). Timed is `EngineAudit.check(seq, payload)` over the whole stream,
@@ -14,11 +14,11 @@ state (digests held, index entries, remembered first blocks) at its peak, agains
 from __future__ import annotations
 import argparse, datetime, platform, time
 
-from kvref.kv_events import decode_batch, encode_batch_fast
-from kvref.live_audit import EngineAudit, EngineConfig
-from kvref.releases import wire_schema
-from kvref.router_conformance import op_batches
-from kvref.workloads import shared_system_prompts, to_trace
+from kvref.distributed.kv_events import decode_batch, encode_batch_fast
+from kvref.oracle.live_audit import EngineAudit, EngineConfig
+from kvref.oracle.releases import wire_schema
+from kvref.oracle.router_conformance import op_batches
+from kvref.oracle.workloads import shared_system_prompts, to_trace
 
 
 def stream(users: int) -> list[tuple[int, bytes, int]]:

@@ -1,4 +1,4 @@
-"""Benchmark kvref.cudagraph: key building, dispatch latency, and the CPU stand-in wrapper against eager calls.
+"""Benchmark kvref.compilation.cudagraph: key building, dispatch latency, and the CPU stand-in wrapper against eager calls.
 
 Run: .venv/bin/python bench/cudagraph.py   (prints a markdown table; numbers go to bench/cudagraph.md)
 """
@@ -6,7 +6,7 @@ import random, statistics, time
 
 import torch
 
-from kvref.cudagraph import (
+from kvref.compilation.cudagraph import (
     BatchDescriptor, CUDAGraphMode, CUDAGraphWrapper, CudagraphDispatcher, LoRASettings, capture_cudagraphs,
     derive_capture_sizes, set_forward_context,
 )

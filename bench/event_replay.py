@@ -13,8 +13,8 @@ import statistics
 import time
 from pathlib import Path
 
-from kvref.event_replay import advance_decode
-from kvref.production_traces import block_hashes, read_mooncake, replay_mooncake
+from kvref.oracle.event_replay import advance_decode
+from kvref.oracle.production_traces import block_hashes, read_mooncake, replay_mooncake
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "golden" / "mooncake" / "synthetic-trace-last300.jsonl"

@@ -31,8 +31,8 @@ import argparse, datetime, json, math, os, platform, random, statistics, subproc
 from dataclasses import fields
 from pathlib import Path
 
-from kvref import block_pool
-from kvref.kv_events import (EVENT_TYPES, BlockStored, KVEventBatch, KVIndex, encode_batch, encode_batch_fast,
+from kvref.core import block_pool
+from kvref.distributed.kv_events import (EVENT_TYPES, BlockStored, KVEventBatch, KVIndex, encode_batch, encode_batch_fast,
                              event_from_json, msgspec_types, wire_batch_fast, wire_events)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Request hashing, kvref against vLLM 0.33 itself: `kvref.hashing.hash_request_tokens` beside vLLM's own request
+"""Request hashing, kvref against vLLM 0.33 itself: `kvref.core.hashing.hash_request_tokens` beside vLLM's own request
 block hasher (`get_request_block_hasher` in `vllm/v1/core/kv_cache_utils.py`), in one process.
 
 Run where both import, e.g. `PYTHONPATH=. /work/venv-vllm/bin/python bench/hashing.py` (a venv with torch and
@@ -12,7 +12,7 @@ hashes for every prompt, then times them in interleaved repetitions, the order f
 or 2 of 64k), every prompt from scratch. Reported: kvref's and vLLM's ns per token (medians) and the ratio
 kvref / vLLM per repetition, median and range (below 1: kvref is faster).
 
-Then the release profiles (`kvref.releases`): the same prompts hashed with `release_block_hashes` under every profile
+Then the release profiles (`kvref.oracle.releases`): the same prompts hashed with `release_block_hashes` under every profile
 that offers the algorithm (`builtin` too, for the profiles up to 0.10.1, against 0.33's `sha256`), the profiles timed
 interleaved in a rotating order within each repetition, `PYTHONHASHSEED=0` given to every profile. Reported: the
 0.33 path's ns per token and, per profile, profile / 0.33 per repetition, median (above 1: slower than the 0.33 path).
@@ -21,8 +21,8 @@ interleaved in a rotating order within each repetition, `PYTHONHASHSEED=0` given
 from __future__ import annotations
 import argparse, datetime, gc, os, platform, random, statistics, time
 
-from kvref.hashing import LoRARequest, MultiModalItem, hash_request_tokens
-from kvref.releases import PROFILES, release_block_hashes
+from kvref.core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
+from kvref.oracle.releases import PROFILES, release_block_hashes
 
 ALGOS = ("sha256", "sha256_cbor")
 PROFILE_ALGOS = ("sha256", "sha256_cbor", "builtin")

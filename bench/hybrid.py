@@ -28,8 +28,8 @@ repetition, median and range (below 1: kvref is faster).
 from __future__ import annotations
 import argparse, gc, platform, random, statistics, sys, time
 
-from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, SlidingWindowSpec
-from kvref.kv_cache_manager import KVCacheManager, Request
+from kvref.core.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, SlidingWindowSpec
+from kvref.core.kv_cache_manager import KVCacheManager, Request
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_MODEL_LEN, ALGO = 16, 40000, 65536, "sha256"
 PROMPT_LEN, SHARED_LEN, NUM_PREFIXES, LIVE, DECODE_STEPS = 512, 256, 8, 16, 32

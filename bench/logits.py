@@ -10,11 +10,11 @@ import time
 
 import torch
 
-from kvref.logits_processors import (
+from kvref.sample.logits_processors import (
     LogitBiasLogitsProcessor, LogitsProcessorConfig, MinPLogitsProcessor, MinTokensLogitsProcessor, PersistentBatch,
     build_logitsprocs,
 )
-from kvref.sampling_params import SamplingParams
+from kvref.sample.sampling_params import SamplingParams
 
 
 def typical_params(rng: random.Random, vocab: int) -> SamplingParams:

@@ -1,5 +1,5 @@
 """Replay and lockstep-check throughput as the pool grows: trace format 1 (whole free queue per decision) against
-format 2 (free-queue changes), and `kvref.conformance.check` against plain replay.
+format 2 (free-queue changes), and `kvref.oracle.conformance.check` against plain replay.
 
 Run: .venv/bin/python bench/replay.py [--users 1000] [--repeat 3] [--v1-ops 3000]
 Prints a markdown table: ops per second at 1e3, 1e4 and 1e5 blocks. Times are process CPU seconds
@@ -10,9 +10,9 @@ import argparse
 import statistics
 import time
 
-from kvref.conformance import check
-from kvref.replay import kvref_factory, replay
-from kvref.workloads import shared_system_prompts, to_trace
+from kvref.oracle.conformance import check
+from kvref.oracle.replay import kvref_factory, replay
+from kvref.oracle.workloads import shared_system_prompts, to_trace
 
 
 def cpu(fn) -> float:

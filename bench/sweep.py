@@ -1,4 +1,4 @@
-"""Hit rate versus cache size on the whole shared Mooncake trace: the cost of `kvref.production_traces.sweep`.
+"""Hit rate versus cache size on the whole shared Mooncake trace: the cost of `kvref.oracle.production_traces.sweep`.
 
 Run: .venv/bin/python bench/sweep.py [--trace golden/mooncake/synthetic_trace.jsonl] [--jobs 2]
      [--blocks 12500,25000,...] [--scaling]
@@ -9,7 +9,7 @@ requests should take about 2x the time).
 import argparse
 import time
 
-from kvref.production_traces import block_hashes, format_results, ideal_hit_rate, read_mooncake, replay_mooncake, sweep
+from kvref.oracle.production_traces import block_hashes, format_results, ideal_hit_rate, read_mooncake, replay_mooncake, sweep
 
 SIZES = "12500,25000,50000,100000,200000,400000,800000,1600000"
 

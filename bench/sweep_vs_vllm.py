@@ -10,7 +10,7 @@ Prints a markdown table; exits 1 if any column differs.
 import argparse
 import sys
 
-from kvref.production_traces import (_check_fits, read_mooncake, replay_mooncake, synthesize_output,
+from kvref.oracle.production_traces import (_check_fits, read_mooncake, replay_mooncake, synthesize_output,
                                      synthesize_prompt)
 from scheduler_vllm_support import load_vllm, run
 

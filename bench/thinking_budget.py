@@ -8,10 +8,10 @@ import time
 
 import torch
 
-from kvref.logits_processors import BatchUpdate
-from kvref.sampling_params import SamplingParams
-from kvref.thinking_budget import ReasoningConfig, contract_forcings
-from kvref.thinking_budget_vllm import BEHAVIORS
+from kvref.sample.logits_processors import BatchUpdate
+from kvref.sample.sampling_params import SamplingParams
+from kvref.sample.thinking_budget import ReasoningConfig, contract_forcings
+from kvref.sample.thinking_budget_vllm import BEHAVIORS
 
 REQS, VOCAB, STEPS = 256, 1024, 100
 CFG = ReasoningConfig([100, 101], [200, 201, 202])

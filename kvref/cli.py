@@ -11,20 +11,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 import kvref
-from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
+from .core.hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens)
-from .block_pool import MAX_NUM_BLOCKS
-from .kv_cache_manager import BEHAVIORS
-from .replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, Divergence, TraceReplayer, list_vectors, load_decisions,
+from .core.block_pool import MAX_NUM_BLOCKS
+from .core.kv_cache_manager import BEHAVIORS
+from .oracle.replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, Divergence, TraceReplayer, list_vectors, load_decisions,
                           load_trace, replay_lockstep, vector_path)
-from .releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, profile_for_version,
+from .oracle.releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, profile_for_version,
                             release_block_hashes, release_event_block_hashes)
-from .conformance import check, check_recorded, load_adapter, load_any_trace, shrink
-from .hybrid_replay import (HybridTraceReplayer, hybrid_replay_stats, is_hybrid_file, load_hybrid_trace,
+from .oracle.conformance import check, check_recorded, load_adapter, load_any_trace, shrink
+from .oracle.hybrid_replay import (HybridTraceReplayer, hybrid_replay_stats, is_hybrid_file, load_hybrid_trace,
                                  write_hybrid_svgs)
-from .kv_events import HASH_FORMS
+from .distributed.kv_events import HASH_FORMS
 from .pictures import progress, write_svgs
-from .workloads import replay_stats
+from .oracle.workloads import replay_stats
 
 # %% auto #0
 __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
@@ -425,7 +425,7 @@ MAX_CAPTURE_SIZE = 1 << 16  # the largest CUDA graph capture size `kvref cudagra
 # %% ../nbs/12_cli.ipynb #874f890b
 def _cudagraph_parser() -> CommandParser:
     "The options of `kvref cudagraph`."
-    from kvref.cudagraph import ATTENTION_CG_SUPPORT  # imports torch: only when the command runs
+    from kvref.compilation.cudagraph import ATTENTION_CG_SUPPORT  # imports torch: only when the command runs
     p = CommandParser(prog="kvref cudagraph", description="Resolve a CUDA graph mode, build the dispatcher's keys, "
                       "and show which graph runs each batch (vLLM 0.33 rules).")
     p.add_argument("batches", nargs="*", metavar="TOKENS[u]", help="batch sizes in tokens; suffix u for a uniform decode batch")
@@ -463,7 +463,7 @@ def _parse_sizes(text: str) -> list[int]:
 def cudagraph_main(argv: list[str] | None = None, # arguments after `kvref cudagraph`
                   ) -> int:
     "`kvref cudagraph`: print the resolved mode, capture sizes, key counts and each batch's dispatch; the exit code."
-    from kvref.cudagraph import CudagraphDispatcher, min_cg_support, resolve_cudagraph_mode_and_sizes
+    from kvref.compilation.cudagraph import CudagraphDispatcher, min_cg_support, resolve_cudagraph_mode_and_sizes
     ns = _cudagraph_parser().parse_args(argv)
     batches = [_parse_batch(b) for b in ns.batches]
     sizes = None if ns.capture_sizes is None else _parse_sizes(ns.capture_sizes)
@@ -495,7 +495,7 @@ def _ints(values: list[str] | None, name: str) -> list[int]:
 # %% ../nbs/12_cli.ipynb #70e3dd56
 def _budget_arg(v: str) -> int | None:
     "`--budget`: an int >= -1, or none."
-    from kvref.thinking_budget import check_thinking_token_budget
+    from kvref.sample.thinking_budget import check_thinking_token_budget
     if v.lower() == "none": return None
     try: budget = parse_int(v)
     except ValueError: raise ValueError(f"thinking_token_budget must be an int >= -1 or none, got {v[:30]!r}") from None
@@ -527,8 +527,8 @@ def recorded_run(run: object, where: str) -> dict:
 # %% ../nbs/12_cli.ipynb #fd51c16a
 def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | None]:
     "Replay the greedy runs in a vector file; return (number of cases, first mismatch described or None)."
-    from kvref.thinking_budget import ReasoningConfig, greedy_run
-    from kvref.thinking_budget_vllm import BEHAVIORS
+    from kvref.sample.thinking_budget import ReasoningConfig, greedy_run
+    from kvref.sample.thinking_budget_vllm import BEHAVIORS
     if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {list(BEHAVIORS)}, got {behavior!r}")
     data = read_json(path)
     runs = data.get("cases") if isinstance(data, dict) else None
@@ -549,7 +549,7 @@ def check_runs(path: str, behavior: str = "vllm_0_33_v1") -> tuple[int, str | No
 # %% ../nbs/12_cli.ipynb #59fff33c
 def _thinking_budget_parser() -> CommandParser:
     "The options of `kvref thinking-budget`."
-    from kvref.thinking_budget_vllm import BEHAVIORS
+    from kvref.sample.thinking_budget_vllm import BEHAVIORS
     p = CommandParser(prog="kvref thinking-budget", description="Print the (row, token) forcings the thinking-budget "
                       "contract requires for one step, or replay recorded greedy runs with --check.")
     p.add_argument("--start", nargs="+", help="think-start token ids (S)")
@@ -578,7 +578,7 @@ def _check_run_files(paths: list[str], behavior: str) -> int:
 @subcommand("kvref thinking-budget")
 def thinking_budget_main(argv: list[str] | None = None) -> int:
     "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
-    from kvref.thinking_budget import ReasoningConfig, contract_forcings  # imports torch
+    from kvref.sample.thinking_budget import ReasoningConfig, contract_forcings  # imports torch
     args = _thinking_budget_parser().parse_args(argv)
     if args.check: return _check_run_files(args.check, args.behavior)
     start, end = _ints(args.start, "--start"), _ints(args.end, "--end")
@@ -609,7 +609,7 @@ def _convert_parser() -> CommandParser:
 @subcommand("kvref convert")
 def convert_main(argv: list[str] | None = None) -> int:
     "`kvref convert --from mooncake [--hash-block-size 512] [--block-size 16] TRACE.jsonl`; the exit status."
-    from kvref.production_traces import convert_mooncake
+    from kvref.oracle.production_traces import convert_mooncake
     a = _convert_parser().parse_args(argv)
     if a.fmt not in TRACE_FORMATS: raise ValueError(f"--from {a.fmt!r}: unknown format; known: {', '.join(TRACE_FORMATS)}")
     for op in convert_mooncake(a.trace, a.block_size, a.num_blocks, a.hash_block_size, a.max_live):
@@ -657,7 +657,7 @@ def _sweep_parser() -> CommandParser:
 # %% ../nbs/12_cli.ipynb #2472db27
 def _too_small(requests: list, blocks: list[int], block_size: int) -> dict[int, str]:
     "The sizes in `blocks` that cannot hold the trace's longest request, each with why (the production chapter's check)."
-    from kvref.production_traces import _check_fits
+    from kvref.oracle.production_traces import _check_fits
     found = {}
     for n in blocks:
         try: _check_fits(requests, n, block_size)
@@ -680,7 +680,7 @@ def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int,
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
     "`kvref sweep TRACE --blocks 1000,2000 [--format table|csv|json] [--plot OUT]`; the exit status."
-    from kvref.production_traces import format_results, ideal_hit_rate, plot_sweep, read_mooncake, sweep
+    from kvref.oracle.production_traces import format_results, ideal_hit_rate, plot_sweep, read_mooncake, sweep
     a = _sweep_parser().parse_args(argv)
     blocks = [parse_int(b, "--blocks", 1, MAX_NUM_BLOCKS) for b in a.blocks.split(",")]
     requests = list(read_mooncake(a.trace, a.hash_block_size))
@@ -712,7 +712,7 @@ def _first_difference(got: list[dict], want: list[dict]) -> str | None:
 @subcommand("kvref schedule")
 def schedule_main(argv: list[str] | None = None) -> int:
     "`kvref schedule WORKLOADS.jsonl [--expect DIR] [--only NAME]`; the exit status."
-    from kvref.scheduler import load_workloads, run_workload
+    from kvref.core.scheduler import load_workloads, run_workload
     a = _schedule_parser().parse_args(argv)
     workloads = [w for w in load_workloads(a.workloads) if a.only in (None, w.name)]
     if not workloads: raise ValueError(f"{a.workloads}: no workload" + (f" named {a.only!r}" if a.only else ""))
@@ -744,8 +744,8 @@ def _events_parser() -> CommandParser:
 # %% ../nbs/12_cli.ipynb #f877497e
 def _events_schema(version: str | None):
     "The layout `kvref events --vllm-version` writes: a release whose events carry digests' last 8 bytes, as kvref's do."
-    from kvref.kv_events import WIRE_SCHEMA
-    from kvref.releases import wire_schema
+    from kvref.distributed.kv_events import WIRE_SCHEMA
+    from kvref.oracle.releases import wire_schema
     if version is None: return WIRE_SCHEMA
     if profile_for_version(version).kv_events != "int64":
         raise ValueError(f"vLLM {version} publishes int hash values (BlockHash.hash_value), not digests: kvref events "
@@ -756,7 +756,7 @@ def _events_schema(version: str | None):
 @subcommand("kvref events")
 def events_main(argv: list[str] | None = None) -> int:
     "`kvref events TRACE [--hash-form int|bytes] [--dp-rank N] [--publish ENDPOINT]`; the exit status."
-    from kvref.router_conformance import event_records, publish_trace
+    from kvref.oracle.router_conformance import event_records, publish_trace
     args = _events_parser().parse_args(argv)
     ops, schema = load_trace_for_cli(args.trace), _events_schema(args.vllm_version)
     if args.publish is None:
@@ -781,7 +781,7 @@ def _check_router_parser() -> CommandParser:
 @subcommand("kvref check-router")
 def check_router_main(argv: list[str] | None = None) -> int:
     "`kvref check-router`: 0 if the router agrees with `KVIndex` on every prompt, 1 on a divergence, 2 on bad input."
-    from kvref.router_conformance import check_router, shrink_router
+    from kvref.oracle.router_conformance import check_router, shrink_router
     args = _check_router_parser().parse_args(argv)
     names = [Path(t).name for t in args.traces]  # each engine's stream is named by its file
     twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
@@ -823,7 +823,7 @@ def _per_engine(values: list, n: int, option: str, default=None) -> list:
 # %% ../nbs/12_cli.ipynb #a81c0205
 def _audit_configs(a: argparse.Namespace, sources: list[str]) -> list:
     "One `EngineConfig` per file or endpoint, from `kvref audit`'s options."
-    from kvref.live_audit import EngineConfig
+    from kvref.oracle.live_audit import EngineConfig
     n = len(sources)
     for option, given in (("--engine", a.engine), ("--replay", a.replay)):
         if given and len(given) != n: raise ValueError(f"{option} given {len(given)} times for {n} engines: give one per engine")
@@ -836,7 +836,7 @@ def _audit_configs(a: argparse.Namespace, sources: list[str]) -> list:
 @subcommand("kvref audit")
 def audit_main(argv: list[str] | None = None) -> int:
     "`kvref audit [ENDPOINT...] [--file F...] --vllm-version V --hash-algo A --block-size B`: 0, 1 on a finding, 2 on bad input."
-    from kvref.live_audit import audit_files, audit_live
+    from kvref.oracle.live_audit import audit_files, audit_live
     a = _audit_parser().parse_args(argv)
     if bool(a.file) == bool(a.endpoints): raise ValueError("give either --file streams or live ENDPOINTs, not both or neither")
     sources = a.file or a.endpoints

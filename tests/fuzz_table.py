@@ -10,9 +10,13 @@ import numpy as np
 import torch
 
 from fuzz_support import Entry
-from kvref import (block_pool, conformance, cudagraph, event_replay, free_queue, hashing, hybrid, hybrid_replay, kv_cache_manager, kv_events,
-                   live_audit, logits_processors, mamba, nano, pictures, production_traces, releases, replay, router_conformance,
-                   sampling_params, scheduler, thinking_budget, thinking_budget_vllm, workloads)
+from kvref.core import block_pool, free_queue, hashing, hybrid, kv_cache_manager, mamba, scheduler
+from kvref.oracle import conformance, event_replay, hybrid_replay, live_audit, production_traces, releases, replay, router_conformance, workloads
+from kvref.compilation import cudagraph
+from kvref.distributed import kv_events
+from kvref.sample import logits_processors, sampling_params, thinking_budget, thinking_budget_vllm
+from kvref.adapters import nano
+from kvref import pictures
 
 ROOT = Path(__file__).resolve().parent.parent
 TMP = Path("/tmp/kvref-fuzz")

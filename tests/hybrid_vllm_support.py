@@ -52,7 +52,7 @@ def vllm_spec(v, group: dict):
 
 
 class VllmHybridReplayer:
-    "Applies hybrid trace ops to vLLM's KVCacheManager the way kvref's `HybridTraceReplayer` (kvref.hybrid_replay) does; same decisions format."
+    "Applies hybrid trace ops to vLLM's KVCacheManager the way kvref's `HybridTraceReplayer` (kvref.oracle.hybrid_replay) does; same decisions format."
     def __init__(self, v: SimpleNamespace | None = None, enable_kv_cache_events: bool = False):
         self.v, self.enable_kv_cache_events = v or load_vllm(), enable_kv_cache_events
         self.manager, self.requests, self.running, self.full_sequence_must_fit = None, {}, set(), False
@@ -262,8 +262,8 @@ def random_workload(rng: random.Random, vllm_side: VllmHybridReplayer, config: d
 
 def lockstep(seed: int, num_ops: int = 60, v: SimpleNamespace | None = None, layout: str | None = None):
     "Drive one random workload through vLLM and kvref op by op; (ops, vLLM decisions, first divergence or None)."
-    from kvref.hybrid_replay import HybridTraceReplayer
-    import kvref.mamba  # noqa: F401  (registers the Mamba kind)
+    from kvref.oracle.hybrid_replay import HybridTraceReplayer
+    import kvref.core.mamba  # noqa: F401  (registers the Mamba kind)
     rng = random.Random(seed)
     vllm_side, kvref_side = VllmHybridReplayer(v), HybridTraceReplayer()
     ops, decisions = [], []
@@ -279,7 +279,7 @@ def lockstep(seed: int, num_ops: int = 60, v: SimpleNamespace | None = None, lay
 def kvref_events(kvref_side, op: dict, lora_ids: dict) -> list[dict]:
     """The events kvref's hybrid manager recorded for `op` (applied last), as vLLM publishes them (int hashes), as JSON
     objects; `lora_ids` holds the adapters' ids, each given when a request first names it (as vLLM's front end does)."""
-    from kvref.kv_events import event_to_json, lora_id, wire_events
+    from kvref.distributed.kv_events import event_to_json, lora_id, wire_events
     if op["op"] == "add" and op.get("lora"): lora_id(lora_ids, op["lora"]["name"], op["lora"]["path"])
     return json.loads(json.dumps([event_to_json(e) for e in wire_events(kvref_side.manager.take_events(), "int", lora_ids)]))
 
@@ -293,8 +293,8 @@ def first_event_difference(mine: list[dict], theirs: list[dict], where: str) -> 
 
 def events_in_lockstep(ops: list[dict], v: SimpleNamespace | None = None) -> str | None:
     "Apply fixed hybrid ops to vLLM's and kvref's managers, events on; where the events first differ, or None."
-    from kvref.hybrid_replay import HybridTraceReplayer
-    import kvref.mamba  # noqa: F401  (registers the Mamba kind)
+    from kvref.oracle.hybrid_replay import HybridTraceReplayer
+    import kvref.core.mamba  # noqa: F401  (registers the Mamba kind)
     vllm_side, kvref_side, lora_ids = VllmHybridReplayer(v, enable_kv_cache_events=True), HybridTraceReplayer(enable_kv_cache_events=True), {}
     for i, op in enumerate(ops):
         if vllm_side.apply(op) != kvref_side.apply(op): return f"op {i}: decisions differ"
@@ -305,8 +305,8 @@ def events_in_lockstep(ops: list[dict], v: SimpleNamespace | None = None) -> str
 
 def lockstep_events(seed: int, num_ops: int = 60, v: SimpleNamespace | None = None, layout: str | None = None):
     "`lockstep`'s workload with KV events on in both managers; (ops, vLLM's events per op, first divergence or None)."
-    from kvref.hybrid_replay import HybridTraceReplayer
-    import kvref.mamba  # noqa: F401  (registers the Mamba kind)
+    from kvref.oracle.hybrid_replay import HybridTraceReplayer
+    import kvref.core.mamba  # noqa: F401  (registers the Mamba kind)
     rng = random.Random(seed)
     vllm_side, kvref_side = VllmHybridReplayer(v, enable_kv_cache_events=True), HybridTraceReplayer(enable_kv_cache_events=True)
     ops, events, lora_ids = [], [], {}

@@ -261,7 +261,7 @@ class TraceAdapter:
 
 def trace_decisions(ops: list[dict]) -> list[dict]:
     "The release's decision for each op of an allocator trace (kvref's `TraceDriver` as the scheduler)."
-    from kvref.replay import TraceDriver
+    from kvref.oracle.replay import TraceDriver
 
     class Driver(TraceDriver):
         def _config(self, op):

@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvref.hashing import LoRARequest, MultiModalItem
-from kvref.releases import (profile_for_version, release_block_hashes, release_extra_keys, release_none_hash,
+from kvref.core.hashing import LoRARequest, MultiModalItem
+from kvref.oracle.releases import (profile_for_version, release_block_hashes, release_extra_keys, release_none_hash,
                             load_release_trace, replay_release, _encoded, _event_answer, _vector_answers, _vector_inputs)
 
 ROOT = Path(__file__).resolve().parent.parent

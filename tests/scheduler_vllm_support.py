@@ -32,8 +32,8 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from kvref.offload import _sorted_stored_runs, chunk_names
-from kvref.scheduler import FakeModel
+from kvref.kv_offload import _sorted_stored_runs, chunk_names
+from kvref.core.scheduler import FakeModel
 
 LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
                 "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from hypothesis import event, given, strategies as st
 
-from kvref.block_pool import BlockHashToBlockMap, BlockPool
-from kvref.free_queue import KVCacheBlock, block_ids
-from kvref.hashing import LoRARequest, MultiModalItem, request_block_hashes
-import kvref.kv_cache_manager as kvm
-from kvref.kv_cache_manager import (KVCacheManager, Request, _allocate_slots_definition,
+from kvref.core.block_pool import BlockHashToBlockMap, BlockPool
+from kvref.core.free_queue import KVCacheBlock, block_ids
+from kvref.core.hashing import LoRARequest, MultiModalItem, request_block_hashes
+import kvref.core.kv_cache_manager as kvm
+from kvref.core.kv_cache_manager import (KVCacheManager, Request, _allocate_slots_definition,
                                     _checked_prompt_token_ids_definition, _update_block_hashes_definition,
                                     update_block_hashes)
 

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvref.block_pool import BlockPool
-from kvref.free_queue import FreeKVCacheBlockQueue, KVCacheBlock, block_ids
-from kvref.hashing import LoRARequest, MultiModalItem
-from kvref.kv_cache_manager import KVCacheManager, Request
+from kvref.core.block_pool import BlockPool
+from kvref.core.free_queue import FreeKVCacheBlockQueue, KVCacheBlock, block_ids
+from kvref.core.hashing import LoRARequest, MultiModalItem
+from kvref.core.kv_cache_manager import KVCacheManager, Request
 
 
 # ---------------------------------------------------------------- state snapshots
@@ -377,9 +377,9 @@ TestRefusalMachine = RefusalMachine.TestCase
 # ---------------------------------------------------------------- issue 32: pools too large to build
 
 def _huge_pools():
-    from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, SlidingWindowSpec
-    from kvref.releases import ReleaseTraceReplayer, profile_for_version
-    from kvref.replay import replay
+    from kvref.core.hybrid import FullAttentionSpec, HybridKVCacheManager, SlidingWindowSpec
+    from kvref.oracle.releases import ReleaseTraceReplayer, profile_for_version
+    from kvref.oracle.replay import replay
     specs = [SlidingWindowSpec(4, 8), FullAttentionSpec(4)]
     return {
         "KVCacheManager(10**12, 16)": lambda: KVCacheManager(10**12, 16),
@@ -396,10 +396,10 @@ def _huge_pools():
 @pytest.mark.parametrize("name", list(_huge_pools()))
 def test_a_pool_too_large_to_build_is_refused_by_its_named_limit(name):
     "These ran out of memory or time (issue 32): every pool is built up front, so the pool refuses above MAX_NUM_BLOCKS."
-    from kvref.block_pool import MAX_NUM_BLOCKS
+    from kvref.core.block_pool import MAX_NUM_BLOCKS
     with pytest.raises(ValueError, match=f"is above MAX_NUM_BLOCKS={MAX_NUM_BLOCKS}"): _huge_pools()[name]()
 
 
 def test_the_largest_pool_is_built():
-    from kvref.block_pool import MAX_NUM_BLOCKS
+    from kvref.core.block_pool import MAX_NUM_BLOCKS
     assert BlockPool(MAX_NUM_BLOCKS).get_num_free_blocks() == MAX_NUM_BLOCKS - 1

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from kvref.free_queue import block_ids
-from kvref.hashing import LoRARequest
-from kvref.kv_cache_manager import KVCacheManager, Request
+from kvref.core.free_queue import block_ids
+from kvref.core.hashing import LoRARequest
+from kvref.core.kv_cache_manager import KVCacheManager, Request
 from test_allocator_refusals import bad_manager_calls, manager_state, refused
 
 

@@ -2,8 +2,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from kvref.block_pool import AllBlocksCleared, BlockHashToBlockMap, BlockPool, BlockRemoved, BlockStored
-from kvref.free_queue import KVCacheBlock, block_ids
+from kvref.core.block_pool import AllBlocksCleared, BlockHashToBlockMap, BlockPool, BlockRemoved, BlockStored
+from kvref.core.free_queue import KVCacheBlock, block_ids
 
 
 def queue(pool):

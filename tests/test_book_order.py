@@ -57,7 +57,7 @@ def backward_imports(package: Path = PACKAGE) -> set[tuple[str, str]]:
 
 
 def test_every_module_names_its_notebook():
-    assert {"kvref.hashing", "kvref.cli", "kvref.kernels.reference"} <= set(notebooks())
+    assert {"kvref.core.hashing", "kvref.cli", "kvref.kernels.reference"} <= set(notebooks())
 
 
 def test_imports_follow_the_book():
@@ -71,9 +71,9 @@ def test_known_backward_imports_still_exist():
 
 
 def test_detects_a_planted_backward_import(tmp_path):
-    "A `from .cli import main` planted inside a function of chapter 01 is caught; so is `import kvref.nano` in 02."
+    "A `from ..cli import main` planted inside a function of chapter 01 is caught; so is `import kvref.adapters.nano` in 02."
     copy = tmp_path / "kvref"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(copy / "hashing.py", "a", encoding="utf-8") as f: f.write("\ndef f():\n    from .cli import main\n")
-    with open(copy / "free_queue.py", "a", encoding="utf-8") as f: f.write("\nimport kvref.nano\n")
-    assert backward_imports(copy) - backward_imports() == {("kvref.hashing", "kvref.cli"), ("kvref.free_queue", "kvref.nano")}
+    with open(copy / "core" / "hashing.py", "a", encoding="utf-8") as f: f.write("\ndef f():\n    from ..cli import main\n")
+    with open(copy / "core" / "free_queue.py", "a", encoding="utf-8") as f: f.write("\nimport kvref.adapters.nano\n")
+    assert backward_imports(copy) - backward_imports() == {("kvref.core.hashing", "kvref.cli"), ("kvref.core.free_queue", "kvref.adapters.nano")}

@@ -15,21 +15,21 @@ from hypothesis import strategies as st
 
 from kvref import cli
 from kvref.cli import MAX_NUM_BLOCKS, main, parse_int
-from kvref.conformance import check
-from kvref.nano import NanoAdapter
-from kvref.replay import load_decisions, load_trace
+from kvref.oracle.conformance import check
+from kvref.adapters.nano import NanoAdapter
+from kvref.oracle.replay import load_decisions, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = str(ROOT / "golden" / "traces" / "design-doc-example.jsonl")
 DECISIONS = str(ROOT / "golden" / "traces" / "design-doc-example.vllm.jsonl")
 RUNS = ROOT / "golden" / "thinking_budget" / "vllm-0.33-thinking-budget-v1.json"
 VECTORS = ROOT / "golden" / "hashing" / "vllm-0.33-block-hashes.json"
-NANO = "kvref.nano:NanoAdapter"
+NANO = "kvref.adapters.nano:NanoAdapter"
 DEEP = "[" * 100_000 + "]" * 100_000
 CONFIG = '{"op": "config", "num_blocks": 8, "block_size": 4}\n'
 HYBRID = str(ROOT / "golden" / "hybrid" / "hybrid-gpt-oss-11-1.jsonl")
 HYBRID_DECISIONS = str(ROOT / "golden" / "hybrid" / "hybrid-gpt-oss-11-1.vllm.jsonl")
-HYBRID_ADAPTER = "kvref.hybrid_replay:KVRefHybridAdapter"
+HYBRID_ADAPTER = "kvref.oracle.hybrid_replay:KVRefHybridAdapter"
 
 
 def _hybrid(*ops: dict, **groups) -> str:
@@ -44,7 +44,7 @@ def _vectors(**change) -> str:
     return json.dumps({"vectors": [{**vector, **change}]})
 
 
-ROUTER_ADAPTER, FIRST_BYTES = "kvref.router_conformance:ExampleRouter", "kvref.router_conformance:FirstBytesRouter"
+ROUTER_ADAPTER, FIRST_BYTES = "kvref.oracle.router_conformance:ExampleRouter", "kvref.oracle.router_conformance:FirstBytesRouter"
 RELEASE_VECTORS = ROOT / "golden" / "versions" / "0.33.0" / "block-hashes.json"
 
 
@@ -247,7 +247,7 @@ def test_num_blocks_limit_is_inclusive(tmp_path, capsys, monkeypatch):
 
 def test_hash_of_a_release_without_kv_events(capsys):
     "vLLM 0.8.5 had no KV events, but its hashes print in hex (issue 32: it was refused for every format)."
-    from kvref.releases import profile_for_version, release_block_hashes
+    from kvref.oracle.releases import profile_for_version, release_block_hashes
     argv = ["hash", "1", "2", "3", "4", "--block-size", "2", "--vllm-version", "0.8.5", "--pythonhashseed", "0"]
     assert main(argv) == 0
     expected = release_block_hashes(profile_for_version("0.8.5"), [1, 2, 3, 4], 2, "sha256", pythonhashseed="0")
@@ -280,7 +280,7 @@ def test_zero_is_agreement_on_something(capsys):
     assert main(["hash", "--check", str(VECTORS)]) == 0
     assert main(["thinking-budget", "--check", str(RUNS)]) == 0
     assert main(["replay", TRACE, "--expect", DECISIONS]) == 0
-    assert main(["check", TRACE, "--adapter", "kvref.conformance:KVRefAdapter", "--fields", "allocated"]) == 0
+    assert main(["check", TRACE, "--adapter", "kvref.oracle.conformance:KVRefAdapter", "--fields", "allocated"]) == 0
     assert capsys.readouterr().out.splitlines() == ["16 vectors, 16 match", "30 runs, 30 match (vllm_0_33_v1)",
                                                      "kvref replay: all 13 decisions match (vllm_0_33)",
                                                      f"{TRACE}: conforms (13 ops)"]

@@ -11,13 +11,13 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvref.cli import check_main
-from kvref.conformance import check, conformance_machine, load_adapter, shrink
-from kvref.replay import KVRefAdapter, TraceDriver, kvref_factory, run_adapter
-from kvref.kv_cache_manager import KVCacheManager
-from kvref.nano import NanoAdapter
-from kvref.replay import load_trace, replay
-from kvref.scheduler import run_workload
-from kvref.workloads import WORKLOADS, adversarial_tiny_pool, to_trace
+from kvref.oracle.conformance import check, conformance_machine, load_adapter, shrink
+from kvref.oracle.replay import KVRefAdapter, TraceDriver, kvref_factory, run_adapter
+from kvref.core.kv_cache_manager import KVCacheManager
+from kvref.adapters.nano import NanoAdapter
+from kvref.oracle.replay import load_trace, replay
+from kvref.core.scheduler import run_workload
+from kvref.oracle.workloads import WORKLOADS, adversarial_tiny_pool, to_trace
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "traces"
 TRACES = sorted(GOLDEN.glob("*[0-9e].jsonl"))  # the traces, not the .vllm.jsonl decisions
@@ -208,7 +208,7 @@ def test_report_reads():
 
 def test_bad_inputs():
     with pytest.raises(ValueError, match="must look like module:factory"): load_adapter("nocolon")
-    with pytest.raises(ValueError, match="has no attribute 'Nope'"): load_adapter("kvref.nano:Nope")
+    with pytest.raises(ValueError, match="has no attribute 'Nope'"): load_adapter("kvref.adapters.nano:Nope")
     with pytest.raises(ValueError, match="no such file"): load_adapter("nowhere/adapter.py:Adapter")
     with pytest.raises(ValueError, match="unknown fields"): check(kvref_factory(), [], fields=["x"])
     with pytest.raises(TypeError, match="adapter must be a factory"): check(NanoAdapter({"num_blocks": 2, "block_size": 1}), [])
@@ -223,15 +223,15 @@ def test_bad_inputs():
 
 def test_check_main_exit_codes(tmp_path, capsys):
     good = str(GOLDEN / "trace-11-2.jsonl")
-    assert check_main(["--adapter", "kvref.conformance:KVRefAdapter", good]) == 0
-    assert check_main(["--adapter", "kvref.nano:NanoAdapter", "--out", str(tmp_path), good]) == 1
+    assert check_main(["--adapter", "kvref.oracle.conformance:KVRefAdapter", good]) == 0
+    assert check_main(["--adapter", "kvref.adapters.nano:NanoAdapter", "--out", str(tmp_path), good]) == 1
     out = capsys.readouterr().out
     minimal = tmp_path / "trace-11-2.min.jsonl"
     assert f"minimal trace" in out and str(minimal) in out
     assert check(NanoAdapter, load_trace(minimal)) is not None
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"op": "config", "num_blocks": 4, "block_size": 2}\n{not json\n')
-    assert check_main(["--adapter", "kvref.nano:NanoAdapter", str(bad)]) == 2
+    assert check_main(["--adapter", "kvref.adapters.nano:NanoAdapter", str(bad)]) == 2
     assert "line 2" in capsys.readouterr().err
     assert check_main(["--adapter", "nope", good]) == 2
 
@@ -239,10 +239,10 @@ def test_check_main_exit_codes(tmp_path, capsys):
 @pytest.mark.skipif(not KVREF_BIN.exists(), reason="kvref console script not installed")
 def test_kvref_check_command(tmp_path):
     good = str(GOLDEN / "design-doc-example.jsonl")
-    r = subprocess.run([str(KVREF_BIN), "check", "--adapter", "kvref.nano:NanoAdapter", "--behavior", "design_doc", good],
+    r = subprocess.run([str(KVREF_BIN), "check", "--adapter", "kvref.adapters.nano:NanoAdapter", "--behavior", "design_doc", good],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([str(KVREF_BIN), "check", "--adapter", "kvref.nano:NanoAdapter", good, "--out", str(tmp_path)],
+    r = subprocess.run([str(KVREF_BIN), "check", "--adapter", "kvref.adapters.nano:NanoAdapter", good, "--out", str(tmp_path)],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 1 and (tmp_path / "design-doc-example.min.jsonl").exists()
     r = subprocess.run([str(KVREF_BIN), "check", good], capture_output=True, text=True)
@@ -298,7 +298,7 @@ def test_nano_adapter_refuses_by_name_and_changes_nothing(call, error, message):
     (None, 4, "num_blocks must be an int >= 1, got None"),
 ])
 def test_nano_block_manager_refuses_bad_sizes(num_blocks, block_size, message):
-    from kvref.nano import NanoBlockManager
+    from kvref.adapters.nano import NanoBlockManager
     with pytest.raises(ValueError) as got:
         NanoBlockManager(num_blocks, block_size)
     assert str(got.value) == message

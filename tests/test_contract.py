@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from kvref.conformance import check, load_adapter, shrink
-from kvref.kv_cache_manager import KVCacheManager
-from kvref.replay import (KVRefAdapter, Lockstep, TraceDriver, TraceReplayer, apply_changes, kvref_factory, load_decisions,
+from kvref.oracle.conformance import check, load_adapter, shrink
+from kvref.core.kv_cache_manager import KVCacheManager
+from kvref.oracle.replay import (KVRefAdapter, Lockstep, TraceDriver, TraceReplayer, apply_changes, kvref_factory, load_decisions,
                           load_trace, replay, replay_lockstep, run_adapter, trace_config)
-from kvref.workloads import adversarial_tiny_pool, to_trace
+from kvref.oracle.workloads import adversarial_tiny_pool, to_trace
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "traces"
 TRACES = sorted(p for p in GOLDEN.glob("*.jsonl") if not p.name.endswith(".vllm.jsonl"))
@@ -91,7 +91,7 @@ def test_lookahead_slots_reach_the_allocator():
     assert got[2]["block_ids"] == [1, 2, 3]           # 6 tokens + 3 lookahead = 9 slots, 3 blocks
     assert got[4]["block_ids"] == [1, 2, 3]           # 7 computed + 1 new + 4 lookahead = 12 slots
     m = KVCacheManager(8, 4)
-    from kvref.kv_cache_manager import Request
+    from kvref.core.kv_cache_manager import Request
     r = Request("a", [1] * 6)
     assert len(m.allocate_slots(r, 6, num_lookahead_tokens=3)) == 3
 
@@ -109,7 +109,7 @@ def test_config_defaults():
 @pytest.mark.parametrize("ops", [MULTIMODAL, LOOKAHEAD, SALTED_LORA], ids=["multimodal", "lookahead", "salt+lora"])
 def test_kvref_adapter_never_diverges_from_kvref(ops):
     assert check(kvref_factory(), ops) is None
-    assert check(KVRefAdapter, ops) is None  # the spec `kvref.conformance:KVRefAdapter` names this class
+    assert check(KVRefAdapter, ops) is None  # the spec `kvref.oracle.conformance:KVRefAdapter` names this class
 
 
 def test_multimodal_items_reach_the_adapter():
@@ -228,9 +228,9 @@ def test_checkpointed_free_queue_finds_the_first_divergent_op():
 
 def test_adapter_from_a_file_path(tmp_path, monkeypatch):
     f = tmp_path / "my_engine.py"
-    f.write_text("from kvref.replay import KVRefAdapter\nclass Engine(KVRefAdapter): pass\n")
+    f.write_text("from kvref.oracle.replay import KVRefAdapter\nclass Engine(KVRefAdapter): pass\n")
     assert check(load_adapter(f"{f}:Engine"), GOLDEN / "trace-11-0.jsonl") is None
-    (tmp_path / "local_engine.py").write_text("from kvref.replay import KVRefAdapter as Engine\n")
+    (tmp_path / "local_engine.py").write_text("from kvref.oracle.replay import KVRefAdapter as Engine\n")
     monkeypatch.chdir(tmp_path)
     assert load_adapter("local_engine:Engine").__name__ == "KVRefAdapter"   # the current folder, no PYTHONPATH
     bad = tmp_path / "bad.py"
@@ -242,7 +242,7 @@ def test_adapter_from_a_file_path(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- vectors that ship
 
 def test_list_vectors_names_every_recorded_file():
-    from kvref.replay import list_vectors, vector_path
+    from kvref.oracle.replay import list_vectors, vector_path
     found = {v.name: v for v in list_vectors()}
     assert {"traces/trace-11-0", "traces/trace-11-0.vllm", "hashing/vllm-0.33-block-hashes",
             "cudagraph/vllm-0.33-cudagraph-dispatch", "thinking_budget/vllm-0.33-thinking-budget-v1"} <= set(found)
@@ -256,7 +256,7 @@ def test_list_vectors_names_every_recorded_file():
 def test_package_data_covers_every_vector_file():
     "pyproject maps golden/ into the wheel as kvref/golden; its globs must match every file list_vectors lists."
     import fnmatch, tomllib
-    from kvref.replay import golden_dir, list_vectors
+    from kvref.oracle.replay import golden_dir, list_vectors
     setuptools = tomllib.loads((GOLDEN.parent.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert setuptools["package-dir"]["kvref.golden"] == "golden" and "kvref.golden" in setuptools["packages"]
     globs = setuptools["package-data"]["kvref.golden"]

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from kvref.cli import check_main
-from kvref.conformance import check, load_adapter
-from kvref.replay import OP_FIELDS, load_trace
+from kvref.oracle.conformance import check, load_adapter
+from kvref.oracle.replay import OP_FIELDS, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "engine-authors.md").read_text()

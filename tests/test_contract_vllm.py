@@ -6,8 +6,8 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvref.adapters.vllm import VLLMAdapter, load_vllm
-from kvref.conformance import check, conformance_machine
-from kvref.replay import list_vectors, load_decisions, load_trace, run_adapter, vector_path
+from kvref.oracle.conformance import check, conformance_machine
+from kvref.oracle.replay import list_vectors, load_decisions, load_trace, run_adapter, vector_path
 
 try: load_vllm()
 except ImportError as e: pytest.skip(f"vLLM 0.33 is not installed here ({e}); see the vLLM adapter chapter",

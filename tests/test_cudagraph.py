@@ -1,4 +1,4 @@
-"""Tests of kvref.cudagraph: vLLM 0.33 golden vectors, a naive dispatcher model, properties, the wrapper contract."""
+"""Tests of kvref.compilation.cudagraph: vLLM 0.33 golden vectors, a naive dispatcher model, properties, the wrapper contract."""
 import json
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import assume, given, strategies as st
 
-from kvref.cudagraph import (
+from kvref.compilation.cudagraph import (
     AttentionCGSupport, BatchDescriptor, CUDAGraphMode, CUDAGraphWrapper, CudagraphDispatcher, LoRASettings,
     RUNTIME_MODES, capture_cudagraphs, default_capture_sizes, derive_capture_sizes, resolve_cudagraph_mode,
     resolve_cudagraph_mode_and_sizes, round_capture_sizes_for_spec_decode, set_forward_context,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kvref.cudagraph import (
+from kvref.compilation.cudagraph import (
     MAX_DEFAULT_CAPTURE_SIZE, BatchDescriptor, CUDAGraphMode, CUDAGraphWrapper, CudagraphDispatcher, LoRASettings,
     capture_cudagraphs, default_capture_sizes, derive_capture_sizes, min_cg_support, resolve_cudagraph_mode,
     resolve_cudagraph_mode_and_sizes, round_capture_sizes_for_spec_decode, set_forward_context,

@@ -1,4 +1,4 @@
-"""The event-driven replay (`kvref.event_replay.advance_decode`) held to the step-by-step scheduler in lockstep:
+"""The event-driven replay (`kvref.oracle.event_replay.advance_decode`) held to the step-by-step scheduler in lockstep:
 every golden workload, random workloads (hypothesis), and the Mooncake sample at several sizes and paces give the
 same records, outputs and counters; the boundaries it computes are `_has_room`'s; planted bugs are caught."""
 from pathlib import Path
@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvref import event_replay
-from kvref.event_replay import _decode_events, advance_decode
-from kvref.kv_cache_manager import KVCacheManager
-from kvref.production_traces import block_hashes, read_mooncake, replay_mooncake, sweep
-from kvref.scheduler import FakeModel, Scheduler, load_workloads, run_workload
-from kvref.workloads import RequestSpec, Workload
+from kvref.oracle import event_replay
+from kvref.oracle.event_replay import _decode_events, advance_decode
+from kvref.core.kv_cache_manager import KVCacheManager
+from kvref.oracle.production_traces import block_hashes, read_mooncake, replay_mooncake, sweep
+from kvref.core.scheduler import FakeModel, Scheduler, load_workloads, run_workload
+from kvref.oracle.workloads import RequestSpec, Workload
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = ROOT / "golden" / "scheduler"
@@ -205,7 +205,7 @@ def test_a_model_failure_surfaces_where_the_plain_path_raises_it():
 
 def test_with_the_cpu_offload_tier_every_step_is_plain():
     "A KV connector plans loads and stores at every step: the move stands aside, and the records are vLLM's still."
-    from kvref.offload import OffloadConfig
+    from kvref.kv_offload import OffloadConfig
     offload_workloads = load_workloads(ROOT / "golden" / "offload" / "workloads.jsonl")
     for w in offload_workloads[:6]:
         config, calls = OffloadConfig.of(w.config["offload"]), []

@@ -10,8 +10,8 @@ import pytest
 
 from kvref.adapters.field import (KVCACHED_FIELDS, answer_to_json, block_mm_infos, kvindex_answer, load_dynamo,
                                   load_kvcached, prompt_from_json)
-from kvref.hashing import MultiModalItem, hash_request_tokens
-from kvref.replay import load_trace, replay
+from kvref.core.hashing import MultiModalItem, hash_request_tokens
+from kvref.oracle.replay import load_trace, replay
 
 FIELD = Path(__file__).resolve().parents[1] / "golden" / "field"
 FINDINGS = json.loads((FIELD / "findings.json").read_text())
@@ -58,7 +58,7 @@ def test_kvref_hashes_three_image_layouts_apart():
 @pytest.mark.parametrize("finding", ROUTER, ids=lambda f: f["name"])
 def test_dynamo_still_answers_as_recorded(finding):
     from kvref.adapters.field import DynamoRouter
-    from kvref.router_conformance import check_router
+    from kvref.oracle.router_conformance import check_router
     found = check_router(DynamoRouter, finding["traces"], prompts=[prompt_from_json(finding["prompt"])])
     assert found is not None, f"Dynamo now agrees with vLLM on {finding['name']!r}: record anew"
     assert (found.stream, found.seq, answer_to_json(found.got)) == (finding["stream"], finding["seq"], finding["got"])
@@ -76,7 +76,7 @@ def test_dynamo_hashes_three_image_layouts_alike():
 @pytest.mark.parametrize("finding", ALLOCATOR, ids=lambda f: f["name"])
 def test_kvcached_still_answers_as_recorded(finding):
     from kvref.adapters.field import KvcachedAdapter
-    from kvref.conformance import check
+    from kvref.oracle.conformance import check
     found = check(KvcachedAdapter, FIELD / finding["trace"], fields=KVCACHED_FIELDS)
     assert found is not None, f"kvcached now agrees with vLLM on {finding['name']!r}: record anew"
     assert (found.index, {k: found.got.get(k) for k in finding["got"]}) == (finding["index"], finding["got"])
@@ -86,7 +86,7 @@ def test_kvcached_still_answers_as_recorded(finding):
 def test_kvcached_agrees_elsewhere_on_the_design_doc_example():
     "On a trace without a reset or a long prompt, kvcached's pool makes vLLM's decisions (the adapter is sound)."
     from kvref.adapters.field import KvcachedAdapter
-    from kvref.conformance import check
+    from kvref.oracle.conformance import check
     assert check(KvcachedAdapter, FIELD.parent / "traces" / "design-doc-example.jsonl", fields=KVCACHED_FIELDS) is None
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from kvref.cli import main
-from kvref.replay import _decisions_of, list_vectors
+from kvref.oracle.replay import _decisions_of, list_vectors
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "golden"
-KVREF_ADAPTER = "kvref.conformance:KVRefAdapter"
+KVREF_ADAPTER = "kvref.oracle.conformance:KVRefAdapter"
 RELEASE_TRACES = [v for v in list_vectors() if v.kind == "trace" and v.name.startswith("versions")]
 
 
@@ -52,9 +52,9 @@ def test_many_traces_each_reported_worst_status_wins(tmp_path, capsys):
     assert main(["check", "--adapter", KVREF_ADAPTER, good, events, good]) == 2
     captured = capsys.readouterr()
     assert captured.out.count("conforms") == 2 and "3 traces: 2 conform, 0 diverged, 1 could not be checked" in captured.out
-    assert main(["check", "--adapter", "kvref.nano:NanoAdapter", "--out", str(tmp_path), good, good]) == 1
+    assert main(["check", "--adapter", "kvref.adapters.nano:NanoAdapter", "--out", str(tmp_path), good, good]) == 1
     assert "2 traces: 0 conform, 2 diverged" in capsys.readouterr().out
-    assert main(["check", "--adapter", "kvref.nano:NanoAdapter", "--out", str(tmp_path), good, events]) == 2
+    assert main(["check", "--adapter", "kvref.adapters.nano:NanoAdapter", "--out", str(tmp_path), good, events]) == 2
 
 
 def test_a_trace_on_which_vllm_raised_holds_no_adapter(capsys):
@@ -90,7 +90,7 @@ def test_vectors_filters(capsys):
     assert "no shipped vector file matches --kind attention --vllm 0.33.0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kind, adapter", [("trace", KVREF_ADAPTER), ("hybrid-trace", "kvref.hybrid_replay:KVRefHybridAdapter")])
+@pytest.mark.parametrize("kind, adapter", [("trace", KVREF_ADAPTER), ("hybrid-trace", "kvref.oracle.hybrid_replay:KVRefHybridAdapter")])
 def test_checkable_traces_are_what_an_adapter_is_checked_on(kind, adapter, capsys):
     "Every trace `kvref vectors --checkable` lists is taken by `kvref check --adapter` as it is, and kvref's own conforms."
     paths = _paths(capsys, "--kind", kind, "--checkable")
@@ -102,7 +102,7 @@ def test_checkable_traces_are_what_an_adapter_is_checked_on(kind, adapter, capsy
 
 def _decide(*adds: dict) -> list[dict]:
     "kvref's decisions for a trace adding and scheduling each request in turn (block size 4)."
-    from kvref.replay import replay
+    from kvref.oracle.replay import replay
     ops = [{"op": "config", "num_blocks": 32, "block_size": 4}]
     for a in adds: ops += [{"op": "add", **a}, {"op": "schedule", "id": a["id"]}]
     return ops, list(replay(ops))
@@ -116,7 +116,7 @@ def _hit(first: dict, second: dict) -> int:
 
 def _lora_name_and_path():
     "Name and path both enter every block hash: the same name at another path (or another name) shares nothing."
-    from kvref.hashing import LoRARequest, hash_request_tokens
+    from kvref.core.hashing import LoRARequest, hash_request_tokens
     hashes = [hash_request_tokens(list(range(8)), 4, lora=LoRARequest(n, p)) for n, p in (("a", "/p"), ("a", "/q"), ("b", "/p"))]
     assert all(x != y for i, h in enumerate(hashes) for g in hashes[i + 1:] for x, y in zip(h, g))
     same = {"name": "a", "path": "/p"}
@@ -142,7 +142,7 @@ def _salt():
 
 def _mm_relative():
     "A block overlapping an item hashes its identifier and its offset from the block's first token (negative if it began before)."
-    from kvref.hashing import MultiModalItem, generate_block_hash_extra_keys
+    from kvref.core.hashing import MultiModalItem, generate_block_hash_extra_keys
     image = [MultiModalItem("img", 2, 4)]
     assert generate_block_hash_extra_keys(0, 4, mm_items=image) == (("mm", "img", 2),)
     assert generate_block_hash_extra_keys(4, 8, mm_items=image) == (("mm", "img", -2),)
@@ -185,9 +185,9 @@ def test_no_page_keys_lora_by_name_alone():
 
 # ------------------------------------------------------------------- item 5: the rules an allocator must follow
 
-from kvref.block_pool import BlockHashToBlockMap, BlockPool  # noqa: E402
-from kvref.conformance import check, check_recorded  # noqa: E402
-from kvref.replay import KVRefAdapter, load_trace, vector_path  # noqa: E402
+from kvref.core.block_pool import BlockHashToBlockMap, BlockPool  # noqa: E402
+from kvref.oracle.conformance import check, check_recorded  # noqa: E402
+from kvref.oracle.replay import KVRefAdapter, load_trace, vector_path  # noqa: E402
 
 
 class UnhashedToTail(KVRefAdapter):
@@ -270,7 +270,7 @@ import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-MY_ENGINE = "from kvref.replay import KVRefAdapter as make  # an engine that conforms: kvref's own allocator\n"
+MY_ENGINE = "from kvref.oracle.replay import KVRefAdapter as make  # an engine that conforms: kvref's own allocator\n"
 
 
 def readme_commands() -> list[str]:
@@ -314,7 +314,7 @@ def test_readme_oracle_commands_after_a_non_editable_install(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
                     str(next(tmp_path.glob("kvref-*.whl")))], env=env, check=True, timeout=900)
-    where = subprocess.run([venv / "bin" / "python", "-c", "import kvref.replay as r; print(r.golden_dir())"],
+    where = subprocess.run([venv / "bin" / "python", "-c", "import kvref.oracle.replay as r; print(r.golden_dir())"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert where.startswith(str(venv)), where  # the installed copy and its packaged vectors, not the clone's
     (work := tmp_path / "work").mkdir()
@@ -323,8 +323,8 @@ def test_readme_oracle_commands_after_a_non_editable_install(tmp_path):
 
 # ------------------------------------------------------------------- item 8: shrinking
 
-from kvref.conformance import shrink  # noqa: E402
-from kvref.nano import NanoAdapter  # noqa: E402
+from kvref.oracle.conformance import shrink  # noqa: E402
+from kvref.adapters.nano import NanoAdapter  # noqa: E402
 
 SHRINK_CASES = [(NanoAdapter, f"traces/{t}", b) for t in ("trace-11-0", "trace-11-3") for b in ("vllm_0_33", "design_doc")] + \
                [(MMBlockStart, "events/trace-mm-15-0", "vllm_0_33")]  # one pass left it at 3 ops, a second at 2
@@ -343,7 +343,7 @@ class CountsOneMore(KVRefAdapter):
 
 def test_hypothesis_route_prints_the_report_not_the_draws_and_names_its_file(tmp_path, monkeypatch):
     import contextlib, io, unittest
-    from kvref.conformance import conformance_machine
+    from kvref.oracle.conformance import conformance_machine
     monkeypatch.chdir(tmp_path)
     machine = conformance_machine(CountsOneMore)
     assert machine.out_path.name.startswith("kvref-divergence-CountsOneMore-") and machine.out_path.name != "kvref-divergence.jsonl"
@@ -359,7 +359,7 @@ def test_hypothesis_route_prints_the_report_not_the_draws_and_names_its_file(tmp
 def test_the_report_shows_the_minimal_traces_own_values(tmp_path, capsys):
     "Re-checking the minimal trace prints the values the first report showed."
     trace = GOLDEN / "traces" / "trace-11-0.jsonl"
-    argv = ["check", "--adapter", "kvref.nano:NanoAdapter", "--behavior", "design_doc", "--out", str(tmp_path)]
+    argv = ["check", "--adapter", "kvref.adapters.nano:NanoAdapter", "--behavior", "design_doc", "--out", str(tmp_path)]
     assert main([*argv, str(trace)]) == 1
     first = capsys.readouterr().out
     minimal = tmp_path / "trace-11-0.min.jsonl"
@@ -375,7 +375,7 @@ def test_the_report_shows_the_minimal_traces_own_values(tmp_path, capsys):
 
 def test_a_file_adapter_imports_its_sibling_modules(tmp_path, monkeypatch, capsys):
     (engine := tmp_path / "engine").mkdir()
-    (engine / "pool.py").write_text("from kvref.replay import KVRefAdapter as Pool\n")
+    (engine / "pool.py").write_text("from kvref.oracle.replay import KVRefAdapter as Pool\n")
     (engine / "adapter.py").write_text("from pool import Pool\n\nclass Engine(Pool): pass\n")
     (work := tmp_path / "work").mkdir()
     monkeypatch.chdir(work)

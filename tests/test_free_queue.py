@@ -5,7 +5,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvref.free_queue import FreeKVCacheBlockQueue, KVCacheBlock, block_ids
+from kvref.core.free_queue import FreeKVCacheBlockQueue, KVCacheBlock, block_ids
 
 
 def links_consistent(q: FreeKVCacheBlockQueue) -> list[int]:

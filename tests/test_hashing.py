@@ -1,4 +1,4 @@
-"""Properties of kvref.hashing: a naive model of vLLM 0.33's block hasher, prefix/salt/LoRA properties,
+"""Properties of kvref.core.hashing: a naive model of vLLM 0.33's block hasher, prefix/salt/LoRA properties,
 incremental == batch (a state machine), the CBOR fast path, errors and the `kvref hash` command."""
 from __future__ import annotations
 import hashlib, json, pickle, re, struct
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import assume, given, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from kvref import hashing as H
-from kvref.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, generate_block_hash_extra_keys,
+from kvref.core import hashing as H
+from kvref.core.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, generate_block_hash_extra_keys,
                            get_hash_fn_by_name, hash_block_tokens, hash_request_tokens, init_none_hash,
                            request_block_hashes)
 from kvref.cli import hash_main

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvref.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
+from kvref.core.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
                            hash_request_tokens, load_vectors)
 from kvref.cli import hash_main
 
@@ -179,7 +179,7 @@ def test_cli_check_not_json(capsys, tmp_path):
 
 
 # --- across processes ---------------------------------------------------------------------------------------------
-PROBE = ("import sys; from kvref.hashing import hash_request_tokens as h; "
+PROBE = ("import sys; from kvref.core.hashing import hash_request_tokens as h; "
          "print(' '.join(x.hex() for a in sys.argv[1:] for x in h(list(range(64)), 16, a)))")
 
 def _hashes_in_fresh_process(*algos: str, env_seed: str | None = None) -> list[str]:

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvref.free_queue import block_ids
-from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest
-from kvref.hybrid_replay import HybridTraceReplayer, replay_hybrid
-from kvref.kv_cache_manager import KVCacheManager, Request
+from kvref.core.free_queue import block_ids
+from kvref.core.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest
+from kvref.oracle.hybrid_replay import HybridTraceReplayer, replay_hybrid
+from kvref.core.kv_cache_manager import KVCacheManager, Request
 
 ROOT = Path(__file__).resolve().parent.parent / "golden"
 ATTENTION = sorted(p for p in (ROOT / "hybrid").glob("*.jsonl") if not p.name.endswith(".vllm.jsonl"))
@@ -111,7 +111,7 @@ def test_one_full_attention_group_decides_like_the_kv_cache_manager(seed, num_bl
 def test_group_tables_svg_escapes_request_ids():
     "A request id holding XML's special characters still gives a well-formed picture that shows it."
     import xml.etree.ElementTree as ET
-    from kvref.hybrid import SlidingWindowSpec, group_tables_svg
+    from kvref.core.hybrid import SlidingWindowSpec, group_tables_svg
     manager = HybridKVCacheManager([SlidingWindowSpec(4, sliding_window=8), FullAttentionSpec(4)], 20)
     rid = 'a<b&"c"'
     request = HybridRequest(rid, list(range(10)))
@@ -123,9 +123,9 @@ def test_group_tables_svg_escapes_request_ids():
 
 ATTENTION_ONLY_RUN = """
 import json, sys
-import kvref.hybrid as hybrid
-if sys.argv[1] == "mamba": import kvref.mamba
-from kvref.kv_events import event_to_json, wire_events
+import kvref.core.hybrid as hybrid
+if sys.argv[1] == "mamba": import kvref.core.mamba
+from kvref.distributed.kv_events import event_to_json, wire_events
 manager = hybrid.HybridKVCacheManager([hybrid.FullAttentionSpec(8), hybrid.SlidingWindowSpec(8, 16)], 16,
                                       prefix_match_unit=2, enable_kv_cache_events=True)
 a = hybrid.HybridRequest("a", list(range(13)))
@@ -133,7 +133,7 @@ manager.allocate_slots(a, 13); a.num_computed_tokens = 13
 for t in range(3):
     a.append_output_token_ids(100 + t); manager.allocate_slots(a, 1); a.num_computed_tokens += 1
 pool = manager.block_pool
-print(json.dumps({"mamba_loaded": "kvref.mamba" in sys.modules,
+print(json.dumps({"mamba_loaded": "kvref.core.mamba" in sys.modules,
                   "keys": {b.block_id: [b.block_hash.hex(), *sorted(k.hex() for k in pool.cached_block_hashes_by_block.get(b.block_id, ()))]
                            for b in pool.blocks if b.block_hash is not None},
                   "events": [event_to_json(e) for e in wire_events(manager.take_events(), "int", {})]}))
@@ -141,7 +141,7 @@ print(json.dumps({"mamba_loaded": "kvref.mamba" in sys.modules,
 
 
 def attention_only_run(extra: str) -> dict:
-    "ATTENTION_ONLY_RUN in a fresh interpreter: kvref.hybrid alone (`extra='none'`) or with kvref.mamba too (`'mamba'`)."
+    "ATTENTION_ONLY_RUN in a fresh interpreter: kvref.core.hybrid alone (`extra='none'`) or with kvref.core.mamba too (`'mamba'`)."
     import os, subprocess, sys
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
@@ -152,7 +152,7 @@ def attention_only_run(extra: str) -> dict:
 
 def test_attention_only_prompt_tail_does_not_depend_on_importing_mamba():
     """Full attention block 8, hash unit 2, no Mamba group: the block holding the prompt's last hash boundary is keyed
-    and reported (vLLM's `FullAttentionManager._cache_partial_tail_block`) whether or not `kvref.mamba` was imported."""
+    and reported (vLLM's `FullAttentionManager._cache_partial_tail_block`) whether or not `kvref.core.mamba` was imported."""
     alone, with_mamba = attention_only_run("none"), attention_only_run("mamba")
     assert (alone.pop("mamba_loaded"), with_mamba.pop("mamba_loaded")) == (False, True)
     assert alone == with_mamba

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 
 from kvref.cli import main
-from kvref.conformance import check, check_recorded, shrink
-from kvref.hybrid_replay import (HybridTraceDriver, HybridTraceReplayer, KVRefHybridAdapter, hybrid_replay_stats,
+from kvref.oracle.conformance import check, check_recorded, shrink
+from kvref.oracle.hybrid_replay import (HybridTraceDriver, HybridTraceReplayer, KVRefHybridAdapter, hybrid_replay_stats,
                                  load_hybrid_trace, write_hybrid_svgs)
-from kvref.replay import load_decisions
+from kvref.oracle.replay import load_decisions
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT / "golden" / "hybrid"  # the shared recordings (top level, mamba/) and vllm-diff/, runs vLLM once decided otherwise
 TRACES = sorted(p for d in ("", "mamba/", "vllm-diff/") for p in SHARED.glob(f"{d}*.jsonl") if not p.name.endswith(".vllm.jsonl"))
-ADAPTER = "kvref.hybrid_replay:KVRefHybridAdapter"
+ADAPTER = "kvref.oracle.hybrid_replay:KVRefHybridAdapter"
 
 
 def recorded(trace: Path) -> Path:
@@ -76,7 +76,7 @@ def test_check_names_decisions_that_run_short_or_long(trace, tmp_path, capsys):
 
 
 KEEPS_WINDOW = """
-from kvref.hybrid_replay import KVRefHybridAdapter
+from kvref.oracle.hybrid_replay import KVRefHybridAdapter
 
 class KeepsWindow(KVRefHybridAdapter):
     "Never gives back the blocks that slid out of a sliding window (a planted bug)."

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hybrid_vllm_support import LAYOUTS, events_in_lockstep, kvref_events, load_vllm, lockstep_events
-from kvref.hybrid_replay import HybridTraceReplayer
-import kvref.mamba  # noqa: F401  (registers the Mamba kind)
+from kvref.oracle.hybrid_replay import HybridTraceReplayer
+import kvref.core.mamba  # noqa: F401  (registers the Mamba kind)
 
 EVENTS = Path(__file__).resolve().parent.parent / "golden" / "hybrid" / "events"
 

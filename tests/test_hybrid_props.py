@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvref.free_queue import block_ids
-from kvref.hybrid import (ChunkedLocalAttentionSpec, FullAttentionSpec, HybridKVCacheManager, HybridRequest,
+from kvref.core.free_queue import block_ids
+from kvref.core.hybrid import (ChunkedLocalAttentionSpec, FullAttentionSpec, HybridKVCacheManager, HybridRequest,
                           SlidingWindowSpec, cdiv, spec_from_group)
 
 

@@ -9,8 +9,8 @@ unhashed block, hit tokens without blocks and blocks without tokens) are cases o
 import pytest
 
 from fuzz_support import snap
-from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, SlidingWindowSpec
-from kvref.mamba import MambaSpec
+from kvref.core.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, SlidingWindowSpec
+from kvref.core.mamba import MambaSpec
 
 MANAGERS = {
     "hybrid": lambda: HybridKVCacheManager([SlidingWindowSpec(4, 8), FullAttentionSpec(4)], 24),

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import kvref.mamba  # noqa: F401  registers the Mamba kind
-from kvref import hybrid
-from kvref.hybrid import (FullAttentionSpec, HybridKVCacheCoordinator, HybridKVCacheManager, HybridRequest,
+import kvref.core.mamba  # noqa: F401  registers the Mamba kind
+from kvref.core import hybrid
+from kvref.core.hybrid import (FullAttentionSpec, HybridKVCacheCoordinator, HybridKVCacheManager, HybridRequest,
                           SingleTypeKVCacheManager, SlidingWindowSpec)
-from kvref.hybrid_replay import HybridTraceReplayer
+from kvref.oracle.hybrid_replay import HybridTraceReplayer
 
 ROOT = Path(__file__).resolve().parent.parent / "golden" / "hybrid"
 TRACES = sorted(p for p in [*ROOT.glob("*.jsonl"), *ROOT.glob("mamba/*.jsonl")] if not p.name.endswith(".vllm.jsonl"))

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hybrid_vllm_support import LAYOUTS, VllmHybridReplayer, load_vllm, lockstep
-from kvref.hybrid_replay import replay_hybrid
-import kvref.mamba  # noqa: F401  (registers the Mamba kind)
+from kvref.oracle.hybrid_replay import replay_hybrid
+import kvref.core.mamba  # noqa: F401  (registers the Mamba kind)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "hybrid"
 DIFF = GOLDEN / "vllm-diff"

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvref.block_pool import BlockRemoved, BlockStored
-from kvref.free_queue import block_ids
-from kvref.hashing import LoRARequest, hash_request_tokens
-from kvref.kv_cache_manager import KVCacheManager, Request, cdiv
-from kvref.replay import replay
+from kvref.core.block_pool import BlockRemoved, BlockStored
+from kvref.core.free_queue import block_ids
+from kvref.core.hashing import LoRARequest, hash_request_tokens
+from kvref.core.kv_cache_manager import KVCacheManager, Request, cdiv
+from kvref.oracle.replay import replay
 
 
 def step(m, r, n=None, lookahead=0):
@@ -496,8 +496,8 @@ def test_manager_events_carry_lora_name_and_parent_chain():
 
 @pytest.mark.parametrize("behavior", ["vllm_0_33", "design_doc"])
 def test_differential_on_the_workload_generators(behavior):
-    "The realistic request mixes of `kvref.workloads` (longer prompts, bigger pools) agree with the naive model too."
-    workloads = pytest.importorskip("kvref.workloads")
+    "The realistic request mixes of `kvref.oracle.workloads` (longer prompts, bigger pools) agree with the naive model too."
+    workloads = pytest.importorskip("kvref.oracle.workloads")
     for name, make in workloads.WORKLOADS.items():
         ops = workloads.to_trace(make())
         naive = NaiveReplayer(behavior)

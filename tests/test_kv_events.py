@@ -9,8 +9,9 @@ from hypothesis import given, strategies as st
 
 import sys
 
-from kvref import block_pool, kv_events
-from kvref.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVIndex, decode_batch,
+from kvref.core import block_pool
+from kvref.distributed import kv_events
+from kvref.distributed.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVIndex, decode_batch,
                              encode_batch, event_from_json, event_to_json)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events"

@@ -12,10 +12,10 @@ from hypothesis import given, strategies as st
 
 msgspec = pytest.importorskip("msgspec")
 
-from kvref import block_pool  # noqa: E402
-from kvref.kv_events import (KVEventBatch, decode_batch, encode_batch, encode_batch_fast, event_from_json,  # noqa: E402
+from kvref.core import block_pool  # noqa: E402
+from kvref.distributed.kv_events import (KVEventBatch, decode_batch, encode_batch, encode_batch_fast, event_from_json,  # noqa: E402
                              msgspec_types, wire_batch_fast, wire_events)
-from kvref.kv_events import BlockRemoved as WireRemoved  # noqa: E402
+from kvref.distributed.kv_events import BlockRemoved as WireRemoved  # noqa: E402
 from test_kv_events import FILES, FORM, batches, lines  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvref.router_conformance import op_batches
+from kvref.oracle.router_conformance import op_batches
 from test_router_conformance import NAMES, trace
 
 VENV = Path(os.environ.get("KVREF_VLLM_VENV", "")).expanduser()

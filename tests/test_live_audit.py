@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from kvref.hashing import LoRARequest, MultiModalItem
-from kvref.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch,
+from kvref.core.hashing import LoRARequest, MultiModalItem
+from kvref.distributed.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch,
                              event_extra_keys, external_block_hash)
-from kvref.live_audit import (EngineAudit, EngineConfig, FleetAudit, audit_files, audit_live, read_stream,
+from kvref.oracle.live_audit import (EngineAudit, EngineConfig, FleetAudit, audit_files, audit_live, read_stream,
                               sharing_causes)
-from kvref.releases import PROFILES, release_block_hashes, release_extra_keys, wire_schema
-from kvref.router_conformance import op_batches
-from kvref.workloads import shared_system_prompts, to_trace
+from kvref.oracle.releases import PROFILES, release_block_hashes, release_extra_keys, wire_schema
+from kvref.oracle.router_conformance import op_batches
+from kvref.oracle.workloads import shared_system_prompts, to_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENTS, AUDIT = ROOT / "golden" / "events", ROOT / "golden" / "events" / "audit"
@@ -168,7 +168,7 @@ def test_read_stream_refuses_bad_lines(tmp_path):
 
 # ---- live, over ZMQ on loopback
 zmq = pytest.importorskip("zmq")
-from kvref.router_conformance import EventPublisher  # noqa: E402
+from kvref.oracle.router_conformance import EventPublisher  # noqa: E402
 
 
 def serve(publisher, payloads, first, pause_s=0.3, serve_s=1.5, skip=()):

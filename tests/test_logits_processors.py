@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvref.logits_processors import (
+from kvref.sample.logits_processors import (
     AdapterLogitsProcessor, BatchUpdate, BatchUpdateBuilder, LogitBiasLogitsProcessor, LogitsProcessorConfig,
     LogitsProcessors, MinPLogitsProcessor, MinTokensLogitsProcessor, MoveDirectionality, PersistentBatch,
     build_logitsprocs, process_dict_updates, sample_logits,
 )
-from kvref.sampling_params import SamplingParams
+from kvref.sample.sampling_params import SamplingParams
 
 VOCAB = 24
 CPU = torch.device("cpu")

@@ -12,13 +12,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kvref.logits_processors import (
+from kvref.sample.logits_processors import (
     AdapterLogitsProcessor, BatchUpdate, BatchUpdateBuilder, LogitBiasLogitsProcessor, LogitsProcessorConfig,
     LogitsProcessors, MinPLogitsProcessor, MinTokensLogitsProcessor, MoveDirectionality, PersistentBatch,
     apply_top_k_top_p, build_logitsprocs, load_logitsprocs_by_fqcns, load_logitsprocs_plugins, process_dict_updates,
     sample_logits, validate_logits_processors_parameters,
 )
-from kvref.sampling_params import SamplingParams
+from kvref.sample.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
 CFG = LogitsProcessorConfig(4)
@@ -191,7 +191,7 @@ CASES = [
     ("build config None", no_object, lambda _: build_logitsprocs(None, CPU, False, False), TypeError, "config must be a LogitsProcessorConfig"),
     ("build pooling str", no_object, lambda _: build_logitsprocs(CFG, CPU, False, "no"), TypeError, "is_pooling_model must be a bool"),
     ("build custom str", no_object, lambda _: build_logitsprocs(CFG, CPU, False, False, "kvref:X"), TypeError, "must be a list"),
-    ("fqcns str", no_object, lambda _: load_logitsprocs_by_fqcns("kvref.logits_processors:MinPLogitsProcessor"), TypeError, "must be a list"),
+    ("fqcns str", no_object, lambda _: load_logitsprocs_by_fqcns("kvref.sample.logits_processors:MinPLogitsProcessor"), TypeError, "must be a list"),
     ("plugins group int", no_object, lambda _: load_logitsprocs_plugins(5), TypeError, "group must be a str"),
     ("validate params None", no_object, lambda _: validate_logits_processors_parameters([MinPLogitsProcessor], None), TypeError, "sampling_params must be a SamplingParams"),
     # The sampler: a wrong-length temperature returned one sample per temperature, not per row.

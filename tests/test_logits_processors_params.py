@@ -5,7 +5,7 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from kvref.sampling_params import SamplingParams
+from kvref.sample.sampling_params import SamplingParams
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True))

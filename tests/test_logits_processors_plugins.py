@@ -4,18 +4,18 @@ import textwrap
 import pytest
 import torch
 
-from kvref.logits_processors import (
+from kvref.sample.logits_processors import (
     LOGITSPROCS_GROUP, LogitsProcessorConfig, MinTokensLogitsProcessor, build_logitsprocs, load_logitsprocs_by_fqcns,
     load_logitsprocs_plugins, validate_logits_processors_parameters,
 )
-from kvref.sampling_params import SamplingParams
+from kvref.sample.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
 CFG = LogitsProcessorConfig(max_num_seqs=4)
 
 PLUGIN_SOURCE = textwrap.dedent('''
     import torch
-    from kvref.logits_processors import LogitsProcessor
+    from kvref.sample.logits_processors import LogitsProcessor
 
     class Base(LogitsProcessor):
         def __init__(self, config, device, is_pin_memory):

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, SlidingWindowSpec, spec_from_group
-from kvref.hybrid_replay import HybridTraceReplayer
-from kvref.mamba import MambaSpec
+from kvref.core.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, SlidingWindowSpec, spec_from_group
+from kvref.oracle.hybrid_replay import HybridTraceReplayer
+from kvref.core.mamba import MambaSpec
 
 MAMBA = Path(__file__).resolve().parent.parent / "golden" / "hybrid" / "mamba"
 TRACES = ["hybrid-nemotron-h-9-0", "hybrid-qwen3-next-9-1", "hybrid-jamba-9-2"]

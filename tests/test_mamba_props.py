@@ -7,8 +7,8 @@ from hypothesis import assume, given, settings, strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
 import test_hybrid_props as hybrid_props
-from kvref.hybrid import FullAttentionSpec, HybridKVCacheManager, SlidingWindowSpec
-from kvref.mamba import MambaManager, MambaSpec
+from kvref.core.hybrid import FullAttentionSpec, HybridKVCacheManager, SlidingWindowSpec
+from kvref.core.mamba import MambaManager, MambaSpec
 
 
 @st.composite

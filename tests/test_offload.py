@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, strategies as st
 
-from kvref.kv_cache_manager import KVCacheManager, Request
-from kvref.offload import (ARCCachePolicy, ChunkStatus, CPUOffloadingManager, LRUCachePolicy, OffloadConfig,
+from kvref.core.kv_cache_manager import KVCacheManager, Request
+from kvref.kv_offload import (ARCCachePolicy, ChunkStatus, CPUOffloadingManager, LRUCachePolicy, OffloadConfig,
                            OffloadingConnector, ReqContext)
-from kvref.scheduler import Scheduler
+from kvref.core.scheduler import Scheduler
 
 
 @pytest.mark.parametrize("settings, error, words", [

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvref.offload import OffloadConfig
-from kvref.scheduler import load_workloads, run_workload
+from kvref.kv_offload import OffloadConfig
+from kvref.core.scheduler import load_workloads, run_workload
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "offload"
 WORKLOADS = load_workloads(GOLDEN / "workloads.jsonl")

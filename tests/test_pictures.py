@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kvref.pictures import follow, progress, step_svg, write_svgs
-from kvref.replay import load_decisions, load_trace
+from kvref.oracle.replay import load_decisions, load_trace
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "traces"
 TRACES = sorted(p.name[:-len(".vllm.jsonl")] for p in GOLDEN.glob("*.vllm.jsonl"))
@@ -83,7 +83,7 @@ def test_mismatched_decisions_are_refused(tmp_path):
 
 def test_design_doc_behaviour_time_6_and_7_pictures():
     "The design doc's own numbers, replayed with kvref's design_doc behaviour and drawn."
-    from kvref.replay import replay
+    from kvref.oracle.replay import replay
     ops, _ = golden("design-doc-example")
     steps = list(follow(ops, replay(ops, "design_doc")))
     assert steps[10].free_queue == [7, 8, 9, 4, 3, 2, 6, 5, 1, 0]

@@ -2,13 +2,13 @@
 Each test names the plant it catches (kvref's own line, changed) and failed with it planted."""
 import pytest
 
-from kvref.hashing import MultiModalItem
-from kvref.hybrid import (FullAttentionSpec, HybridBlockPool, HybridKVCacheManager, HybridRequest, SlidingWindowSpec,
+from kvref.core.hashing import MultiModalItem
+from kvref.core.hybrid import (FullAttentionSpec, HybridBlockPool, HybridKVCacheManager, HybridRequest, SlidingWindowSpec,
                           hash_with_group_id, max_admission_blocks_per_request)
-from kvref.kv_events import KVIndex
-from kvref.mamba import MambaManager, MambaSpec
-from kvref.releases import profile_for_version, release_block_hashes
-from kvref.router_conformance import op_batches
+from kvref.distributed.kv_events import KVIndex
+from kvref.core.mamba import MambaManager, MambaSpec
+from kvref.oracle.releases import profile_for_version, release_block_hashes
+from kvref.oracle.router_conformance import op_batches
 
 TRACE = [{"op": "config", "num_blocks": 8, "block_size": 4}, {"op": "add", "id": "a", "prompt": list(range(9))},
          {"op": "schedule", "id": "a"}]
@@ -55,14 +55,14 @@ def test_before_0_19_an_item_ending_at_a_decode_blocks_start_is_in_its_keys(vers
 
 def test_the_ideal_hit_rate_never_counts_a_prompts_last_token():
     "Plant: `limit = input_length // block_size` (a whole repeated prompt a hit; vLLM always computes its last token)."
-    from kvref.production_traces import MooncakeRequest, ideal_hit_rate
+    from kvref.oracle.production_traces import MooncakeRequest, ideal_hit_rate
     twice = [MooncakeRequest(0, 32, 1, [7]), MooncakeRequest(1, 32, 1, [7])]
     assert ideal_hit_rate(twice, 16, 16 * 2) == 1 / 4  # 4 blocks queried, 1 hit: the second prompt's first block
 
 
 def test_a_router_may_name_an_engine_with_no_hit():
     "Plant: engines at 0 kept in the answers compared (a router listing every engine would be told it disagrees)."
-    from kvref.router_conformance import ExampleRouter, check_router
+    from kvref.oracle.router_conformance import ExampleRouter, check_router
 
     class EveryEngine(ExampleRouter):
         def longest_prefix(self, *args, **kwargs):

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvref.production_traces import (MooncakeRequest, block_hashes, convert_mooncake, format_results, ideal_hit_rate,
+from kvref.oracle.production_traces import (MooncakeRequest, block_hashes, convert_mooncake, format_results, ideal_hit_rate,
                                      mooncake_to_spec, read_mooncake, replay_mooncake, sweep, synthesize_output,
                                      synthesize_prompt)
-from kvref.replay import replay
+from kvref.oracle.replay import replay
 
 SAMPLE = Path(__file__).parent.parent / "golden" / "mooncake" / "synthetic-trace-last300.jsonl"
 

@@ -30,8 +30,9 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(entry):
 # Issue 32: refusals that gave Python's generic message ("unhashable type: 'list'", "'int' object is not iterable")
 # now name the argument; each row failed before its fix.
 def _named_refusals():
-    from kvref import (block_pool, hashing, hybrid, hybrid_replay, kv_cache_manager, kv_events, production_traces, releases,
-                       replay, router_conformance)
+    from kvref.core import block_pool, hashing, hybrid, kv_cache_manager
+    from kvref.oracle import hybrid_replay, production_traces, releases, replay, router_conformance
+    from kvref.distributed import kv_events
     index, p033, router = kv_events.KVIndex(2), releases.profile_for_version("0.33.0"), router_conformance.ExampleRouter
     manager = hybrid.HybridKVCacheManager([hybrid.FullAttentionSpec(4), hybrid.SlidingWindowSpec(4, 8)], 16)
     trace = [{"op": "config", "num_blocks": 8, "block_size": 4}, {"op": "add", "id": "a", "prompt": list(range(9))},

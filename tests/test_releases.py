@@ -4,10 +4,10 @@ from dataclasses import replace
 from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
-from kvref.hashing import LoRARequest, MultiModalItem, hash_request_tokens
-from kvref.replay import TraceDriver, load_decisions
-from kvref import releases
-from kvref.releases import (PROFILES, profile_for_version, release_block_hashes, check_release_vectors, python_hash,
+from kvref.core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
+from kvref.oracle.replay import TraceDriver, load_decisions
+from kvref.oracle import releases
+from kvref.oracle.releases import (PROFILES, profile_for_version, release_block_hashes, check_release_vectors, python_hash,
                             load_release_trace, replay_release, ReleaseKVCacheManager, ReleaseTraceReplayer,
                             _builtin_chain, _hash_value_chain, _hash_value_fn)
 
@@ -151,7 +151,7 @@ def test_builtin_without_the_native_hash_is_the_plain_chain(monkeypatch):
        st.lists(st.tuples(st.integers(0, 30), st.integers(1, 8)), max_size=3))
 def test_block_keys_share_only_where_the_definition_agrees(name, size, num_tokens, prompt_end, salted, lora, spans):
     "The shared-tuple fast path of `_block_keys` equals `release_extra_keys` block by block."
-    from kvref.releases import _block_keys, release_extra_keys
+    from kvref.oracle.releases import _block_keys, release_extra_keys
     items = sorted((MultiModalItem(f"i{k}", o, n) for k, (o, n) in enumerate(spans)), key=lambda m: m.offset)
     request = dict(lora=lora, lora_int_id=1, mm_items=items, cache_salt="s" if salted else None)
     want = [release_extra_keys(PROFILES[name], s, s + size, decode=s + size > prompt_end, **request)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from kvref.hashing import LoRARequest
-from kvref.releases import PROFILES, profile_for_version, release_block_hashes, replay_release
+from kvref.core.hashing import LoRARequest
+from kvref.oracle.releases import PROFILES, profile_for_version, release_block_hashes, replay_release
 from release_vllm_support import (GOLDEN, as_ops, ask, ask_hashes, hash_divergences, kvref_answers, random_case,
                                   random_trace, release_dirs, trace_divergence)
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvref.kv_events import (EVENT_TYPES, WIRE_SCHEMA, BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch,
+from kvref.distributed.kv_events import (EVENT_TYPES, WIRE_SCHEMA, BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch,
                              event_from_json)
-from kvref.releases import PROFILES, RELEASE_RANGES, WIRE_SCHEMAS, parse_version, wire_schema
+from kvref.oracle.releases import PROFILES, RELEASE_RANGES, WIRE_SCHEMAS, parse_version, wire_schema
 
 WIRE = Path(__file__).resolve().parents[1] / "golden" / "events" / "wire"
 RELEASES = sorted((p.stem for p in WIRE.glob("*.jsonl")), key=lambda v: [int(x) for x in v.split(".")])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvref.cli import replay_main
-from kvref.replay import (TraceReplayer, load_decisions, load_trace, replay, validate_op)
+from kvref.oracle.replay import (TraceReplayer, load_decisions, load_trace, replay, validate_op)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "traces"
 TRACES = sorted(p for p in GOLDEN.glob("*.jsonl") if not p.name.endswith(".vllm.jsonl"))
@@ -200,7 +200,7 @@ def test_console_command(tmp_path):
 
 
 def test_stats_report_matches_replay_stats(capsys):
-    from kvref.workloads import replay_stats
+    from kvref.oracle.workloads import replay_stats
     trace = GOLDEN / "trace-11-2.jsonl"
     ops = load_trace(trace)
     assert replay_main([str(trace), "--stats"]) == 0

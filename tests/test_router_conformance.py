@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvref.hashing import hash_request_tokens
-from kvref.kv_events import KVIndex, external_block_hash
-from kvref.replay import TraceReplayer, load_trace
-from kvref.router_conformance import (DropAllCopiesRouter, ExampleRouter, FirstBytesRouter, SaltBlindRouter,
+from kvref.core.hashing import hash_request_tokens
+from kvref.distributed.kv_events import KVIndex, external_block_hash
+from kvref.oracle.replay import TraceReplayer, load_trace
+from kvref.oracle.router_conformance import (DropAllCopiesRouter, ExampleRouter, FirstBytesRouter, SaltBlindRouter,
                                       check_router, event_records, op_batches, reference_router, shrink_router,
                                       trace_prompts)
 

@@ -11,9 +11,9 @@ import pytest
 
 zmq = pytest.importorskip("zmq")
 
-from kvref.kv_events import KVEventBatch, decode_batch  # noqa: E402
-from kvref.replay import load_trace  # noqa: E402
-from kvref.router_conformance import END_SEQ, EventPublisher, offset_endpoint_port, op_batches, publish_trace  # noqa: E402
+from kvref.distributed.kv_events import KVEventBatch, decode_batch  # noqa: E402
+from kvref.oracle.replay import load_trace  # noqa: E402
+from kvref.oracle.router_conformance import END_SEQ, EventPublisher, offset_endpoint_port, op_batches, publish_trace  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SESSION = json.loads((GOLDEN / "events/zmq-session.json").read_text())

@@ -5,10 +5,10 @@ import re
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from kvref.kv_cache_manager import KVCacheManager
-from kvref.replay import replay
-from kvref.scheduler import FakeModel, RequestStatus, Scheduler, run_workload
-from kvref.workloads import RequestSpec, Workload, multi_turn_chat, shared_system_prompts
+from kvref.core.kv_cache_manager import KVCacheManager
+from kvref.oracle.replay import replay
+from kvref.core.scheduler import FakeModel, RequestStatus, Scheduler, run_workload
+from kvref.oracle.workloads import RequestSpec, Workload, multi_turn_chat, shared_system_prompts
 
 requests_st = st.lists(st.tuples(st.integers(0, 3),  # shared-prefix family
                                  st.integers(1, 14),  # prompt length

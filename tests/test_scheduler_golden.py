@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvref.scheduler import SchedulerConfig, load_workloads, run_workload
+from kvref.core.scheduler import SchedulerConfig, load_workloads, run_workload
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "scheduler"
 WORKLOADS = load_workloads(GOLDEN / "workloads.jsonl")

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from scheduler_vllm_support import vllm_or_skip, random_workload, run
-from kvref.scheduler import _spec_of, run_workload
-from kvref.workloads import Workload
+from kvref.core.scheduler import _spec_of, run_workload
+from kvref.oracle.workloads import Workload
 
 VLLM, pytestmark = vllm_or_skip()
 NUM_SEEDS = int(os.environ.get("KVREF_VLLM_SCHEDULER_SEEDS", "60"))

@@ -7,13 +7,13 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from kvref.logits_processors import BatchUpdate, MoveDirectionality
-from kvref.sampling_params import SamplingParams
-from kvref.thinking_budget import (FORCED_LOGIT, Phase, ReasoningConfig, ThinkingBudgetStateHolder,
+from kvref.sample.logits_processors import BatchUpdate, MoveDirectionality
+from kvref.sample.sampling_params import SamplingParams
+from kvref.sample.thinking_budget import (FORCED_LOGIT, Phase, ReasoningConfig, ThinkingBudgetStateHolder,
                                    check_thinking_token_budget, contract_forcings, force_index, greedy_run,
                                    next_forced, think_state)
 from kvref.cli import check_runs
-from kvref.thinking_budget_vllm import BEHAVIORS
+from kvref.sample.thinking_budget_vllm import BEHAVIORS
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "thinking_budget" / "vllm-0.33-thinking-budget-v1.json"
 CASES = json.loads(GOLDEN.read_text())["cases"]

@@ -5,10 +5,10 @@ import torch
 from hypothesis import given, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvref.logits_processors import BatchUpdate, MoveDirectionality
-from kvref.sampling_params import SamplingParams
-from kvref.thinking_budget import FORCED_LOGIT, ReasoningConfig, ThinkingBudgetStateHolder, contract_forcings
-from kvref.thinking_budget_vllm import BEHAVIORS
+from kvref.sample.logits_processors import BatchUpdate, MoveDirectionality
+from kvref.sample.sampling_params import SamplingParams
+from kvref.sample.thinking_budget import FORCED_LOGIT, ReasoningConfig, ThinkingBudgetStateHolder, contract_forcings
+from kvref.sample.thinking_budget_vllm import BEHAVIORS
 
 CONFIGS = [
     ReasoningConfig([100], [200]),

@@ -8,12 +8,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kvref.logits_processors import BatchUpdate, MoveDirectionality
-from kvref.sampling_params import SamplingParams
-from kvref.thinking_budget import (ReasoningConfig, ThinkingBudgetStateHolder,
+from kvref.sample.logits_processors import BatchUpdate, MoveDirectionality
+from kvref.sample.sampling_params import SamplingParams
+from kvref.sample.thinking_budget import (ReasoningConfig, ThinkingBudgetStateHolder,
                                    contract_forcings, force_index, greedy_run, think_state)
 from kvref.cli import check_runs
-from kvref.thinking_budget_vllm import BEHAVIORS
+from kvref.sample.thinking_budget_vllm import BEHAVIORS
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "thinking_budget"
 REPORTED = GOLDEN / "reported-vllm-0.33-thinking-budget.json"

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, strategies as st
 
-from kvref.workloads import (WORKLOADS, RequestSpec, Workload, adversarial_tiny_pool, lora_mix, multi_turn_chat,
+from kvref.oracle.workloads import (WORKLOADS, RequestSpec, Workload, adversarial_tiny_pool, lora_mix, multi_turn_chat,
                              salted_tenants, shared_system_prompts, to_trace, write_trace)
 
 SMALL = dict(shared_system_prompts=dict(num_prompts=3, num_users=4, system_len=20, user_len=5, output_len=3),
@@ -107,8 +107,8 @@ def test_write_trace_roundtrip(tmp_path):
 
 
 def test_stats_count_a_lookup_once_per_scheduling_not_per_retry():
-    from kvref.replay import replay
-    from kvref.workloads import replay_stats
+    from kvref.oracle.replay import replay
+    from kvref.oracle.workloads import replay_stats
     ops = [{"op": "config", "num_blocks": 4, "block_size": 2, "enable_caching": True, "hash_algo": "sha256"},
            {"op": "add", "id": "a", "prompt": [1, 2, 3, 4, 5]}, {"op": "schedule", "id": "a"},
            {"op": "add", "id": "b", "prompt": [1, 2, 3, 4, 9]},
@@ -122,9 +122,9 @@ def test_stats_count_a_lookup_once_per_scheduling_not_per_retry():
 
 
 def test_stats_on_scheduler_runs_match_the_run():
-    from kvref.replay import replay
-    from kvref.scheduler import run_workload
-    from kvref.workloads import replay_stats
+    from kvref.oracle.replay import replay
+    from kvref.core.scheduler import run_workload
+    from kvref.oracle.workloads import replay_stats
     w = adversarial_tiny_pool(num_requests=12, num_blocks=8, block_size=2, seed=4)
     run = run_workload(w, max_num_batched_tokens=8, max_num_seqs=4)
     s = replay_stats(run.trace, replay(run.trace))

@@ -6,7 +6,7 @@ Run from the repository root: `python golden/rules/make_rules.py`. The traces ar
 import json
 from pathlib import Path
 
-from kvref.replay import replay
+from kvref.oracle.replay import replay
 
 RULES = {
     # A freed request's blocks go back last block first; those without a hash (the partial last block, lookahead

@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from importlib import metadata
 from types import SimpleNamespace
 from fastcore.basics import patch
-from ..hashing import LoRARequest, MultiModalItem, hash_request_tokens
-from ..kv_events import decode_batch
-from ..router_conformance import EventPublisher
+from ..core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
+from ..distributed.kv_events import decode_batch
+from ..oracle.router_conformance import EventPublisher
 
 DYNAMO_VERSIONS = ("1.6.",)  # ai-dynamo-runtime releases this adapter was written against
 
@@ -143,7 +143,7 @@ def longest_prefix(self: DynamoRouter, prompt, *, cache_salt=None, lora=None, mm
 # %% ../../nbs/07f_field_adapters.ipynb #e7d97051
 def kvindex_answer(traces: dict[str, list[dict]], prompt, stream: str, seq: int, hash_form: str = "int") -> dict:
     "`KVIndex`'s answer to `prompt` after batch `seq` of `stream` (the point a recorded divergence names)."
-    from kvref.router_conformance import _answer, _interleaved, _router_config, reference_router
+    from kvref.oracle.router_conformance import _answer, _interleaved, _router_config, reference_router
     index = reference_router(_router_config(traces, hash_form))
     for s, batch in _interleaved(traces, hash_form):
         index.apply(s, batch.seq, batch.payload)
@@ -153,8 +153,8 @@ def kvindex_answer(traces: dict[str, list[dict]], prompt, stream: str, seq: int,
 # %% ../../nbs/07f_field_adapters.ipynb #6abadd4e
 def prompt_from_json(d: dict):
     "A recorded `Prompt` (LoRA and items as dicts)."
-    from kvref.hashing import LoRARequest, MultiModalItem
-    from kvref.router_conformance import Prompt
+    from kvref.core.hashing import LoRARequest, MultiModalItem
+    from kvref.oracle.router_conformance import Prompt
     return Prompt(d["name"], tuple(d["prompt"]), d.get("cache_salt"), LoRARequest(**d["lora"]) if d.get("lora") else None,
                   tuple(MultiModalItem(**m) for m in d.get("mm_items", ())))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, fields
 from fastcore.basics import patch
-from .kv_cache_manager import KVCacheManager, Request
+from .core.kv_cache_manager import KVCacheManager, Request
 
 # %% auto #0
 __all__ = ['chunk_names', 'OffloadConfig', 'ChunkStatus', 'ReqContext', 'LRUCachePolicy', 'ARCCachePolicy', 'RequestAccess',
