@@ -8,9 +8,9 @@ Two halves, run by `scripts/e2e-vllm-cpu` in two environments:
   reuses another request's generated tokens, evictions, chunked prefill, preemption, a prefix-cache reset); writes
   the recorded stream (one batch a line: `seq`, `payload_b64`, `wave`), the requests with the tokens the engine
   generated, the engine's prefix-cache counters and its settings.
-- `check` (in kvref's environment): audits the stream with `kvref audit`'s checks against the stated release,
-  algorithm, seed and block size, then replays the same waves through kvref's scheduler and allocator with the
-  engine's settings and compares every KV event and the prefix-cache counters.
+- `check` (in kvref's environment): `kvref.oracle.recorded_engine.check_recording` (chapter 07g) audits the stream
+  against the stated release, algorithm, seed and block size, then replays the same waves through kvref's scheduler
+  and allocator with the engine's settings and compares every KV event and the prefix-cache counters.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ NUM_GPU_BLOCKS = 40  # small, so the stream evicts and preempts
 MAX_NUM_BATCHED_TOKENS = 96  # small, so long prompts are prefilled in chunks
 MAX_NUM_SEQS = 8
 MAX_MODEL_LEN = 640
-TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+              "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
               "vocab_size": 1024, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
               "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
 
@@ -129,6 +129,17 @@ def record(out: Path, pythonhashseed: str, hash_algo: str, port: int) -> None:
     print(f"recorded {len(batches)} batches, {sum(len(w) for w in sent if w != 'reset')} requests into {out}")
 
 
+def check(out: Path) -> int:
+    "Audit the recording in `out` and compare it with kvref's replay (kvref.oracle.recorded_engine): 0 when all agree."
+    from kvref.oracle.recorded_engine import check_recording
+    result = check_recording(out)
+    print(result.audit_summary)
+    print(f"events: engine {result.num_events[0]}, kvref {result.num_events[1]}; " +
+          ("all equal" if result.first_difference is None else f"first difference at event {result.first_difference}"))
+    print(f"prefix cache (queries, hits): {result.counters}")
+    return 0 if result.ok else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -137,8 +148,11 @@ def main(argv=None) -> int:
     rec.add_argument("--pythonhashseed", default="0")
     rec.add_argument("--hash-algo", default="sha256")
     rec.add_argument("--port", type=int, default=25557)
+    chk = sub.add_parser("check", help="audit and replay a recording (kvref's environment)")
+    chk.add_argument("out", type=Path)
     args = parser.parse_args(argv)
-    if args.cmd == "record": record(args.out, args.pythonhashseed, args.hash_algo, args.port)
+    if args.cmd == "check": return check(args.out)
+    record(args.out, args.pythonhashseed, args.hash_algo, args.port)
     return 0
 
 
