@@ -50,7 +50,6 @@ KNOWN: set[tuple[str, str]] = {
     ('09_thinking_budget', 'checks-heading'),
     ('09_thinking_budget', 'first-lesson'),
     ('10_cudagraph', 'checks-heading'),
-    ('12_cli', 'checks-heading'),
 }
 # Module names still defining a name twice: (module, name).
 KNOWN_TWICE: set[tuple[str, str]] = {
