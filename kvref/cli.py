@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/cli.html.md"""
 
 # %% ../nbs/12_cli.ipynb #d85ddf7f
 from __future__ import annotations
-import argparse, functools, importlib, json, os, re, sys, traceback
+import argparse, functools, importlib, itertools, json, os, re, sys, traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -612,8 +612,9 @@ def convert_main(argv: list[str] | None = None) -> int:
     from kvref.oracle.production_traces import convert_mooncake
     a = _convert_parser().parse_args(argv)
     if a.fmt not in TRACE_FORMATS: raise ValueError(f"--from {a.fmt!r}: unknown format; known: {', '.join(TRACE_FORMATS)}")
-    for op in convert_mooncake(a.trace, a.block_size, a.num_blocks, a.hash_block_size, a.max_live):
-        sys.stdout.write(json.dumps(op) + "\n")
+    ops = convert_mooncake(a.trace, a.block_size, a.num_blocks, a.hash_block_size, a.max_live)
+    head = list(itertools.islice(ops, 2))  # the config op waits for the first request: a bad first line prints nothing
+    for op in itertools.chain(head, ops): sys.stdout.write(json.dumps(op) + "\n")
     return 0
 
 # %% ../nbs/12_cli.ipynb #341b9aeb
@@ -708,13 +709,25 @@ def _first_difference(got: list[dict], want: list[dict]) -> str | None:
         if g != w: return f"step {w.get('step')}: " + "; ".join(f"{k}: kvref {g.get(k)!r}, expected {w.get(k)!r}" for k in w if g.get(k) != w.get(k))
     return None if len(got) == len(want) else f"kvref ran {len(got)} steps, expected {len(want)}"
 
+# %% ../nbs/12_cli.ipynb #d30a27ed
+def _step_records(path: Path) -> list[dict]:
+    "The step records in file `path` (`--expect`), a JSON object a line; ValueError naming the file and the line."
+    records = []
+    for n, line in enumerate(read_text(str(path)).splitlines(), 1):
+        if not line.strip(): continue
+        record = parse_json(line, f"{path}, line {n}")
+        if not isinstance(record, dict): raise ValueError(f"{path}, line {n}: a step record must be a JSON object")
+        records.append(record)
+    return records
+
 # %% ../nbs/12_cli.ipynb #6e19037e
 @subcommand("kvref schedule")
 def schedule_main(argv: list[str] | None = None) -> int:
     "`kvref schedule WORKLOADS.jsonl [--expect DIR] [--only NAME]`; the exit status."
     from kvref.core.scheduler import load_workloads, run_workload
     a = _schedule_parser().parse_args(argv)
-    workloads = [w for w in load_workloads(a.workloads) if a.only in (None, w.name)]
+    try: workloads = [w for w in load_workloads(a.workloads) if a.only in (None, w.name)]
+    except RecursionError: raise ValueError(f"{a.workloads}: JSON nested too deeply") from None
     if not workloads: raise ValueError(f"{a.workloads}: no workload" + (f" named {a.only!r}" if a.only else ""))
     worst = 0
     for w in workloads:
@@ -722,7 +735,7 @@ def schedule_main(argv: list[str] | None = None) -> int:
         if a.expect is None:
             for r in records: print(json.dumps({"workload": w.name, **r}))
             continue
-        want = [json.loads(line) for line in Path(a.expect, f"{w.name}.jsonl").read_text().splitlines() if line.strip()]
+        want = _step_records(Path(a.expect, f"{w.name}.jsonl"))
         diff = _first_difference(records, want)
         print(f"{w.name}: " + (f"{len(records)} steps, identical" if diff is None else diff)); worst |= diff is not None
     return worst
@@ -840,14 +853,15 @@ def audit_main(argv: list[str] | None = None) -> int:
     a = _audit_parser().parse_args(argv)
     if bool(a.file) == bool(a.endpoints): raise ValueError("give either --file streams or live ENDPOINTs, not both or neither")
     sources = a.file or a.endpoints
+    if a.report and not Path(a.report).resolve().parent.is_dir(): raise ValueError(f"--report {a.report}: its folder does not exist")
     configs = _audit_configs(a, sources)
     if a.file: fleet = audit_files(configs, a.file)
     else:
         if not 0 < a.duration <= 86400: raise ValueError(f"--duration must be in (0, 86400] seconds, got {a.duration}")
         fleet = audit_live(configs, a.endpoints, a.replay or None, a.duration, a.max_batches)
     if fleet.exit_status() == 2: raise ValueError(f"no batch to audit in {', '.join(map(str, sources))}: nothing was checked")
-    print(fleet.summary())
     if a.report: Path(a.report).write_text(json.dumps(fleet.report(), indent=1) + "\n", encoding="utf-8")
+    print(fleet.summary())
     return fleet.exit_status()
 
 # %% ../nbs/12_cli.ipynb #8c1c3465

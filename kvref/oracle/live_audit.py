@@ -6,15 +6,15 @@ Docs: https://kvref.github.io/kvref/live_audit.html.md"""
 
 # %% ../../nbs/07e_live_audit.ipynb #8de25f0a
 from __future__ import annotations
-import base64, itertools, json, time
+import base64, itertools, json, os, time
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 from fastcore.basics import patch
-from ..guards import check_instance, check_int
-from ..core.hashing import _check_path, _decoded, hash_block_tokens
-from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, KVIndex, _check_hash_form, _short,
+from ..guards import check_choice, check_instance, check_int
+from ..core.hashing import _decoded, hash_block_tokens
+from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, HASH_FORMS, KVIndex, _short,
                              decode_batch, encode_batch, encode_batch_fast, external_block_hash)
 from .releases import PROFILES, profile_for_version, release_hash_fn, release_none_hash, wire_schema
 from .router_conformance import END_SEQ
@@ -41,7 +41,7 @@ def _check_config(c) -> None:
     if not check_instance("name", c.name, str): raise ValueError("name must name the engine, got ''")
     profile = profile_for_version(c.vllm_version)
     wire_schema(c.vllm_version)  # a release with KV events
-    _check_hash_form(c.hash_form)
+    check_choice("hash_form", c.hash_form, HASH_FORMS)
     check_int(f"engine {c.name!r}: block_size", c.block_size, least=1)
     if c.hash_algo not in profile.hash_algos:
         raise ValueError(f"engine {c.name!r}: vLLM {c.vllm_version} offers hash algorithms {', '.join(profile.hash_algos)}; got {c.hash_algo!r}")
@@ -291,12 +291,13 @@ def _remember_root(self: EngineAudit, event: BlockStored, entry) -> None:
 # %% ../../nbs/07e_live_audit.ipynb #b6937c11
 def read_stream(path: str | Path) -> Iterator[tuple[int, bytes]]:
     "The (seq, payload) of each batch of a recorded stream (JSONL: `seq`, `payload_b64`), read line by line."
-    _check_path(path)
+    check_instance("path", path, (str, os.PathLike), "a str or Path")
     with open(path, encoding="utf-8") as lines:
         for lineno, line in enumerate(lines, 1):
             if not line.strip(): continue
             try: obj = json.loads(line)
             except ValueError: raise ValueError(f"{path}, line {lineno}: not JSON") from None
+            except RecursionError: raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
             seq, data = obj.get("seq") if type(obj) is dict else None, obj.get("payload_b64") if type(obj) is dict else None
             if type(obj) is dict and seq is None and data is None: continue
             if type(seq) is not int or seq < 0: raise ValueError(f"{path}, line {lineno}: seq must be an int >= 0, got {seq!r:.40}")
