@@ -1,4 +1,4 @@
-"""The KV cache as pages, the slot mapping that fills it, and the float64 oracle every kernel is checked against.
+"""Paged attention is dense attention over the blocks a block table names: the float64 oracle every kernel is checked against, then the cache layouts and the slot mapping that fills them.
 
 Docs: https://kvref.github.io/kvref/paged_attention.html.md"""
 
