@@ -27,15 +27,15 @@ __all__ = ['EngineRecording', 'load_recording', 'engine_config', 'engine_events'
 class EngineRecording:
     "A real engine's run: its settings and counters, the requests it served in waves, and its event stream."
     folder: Path
-    settings: dict  # engine.json: vllm_version, hash_algo, pythonhashseed, block_size, num_gpu_blocks, ... metrics
+    settings: dict  # settings.json: vllm_version, hash_algo, pythonhashseed, block_size, num_gpu_blocks, ... metrics
     waves: list  # requests.json: a list of requests per wave, or "reset"
 
 def load_recording(folder: str | Path) -> EngineRecording:
-    "The recording in `folder` (engine.json, requests.json, engine.jsonl)."
+    "The recording in `folder` (settings.json, requests.json, engine.jsonl)."
     folder = Path(check_instance("folder", folder, (str, Path), "a path to a recording folder"))
-    if missing := [f for f in ("engine.json", "requests.json", "engine.jsonl") if not (folder / f).is_file()]:
+    if missing := [f for f in ("settings.json", "requests.json", "engine.jsonl") if not (folder / f).is_file()]:
         raise ValueError(f"{folder} is not an engine recording: missing {', '.join(missing)}")
-    settings, waves = (json.loads((folder / f).read_text(encoding="utf-8")) for f in ("engine.json", "requests.json"))
+    settings, waves = (json.loads((folder / f).read_text(encoding="utf-8")) for f in ("settings.json", "requests.json"))
     return EngineRecording(folder, settings, waves)
 
 # %% ../../nbs/07g_real_engine.ipynb #425e3d2f
