@@ -79,3 +79,16 @@ def test_not_a_recording_is_refused(tmp_path):
         load_recording(tmp_path)
     with pytest.raises(TypeError, match="folder must be a path to a recording folder, got 7"):
         load_recording(7)
+
+
+def test_a_mooncake_log_of_the_traffic_misses_the_generated_block():
+    "The Mooncake form of seed-0's traffic: same queries, one 32-token block fewer hits (b0 reuses a0's output)."
+    from kvref.oracle.production_traces import replay_mooncake
+    from kvref.oracle.recorded_engine import recording_to_mooncake
+    rec = load_recording(GOLDEN / "seed-0")
+    log = recording_to_mooncake(rec)
+    assert len(log) == 13 and log[0].hash_ids[:3] == log[1].hash_ids[:3] != log[2].hash_ids[:3]  # a2 is salted
+    s = rec.settings
+    got = replay_mooncake(log, s["num_gpu_blocks"], block_size=32, ms_per_step=1, hash_block_size=32,
+                          max_num_batched_tokens=s["max_num_batched_tokens"], max_num_seqs=s["max_num_seqs"])
+    assert (got.queries, got.hits) == (1790, 448 - 32)
