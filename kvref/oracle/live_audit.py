@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 from fastcore.basics import patch
 from ..core.hashing import _check_path, _decoded, hash_block_tokens
-from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, KVIndex, _check_hash_form, _short,
+from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, KVIndex, HASH_FORMS, _short,
                              decode_batch, encode_batch, encode_batch_fast, external_block_hash)
 from .releases import PROFILES, profile_for_version, release_hash_fn, release_none_hash, wire_schema
 from .router_conformance import END_SEQ
+from ..guards import check_choice
 
 # %% auto #0
 __all__ = ['FINDING_KINDS', 'EngineConfig', 'sharing_causes', 'Unverifiable', 'hash_extra_keys', 'Finding', 'EngineAudit',
@@ -28,7 +29,7 @@ def _check_config(c) -> None:
     if not isinstance(c.name, str) or not c.name: raise ValueError(f"an engine needs a name, got {c.name!r}")
     profile = profile_for_version(c.vllm_version)
     wire_schema(c.vllm_version)  # a release with KV events
-    _check_hash_form(c.hash_form)
+    check_choice("hash_form", c.hash_form, HASH_FORMS)
     if type(c.block_size) is not int or c.block_size < 1:
         raise ValueError(f"engine {c.name!r}: block_size must be an int >= 1, got {c.block_size!r}")
     if c.hash_algo not in profile.hash_algos:
