@@ -105,7 +105,7 @@ def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block siz
                        ) -> tuple[int, int]:
     "(scheduler_block_size, hash_block_size): the lcm of the block sizes and the hashing granularity."
     if isinstance(block_sizes, (str, bytes)) or not isinstance(block_sizes, Sequence) or not block_sizes:
-        raise TypeError(f"block_sizes must be a non-empty list of ints, got {block_sizes!r:.60}")
+        refuse("block_sizes", "a non-empty list of ints", block_sizes, TypeError)
     for g, bs in enumerate(block_sizes): check_int(f"block_sizes[{g}]", bs, 1)
     scheduler_block_size = math.lcm(*block_sizes)
     if not enable_caching: return scheduler_block_size, scheduler_block_size
@@ -118,8 +118,9 @@ def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block siz
 def group_block_hashes(block_hashes: Sequence[bytes], hash_block_size: int, block_size: int) -> Sequence[bytes]:
     "The request's hashes as one group sees them: the fine hash that ends each of its blocks (vLLM's `BlockHashListWithBlockSize`)."
     if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence):
-        raise TypeError(f"block_hashes must be a list of block hashes, got {type(block_hashes).__name__}")
-    check_int("hash_block_size", hash_block_size, 1); check_int("block_size", block_size, 1)
+        refuse("block_hashes", "a list of block hashes", block_hashes, TypeError)
+    if not (type(hash_block_size) is type(block_size) is int and hash_block_size >= 1 and block_size >= 1):  # every lookup: guards only on failure
+        check_int("hash_block_size", hash_block_size, 1); check_int("block_size", block_size, 1)
     if block_size % hash_block_size: raise ValueError(f"block_size {block_size} is not a multiple of hash_block_size {hash_block_size}")
     k = block_size // hash_block_size
     return block_hashes if k == 1 else block_hashes[k - 1::k]
@@ -127,7 +128,7 @@ def group_block_hashes(block_hashes: Sequence[bytes], hash_block_size: int, bloc
 # %% ../../nbs/04a_hybrid.ipynb #5167a351
 def hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     "The cache key of one group's block: its hash, then the group id in 4 big-endian bytes."
-    if type(group_id) is not int or not 0 <= group_id < 1 << 32: raise ValueError(f"group_id must be an int in [0, 2**32), got {group_id!r}")
+    if type(group_id) is not int or not 0 <= group_id < 1 << 32: check_int("group_id", group_id, 0, (1 << 32) - 1)
     try: return block_hash + group_id.to_bytes(4, "big")  # the hot path: checked only when it fails
     except TypeError: raise TypeError(f"block_hash must be bytes, got {type(block_hash).__name__}") from None
 
@@ -156,7 +157,7 @@ def insert_block_hash(self: HybridBlockPool, block: KVCacheBlock, key: bytes, bl
     "Cache the held `block` under `key` too: as its `block_hash` if it has none, else beside it (vLLM's `BlockPool._insert_block_hash`)."
     if block.block_hash is None: return self.cache_full_blocks([block], [key], 0, 1, block_size)
     (block,) = self._checked_own([block], "insert_block_hash")
-    if type(key) is not bytes or not key: raise TypeError(f"key must be non-empty bytes, got {key!r:.40}")
+    if type(key) is not bytes or not key: refuse("key", "non-empty bytes", key, TypeError)
     if block.ref_cnt <= 0 or block.is_null: raise ValueError(f"block {block.block_id} is not held: only held blocks are cached")
     if block.block_hash == key or key in self.cached_block_hashes_by_block.get(block.block_id, ()): return
     self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
@@ -199,7 +200,8 @@ class HybridRequest(Request):
 
     def __post_init__(self):
         Request.__post_init__(self)
-        with _naming_request(self.request_id): check_int("shared_prefix_boundary", self.shared_prefix_boundary)
+        if type(self.shared_prefix_boundary) is not int or self.shared_prefix_boundary < 0:
+            with _naming_request(self.request_id): check_int("shared_prefix_boundary", self.shared_prefix_boundary)
 
     @property
     def num_prompt_tokens(self) -> int: return len(self.prompt_token_ids)
@@ -332,10 +334,10 @@ def stored_event(self: SingleTypeKVCacheManager, request: HybridRequest, block_h
 def remove_skipped_blocks(self: SingleTypeKVCacheManager, request_id: str, num_computed_tokens: int) -> None:
     "Replace the blocks no later token attends to by the null block, and free them."
     table = self.req_to_blocks.get(request_id)
-    last = min(self.get_num_skipped_tokens(num_computed_tokens) // self.block_size, len(table or ()))
-    if last <= 0 or table[last - 1].is_null: return  # nothing newly out of the window: the walk would stop at once
+    num_skipped_blocks = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+    if not table or num_skipped_blocks <= 0 or table[min(num_skipped_blocks, len(table)) - 1].is_null: return  # nothing newly skipped
     removed, null = [], self.block_pool.null_block
-    for i in range(last - 1, -1, -1):
+    for i in range(min(num_skipped_blocks, len(table)) - 1, -1, -1):
         if table[i].is_null: break
         removed.append(table[i]); table[i] = null
     self.block_pool.free_blocks(removed, unhashed_first=True)
@@ -504,15 +506,15 @@ def _check_retention(specs, retention_interval, scheduler_block_size) -> None:
 def _check_request(request) -> None:
     "Refuse anything but a HybridRequest, and the counts a scheduler sets on it after it is built, naming the field."
     check_instance("request", request, HybridRequest)
-    for name in ("num_computed_tokens", "shared_prefix_boundary"): check_int(f"request {request.request_id!r}: {name}", getattr(request, name))
+    for name in ("num_computed_tokens", "shared_prefix_boundary"):  # every prefill and free: the guard only on failure
+        if type(value := getattr(request, name)) is not int or value < 0: check_int(f"request {request.request_id!r}: {name}", value)
 
 # %% ../../nbs/04a_hybrid.ipynb #763f2309
 def _hit_lists(rid: str, new_computed_blocks, num_groups: int) -> list[list[KVCacheBlock]]:
     "The hit blocks as one list per group (none given: no hits), refusing any other shape by name."
     if new_computed_blocks is None: return [[] for _ in range(num_groups)]
     if not isinstance(new_computed_blocks, Sequence) or not all(isinstance(h, Sequence) for h in new_computed_blocks):
-        raise TypeError(f"request {rid!r}: new_computed_blocks must be one list of blocks per group, "
-                        f"got {new_computed_blocks!r:.60}")
+        refuse(f"request {rid!r}: new_computed_blocks", "one list of blocks per group", new_computed_blocks, TypeError)
     if len(new_computed_blocks) != num_groups:
         raise ValueError(f"request {rid!r}: new_computed_blocks needs one list per group ({num_groups}), got {len(new_computed_blocks)}")
     return [list(h) for h in new_computed_blocks]
@@ -699,8 +701,9 @@ def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_c
                   full_sequence_must_fit) -> list[list[KVCacheBlock]]:
     "Validate one `allocate_slots` call; the hit blocks, one list per group."
     _check_request(request); KVCacheManager._checked_request(self, request); rid = request.request_id
-    check_int(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
-    check_int(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
+    if not (type(num_new_tokens) is type(num_new_computed_tokens) is int and num_new_tokens >= 1 and num_new_computed_tokens >= 0):
+        check_int(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
+        check_int(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
     check_bool("full_sequence_must_fit", full_sequence_must_fit)
     hits = _hit_lists(rid, new_computed_blocks, self.num_groups)
     for g, group_hits in enumerate(hits): self.block_pool._checked_own(group_hits, f"new_computed_blocks[{g}]")
@@ -777,7 +780,7 @@ def free(self: HybridKVCacheManager, request: HybridRequest | str) -> None:
     "Release the request's blocks in every group, group by group, each last block first."
     if isinstance(request, Request): _check_request(request); rid = KVCacheManager._checked_request(self, request).request_id
     elif isinstance(request, str): rid = request
-    else: raise TypeError(f"request must be a HybridRequest or a request id (str), got {type(request).__name__}")
+    else: refuse("request", "a HybridRequest or a request id (str)", request, TypeError)
     self.live_requests.pop(rid, None)
     self.coordinator.free(rid)
 
