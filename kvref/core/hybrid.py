@@ -17,7 +17,7 @@ from .free_queue import KVCacheBlock, block_ids
 from .block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import get_hash_fn_by_name, _checked_mm_items, _extra_keys_per_block
 from .kv_cache_manager import (KVCacheManager, Request, cdiv, longest_cache_hit, update_block_hashes,
-                                    _check_hits_match, _naming_request)
+                                    _check_hits_match)
 
 # %% auto #0
 __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'HYBRID_CONFIG_DEFAULTS', 'table_rows_svg', 'recorded_steps',
@@ -201,7 +201,7 @@ class HybridRequest(Request):
     def __post_init__(self):
         Request.__post_init__(self)
         if type(self.shared_prefix_boundary) is not int or self.shared_prefix_boundary < 0:
-            with _naming_request(self.request_id): check_int("shared_prefix_boundary", self.shared_prefix_boundary)
+            check_int(f"request {self.request_id!r}: shared_prefix_boundary", self.shared_prefix_boundary)
 
     @property
     def num_prompt_tokens(self) -> int: return len(self.prompt_token_ids)
