@@ -13,11 +13,11 @@ from hypothesis import Verbosity, settings, strategies as st
 from fastcore.basics import patch
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from ..core.kv_cache_manager import KVCacheManager
-from .replay import (FIELDS, FILE_KINDS, AllocatorAdapter, Divergence, KVRefAdapter, Lockstep, Protocol1,
-                          TraceDriver, TraceReplayer, file_kind, is_hybrid, kvref_factory, load_decisions, load_trace,
-                          replay_lockstep)
+from .replay import (FIELDS, FILE_KINDS, HYBRID_FIELDS, AllocatorAdapter, Divergence, KVRefAdapter,
+                          KVRefHybridAdapter, Lockstep, Protocol1, TraceDriver, TraceReplayer, file_kind, is_hybrid, kvref_factory,
+                          load_decisions, load_trace, replay_lockstep)
 from .releases import ReleaseTraceReplayer, load_release_trace, profile_for_version
-from .hybrid_replay import HYBRID_FIELDS, HybridTraceDriver, HybridTraceReplayer, KVRefHybridAdapter, load_hybrid_trace
+from .hybrid_replay import load_hybrid_trace
 
 # %% auto #0
 __all__ = ['OP_MIX', 'load_any_trace', 'decision_fields', 'check', 'check_recorded', 'shrink', 'ConformanceMachine',
@@ -71,18 +71,16 @@ def _refuse_single_group(d: Divergence, adapter) -> None:
                          "needs an adapter of the hybrid protocol (one block table per group; see the engine-authors page)")
 
 def _reference(behavior: str, hybrid: bool, vllm_version: str | None = None, **kwargs) -> TraceDriver:
-    "kvref's side: a hybrid trace's replayer, the allocator of vLLM release `vllm_version`, or kvref's in `behavior`."
+    "kvref's side: the allocator of vLLM release `vllm_version`, or kvref's in `behavior` (either manager)."
     if vllm_version is not None and (hybrid or behavior != "vllm_0_33"):
         raise ValueError("a vLLM release is given for single-group traces only, and names the allocator: no other behavior")
-    if hybrid: return HybridTraceReplayer(behavior)
     return ReleaseTraceReplayer(profile_for_version(vllm_version), **kwargs) if vllm_version is not None else TraceReplayer(behavior, **kwargs)
 
 def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False,
            vllm_version: str | None = None) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
-    "kvref and the engine stepped in lockstep: format 2 drivers, or a hybrid trace's reference and driver (format 1)."
+    "kvref and the engine stepped in lockstep by the one driver: format 2 decisions (a hybrid trace's: format 1, its only one)."
     ref = _reference(behavior, hybrid, vllm_version, version=2, free_queue_every=every)
-    if hybrid: engine = HybridTraceDriver(factory, validate=False)
-    else: engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
+    engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
     return ref, engine, Lockstep(ref.apply, engine.apply, fields)
 
 # %% ../../nbs/07_conformance.ipynb #8bd32e23
