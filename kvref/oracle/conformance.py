@@ -13,6 +13,7 @@ from hypothesis import Verbosity, settings, strategies as st
 from fastcore.basics import patch
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from ..core.kv_cache_manager import KVCacheManager
+from ..guards import check_instance, refuse
 from .replay import (FIELDS, FILE_KINDS, HYBRID_FIELDS, AllocatorAdapter, Divergence, KVRefAdapter,
                           KVRefHybridAdapter, Lockstep, Protocol1, TraceDriver, TraceReplayer, file_kind, is_hybrid, kvref_factory,
                           load_decisions, load_trace, replay_lockstep)
@@ -46,7 +47,7 @@ def _ops(trace) -> list[dict]:
 def decision_fields(fields: Iterable[str] | None, hybrid: bool) -> list[str]:
     "The decision fields to compare (None: every field of the trace's format); a field the format lacks is refused."
     known = HYBRID_FIELDS if hybrid else FIELDS
-    fields = list(known if fields is None else fields)
+    fields = list(known if fields is None else _checked_fields(fields))
     if unknown := set(fields) - set(known): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {known}")
     return fields
 
@@ -123,6 +124,13 @@ def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -
     if every > 1 and _queues_differ(ref, engine, fields): return check(factory, ops, behavior, fields, 1, vllm_version)
     return None
 
+# %% ../../nbs/07_conformance.ipynb #0c8c6e0d
+def _checked_fields(fields: object) -> list[str]:
+    "`fields` as a list of str, or a TypeError naming it (or the entry that is not a str)."
+    if isinstance(fields, (str, bytes)) or not isinstance(fields, Iterable):
+        refuse("fields", "a list of decision field names", fields, TypeError)
+    return [check_instance(f"fields[{i}]", f, str) for i, f in enumerate(fields)]
+
 # %% ../../nbs/07_conformance.ipynb #2a4bd0ca
 def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions, or their JSONL file
                    trace: Iterable[dict] | str | Path,  # ops, or a JSONL trace file (single-group or hybrid)
@@ -179,7 +187,7 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
            vllm_version: str | None = None,  # as for `check`
            ) -> list[dict]:
     "A short trace (config first) on which `adapter` still diverges from kvref the same way as on `trace`; shrinking it again finds nothing shorter."
-    fields = None if fields is None else list(fields)
+    fields = None if fields is None else _checked_fields(fields)
     first = check(adapter, trace, behavior, fields, vllm_version=vllm_version)
     if first is None: raise ValueError("the adapter does not diverge on this trace: nothing to shrink")
     target = _signature(first)
@@ -283,7 +291,7 @@ def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory:
                         caching: Iterable[bool] = (True, False),  # enable_caching values to try
                         ) -> type[ConformanceMachine]:
     "A `ConformanceMachine` subclass bound to `adapter`; use its `.TestCase` in pytest or unittest."
-    factory = _as_factory(adapter)
+    factory, fields = _as_factory(adapter), decision_fields(fields, hybrid=False)
     name = f"kvref-divergence-{getattr(factory, '__name__', 'adapter')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
     machine = type("ConformanceMachineFor", (ConformanceMachine,), dict(
         factory=staticmethod(factory), behavior=behavior, fields=tuple(fields), out_path=Path(out_path or name),
