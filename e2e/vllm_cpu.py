@@ -122,7 +122,7 @@ def record(out: Path, pythonhashseed: str, hash_algo: str, port: int) -> None:
     import vllm
     (out / "engine.jsonl").write_text("".join(json.dumps(b) + "\n" for b in batches))
     (out / "requests.json").write_text(json.dumps(sent))
-    (out / "engine.json").write_text(json.dumps({
+    (out / "settings.json").write_text(json.dumps({
         "vllm_version": vllm.__version__, "hash_algo": hash_algo, "pythonhashseed": pythonhashseed,
         "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
         "max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN, "metrics": metrics}, indent=1))

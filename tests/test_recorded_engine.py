@@ -13,7 +13,7 @@ import pytest
 from kvref.oracle.live_audit import EngineConfig, audit_files
 from kvref.oracle.recorded_engine import check_recording, engine_events, load_recording, replay_recording
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events" / "real-engine"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events" / "real-engine" / "0.32.0"
 ENGINES = ["seed-0", "seed-1"]
 
 
@@ -53,8 +53,8 @@ def test_a_setting_the_engine_did_not_have_is_caught(tmp_path):
     "Replayed with a smaller pool (30 blocks, not 40), kvref's events differ from the engine's: the check says where."
     copy = tmp_path / "seed-0"
     shutil.copytree(GOLDEN / "seed-0", copy)
-    settings = json.loads((copy / "engine.json").read_text())
-    (copy / "engine.json").write_text(json.dumps({**settings, "num_gpu_blocks": 30}))
+    settings = json.loads((copy / "settings.json").read_text())
+    (copy / "settings.json").write_text(json.dumps({**settings, "num_gpu_blocks": 30}))
     result = check_recording(copy)
     assert not result.ok and result.audit_status == 0 and result.first_difference is not None
 
@@ -75,7 +75,20 @@ def test_replay_leaves_pythonhashseed_as_it_was(monkeypatch):
 
 
 def test_not_a_recording_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="is not an engine recording: missing engine.json, requests.json, engine.jsonl"):
+    with pytest.raises(ValueError, match="is not an engine recording: missing settings.json, requests.json, engine.jsonl"):
         load_recording(tmp_path)
     with pytest.raises(TypeError, match="folder must be a path to a recording folder, got 7"):
         load_recording(7)
+
+
+def test_a_mooncake_log_of_the_traffic_misses_the_generated_block():
+    "The Mooncake form of seed-0's traffic: same queries, one 32-token block fewer hits (b0 reuses a0's output)."
+    from kvref.oracle.production_traces import replay_mooncake
+    from kvref.oracle.recorded_engine import recording_to_mooncake
+    rec = load_recording(GOLDEN / "seed-0")
+    log = recording_to_mooncake(rec)
+    assert len(log) == 13 and log[0].hash_ids[:3] == log[1].hash_ids[:3] != log[2].hash_ids[:3]  # a2 is salted
+    s = rec.settings
+    got = replay_mooncake(log, s["num_gpu_blocks"], block_size=32, ms_per_step=1, hash_block_size=32,
+                          max_num_batched_tokens=s["max_num_batched_tokens"], max_num_seqs=s["max_num_seqs"])
+    assert (got.queries, got.hits) == (1790, 448 - 32)

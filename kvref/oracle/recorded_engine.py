@@ -16,26 +16,27 @@ from ..core.scheduler import Scheduler
 from ..distributed.kv_events import decode_batch, event_to_json, wire_events
 from .releases import wire_schema
 from .workloads import RequestSpec
+from .production_traces import MooncakeRequest, replay_mooncake
 from .live_audit import EngineConfig, audit_files, read_stream
 
 # %% auto #0
-__all__ = ['EngineRecording', 'load_recording', 'engine_config', 'engine_events', 'replay_recording', 'RecordingCheck',
-           'check_recording']
+__all__ = ['EngineRecording', 'load_recording', 'engine_config', 'engine_events', 'replay_recording', 'recording_to_mooncake',
+           'RecordingCheck', 'check_recording']
 
 # %% ../../nbs/07g_real_engine.ipynb #ef860f7d
 @dataclass(frozen=True)
 class EngineRecording:
     "A real engine's run: its settings and counters, the requests it served in waves, and its event stream."
     folder: Path
-    settings: dict  # engine.json: vllm_version, hash_algo, pythonhashseed, block_size, num_gpu_blocks, ... metrics
+    settings: dict  # settings.json: vllm_version, hash_algo, pythonhashseed, block_size, num_gpu_blocks, ... metrics
     waves: list  # requests.json: a list of requests per wave, or "reset"
 
 def load_recording(folder: str | Path) -> EngineRecording:
-    "The recording in `folder` (engine.json, requests.json, engine.jsonl)."
+    "The recording in `folder` (settings.json, requests.json, engine.jsonl)."
     folder = Path(check_instance("folder", folder, (str, Path), "a path to a recording folder"))
-    if missing := [f for f in ("engine.json", "requests.json", "engine.jsonl") if not (folder / f).is_file()]:
+    if missing := [f for f in ("settings.json", "requests.json", "engine.jsonl") if not (folder / f).is_file()]:
         raise ValueError(f"{folder} is not an engine recording: missing {', '.join(missing)}")
-    settings, waves = (json.loads((folder / f).read_text(encoding="utf-8")) for f in ("engine.json", "requests.json"))
+    settings, waves = (json.loads((folder / f).read_text(encoding="utf-8")) for f in ("settings.json", "requests.json"))
     return EngineRecording(folder, settings, waves)
 
 # %% ../../nbs/07g_real_engine.ipynb #425e3d2f
@@ -81,6 +82,19 @@ def replay_recording(rec: EngineRecording) -> tuple[list[dict], Scheduler]:
             while s.busy: s.step(); events += [event_to_json(e, schema) for e in wire_events(s.kv.take_events())]
             events += [event_to_json(e, schema) for e in wire_events(s.kv.take_events())]
     return events, s
+
+# %% ../../nbs/07g_real_engine.ipynb #293d1413
+def recording_to_mooncake(rec: EngineRecording, ms_per_wave: int = 100_000) -> list[MooncakeRequest]:
+    "`rec`'s requests as a Mooncake log: one id per distinct chain of prompt blocks (salt included), a wave per `ms_per_wave`."
+    ids, out, size = {}, [], rec.settings["block_size"]
+    for w, wave in enumerate(rec.waves):
+        for r in ([] if wave == "reset" else wave):
+            key, hash_ids = (r["cache_salt"],), []
+            for start in range(0, len(r["prompt"]), size):
+                key += (tuple(r["prompt"][start:start + size]),)
+                hash_ids.append(ids.setdefault(key, len(ids)))
+            out.append(MooncakeRequest(w * ms_per_wave, len(r["prompt"]), len(r["output"]), hash_ids))
+    return out
 
 # %% ../../nbs/07g_real_engine.ipynb #c237caf8
 @dataclass
