@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 from fastcore.basics import patch
 from ..core.hybrid import HybridKVCacheManager, group_tables_svg
-from .replay import TraceDriver, TraceReplayer, file_kind, load_trace, replay, _check_ops
+from .replay import (TraceDriver, TraceReplayer, file_kind, is_hybrid, load_trace, replay, validate_hybrid_op,
+                                 _check_ops)
 from ..pictures import progress
 
 # %% auto #0
@@ -37,8 +38,7 @@ def replay_hybrid(ops: Iterable[dict]  # a hybrid trace's ops, `config` first
     return list(replay(ops))
 
 # %% ../../nbs/05c_hybrid_replay.ipynb #faa43c59
-from .replay import (HYBRID_FIELDS, HYBRID_OPS, HybridAllocatorAdapter, KVRefHybridAdapter, hybrid_config,
-                                 is_hybrid, validate_hybrid_op)
+from .replay import HYBRID_FIELDS, HYBRID_OPS, HybridAllocatorAdapter, KVRefHybridAdapter, hybrid_config
 
 # %% ../../nbs/05c_hybrid_replay.ipynb #a272dd3d
 @dataclass(slots=True)
