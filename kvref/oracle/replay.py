@@ -317,7 +317,7 @@ class TraceDriver:
     "Applies trace ops one by one to an engine's adapter (single-group or hybrid); `apply` returns each op's decision."
     def __init__(self, factory: Callable[[dict], AllocatorAdapter],  # config dict -> adapter
                  strict: bool = False,  # freeing an unknown or already freed request is an error
-                 version: int | None = None,  # decisions' format version (None: the trace's)
+                 version: int | None = None,  # decisions' format version (None: the trace's; a hybrid trace's is 1)
                  free_queue_every: int | None = None,  # version 2: the whole queue every this many ops (None: the trace's)
                  validate: bool = True):  # check each op against the format (off: a lockstep partner already did)
         self.factory, self.strict, self.version, self.free_queue_every = factory, strict, version, free_queue_every
