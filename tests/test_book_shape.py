@@ -25,14 +25,9 @@ SPEED = re.compile(r"speed|fast path", re.I)
 # (notebook stem, rule) pairs still being fixed by the book's third edition; rules: "first-lesson", "checks-heading".
 KNOWN: set[tuple[str, str]] = {
     ('01_hashing', 'checks-heading'),
-    ('01a_pictures', 'checks-heading'),
-    ('02_free_queue', 'checks-heading'),
-    ('03_block_pool', 'checks-heading'),
-    ('03a_kv_events', 'checks-heading'),
     ('04_kv_cache_manager', 'checks-heading'),
     ('04_kv_cache_manager', 'first-lesson'),
     ('04a_hybrid', 'checks-heading'),
-    ('05a_vllm_releases', 'checks-heading'),
     ('06_scheduler', 'checks-heading'),
     ('06c_production_traces', 'checks-heading'),
     ('06d_offload', 'checks-heading'),
