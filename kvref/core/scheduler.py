@@ -13,16 +13,16 @@ from enum import Enum
 from pathlib import Path
 from fastcore.basics import patch
 from .hashing import LoRARequest
-from ..pictures import EVICTED, FONT_SIZE, HIT, NEW
+from ..pictures import EVICTED, FONT_SIZE, HIT, NEW, chart_svg
 from .kv_cache_manager import KVCacheManager, Request
 from ..oracle.replay import replay
 from ..guards import check_bool, check_choice, check_instance, check_int, refuse
 from ..oracle.workloads import RequestSpec, Workload
 
 # %% auto #0
-__all__ = ['CONNECTOR_FIELDS', 'REQUEST_COLOURS', 'FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput',
-           'PrefixCacheStats', 'SchedulerConfig', 'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler',
-           'schedule_svg', 'tokens_per_step_svg', 'SchedulerRun', 'run_workload', 'load_workloads']
+__all__ = ['CONNECTOR_FIELDS', 'FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'PrefixCacheStats',
+           'SchedulerConfig', 'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'schedule_svg',
+           'tokens_per_step_svg', 'SchedulerRun', 'run_workload', 'load_workloads']
 
 # %% ../../nbs/06_scheduler.ipynb #2bcbfa12
 class FakeModel:
@@ -647,27 +647,14 @@ def step(self: Scheduler) -> SchedulerOutput:
     if out is None: into.num_free_scheduled = into.num_free
     return into
 
-# %% ../../nbs/06_scheduler.ipynb #15611f12
-def _matplotlib() -> tuple[type, type]:
-    "matplotlib's `Figure` and `Rectangle`, imported only when a schedule is drawn."
-    try: from matplotlib.figure import Figure; from matplotlib.patches import Rectangle
-    except ImportError: raise ImportError("drawing a schedule needs matplotlib: pip install 'kvref[pictures]'") from None
-    return Figure, Rectangle
-
-def _svg_document(fig) -> str:
-    "`fig` as an SVG document: text kept as text, no date, fixed ids (the same run draws the same bytes)."
-    import matplotlib
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": "kvref", "svg.fonttype": "none"}): fig.savefig(buf, format="svg", metadata={"Date": None})
-    return buf.getvalue()
-
 # %% ../../nbs/06_scheduler.ipynb #72736e6a
 _KIND_COLOURS = {"new": NEW, "resumed": EVICTED, "running": HIT}
 
 def schedule_svg(records: list[dict],  # step records (`SchedulerOutput.record()`, or a recorded vLLM run)
                  title: str = "") -> str:
     "Tokens scheduled per request per step, as a grid (an SVG document); needs matplotlib."
-    Figure, Rectangle = _matplotlib()
+    try: import matplotlib; from matplotlib.figure import Figure; from matplotlib.patches import Rectangle
+    except ImportError: raise ImportError("schedule_svg needs matplotlib: pip install 'kvref[pictures]'") from None
     rids = list(dict.fromkeys(rid for r in records for rid in [s[0] for s in r["sched"]] + r["preempted"]))
     fig = Figure(figsize=(max(6.0, 1.2 + 0.42 * len(records)), 0.9 + 0.34 * len(rids)))
     ax = fig.add_axes((0.9 / fig.get_figwidth(), 0.35 / fig.get_figheight(), 1 - 1 / fig.get_figwidth(), 1 - 0.8 / fig.get_figheight()))
@@ -679,33 +666,19 @@ def schedule_svg(records: list[dict],  # step records (`SchedulerOutput.record()
     ax.set(xlim=(0, len(records)), ylim=(len(rids), 0), xticks=[x + 0.5 for x in range(len(records))], yticks=[y + 0.5 for y in range(len(rids))])
     ax.set_xticklabels([r["step"] for r in records], fontsize=FONT_SIZE); ax.set_yticklabels(rids, fontsize=FONT_SIZE)
     ax.set_title(title or "blue: new, green: running, red: resumed, P: preempted", fontsize=FONT_SIZE, loc="left")
-    return _svg_document(fig)
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "kvref", "svg.fonttype": "none"}): fig.savefig(buf, format="svg", metadata={"Date": None})
+    return buf.getvalue()
 
-# %% ../../nbs/06_scheduler.ipynb #4d6c0c1f
-REQUEST_COLOURS = (NEW, "#e69f00", HIT, EVICTED, "#8e44ad", "#7f7f7f", "#17becf", "#bcbd22")  # one per request, in turn
-
+# %% ../../nbs/06_scheduler.ipynb #723efc51
 def tokens_per_step_svg(records: list[dict],  # step records (`SchedulerOutput.record()`, or a recorded vLLM run)
                         budget: int | None = None,  # `max_num_batched_tokens`: each step is labelled "used of budget"
                         title: str = "") -> str:
     "Tokens scheduled per request per step: a group of bars per step, a colour per request (an SVG document); needs matplotlib."
-    Figure, Rectangle = _matplotlib()
-    rids = list(dict.fromkeys(rid for r in records for rid, *_ in r["sched"]))
-    colour = {rid: REQUEST_COLOURS[i % len(REQUEST_COLOURS)] for i, rid in enumerate(rids)}
-    fig = Figure(figsize=(min(12.5, 1.6 + len(records) * (0.5 + 0.3 * len(rids))), 3.6))
-    ax, width = fig.add_axes((0.09, 0.22, 0.89, 0.62)), 0.8 / max(1, len(rids))
-    for x, r in enumerate(records):
-        for rid, n, *_ in r["sched"]:
-            left = x - 0.4 + rids.index(rid) * width
-            ax.bar(left, n, width, align="edge", color=colour[rid])
-            ax.text(left + width / 2, n, str(n), ha="center", va="bottom", fontsize=FONT_SIZE)
-    used = [sum(n for _, n, *_ in r["sched"]) for r in records]
-    ax.set_xticks(range(len(records)), [f"step {r['step']}\n{u}" + (f" of {budget}" if budget else "") for r, u in zip(records, used)])
-    ax.set_ylim(0, 1.18 * max([budget or 1] + [n for r in records for _, n, *_ in r["sched"]]))
-    ax.set_ylabel("tokens", fontsize=FONT_SIZE); ax.tick_params(labelsize=FONT_SIZE); ax.spines[["top", "right"]].set_visible(False)
-    ax.legend([Rectangle((0, 0), 1, 1, color=colour[rid]) for rid in rids], rids, ncol=max(1, len(rids)), fontsize=FONT_SIZE,
-              loc="lower left", bbox_to_anchor=(0, 1), frameon=False)
-    if title: fig.suptitle(title, x=0.01, ha="left", fontsize=FONT_SIZE + 2, fontweight="bold")
-    return _svg_document(fig)
+    per_step = [{rid: n for rid, n, *_ in r["sched"]} for r in records]
+    rids = list(dict.fromkeys(rid for step in per_step for rid in step))
+    steps = [f"step {r['step']}\n{sum(s.values())}" + (f" of {budget}" if budget else "") for r, s in zip(records, per_step)]
+    return chart_svg({rid: [s.get(rid, 0) for s in per_step] for rid in rids}, steps, title=title, ylabel="tokens", kind="bars")
 
 # %% ../../nbs/06_scheduler.ipynb #992e3588
 @patch
