@@ -38,7 +38,6 @@ KNOWN: set[tuple[str, str]] = {
     ('05b_workloads', 'checks-heading'),
     ('05c_hybrid_replay', 'checks-heading'),
     ('05c_hybrid_replay', 'first-lesson'),
-    ('06c_production_traces', 'checks-heading'),
     ('06d_offload', 'checks-heading'),
     ('06d_offload', 'first-lesson'),
     ('06e_event_driven_replay', 'first-lesson'),

@@ -74,7 +74,7 @@ def _named_refusals():
         (lambda: router_conformance.reference_router({}), TypeError, "config must be a dict of block_size"),
         (lambda: kv_events.wire_events(None), TypeError, "events must be a list of block pool events, got NoneType"),
         (lambda: production_traces.format_results(None), TypeError, "results must be a list of CacheSizeResult"),
-        (lambda: production_traces.replay_mooncake([mooncake], None, 4, hash_block_size=16), ValueError,
+        (lambda: production_traces.replay_mooncake([mooncake], None, 4, hash_block_size=16), TypeError,
          "num_blocks must be an int >= 1, got None"),
     ]
 
