@@ -369,19 +369,17 @@ def _size_label(n: int) -> str:
 
 def plot_sweep(results: Sequence[CacheSizeResult], ideal: float, out: str | Path, title: str = "") -> list[Path]:
     "Hit rate and preemptions versus cache size, the infinite-cache hit rate as a line; writes OUT.png and OUT.svg."
-    try:
-        import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt; from matplotlib.ticker import NullFormatter
+    try: from matplotlib.figure import Figure; from matplotlib.ticker import NullFormatter; import matplotlib
     except ImportError: raise ImportError("plot_sweep needs matplotlib: pip install matplotlib") from None
-    plt.rcParams.update({"font.size": FONT_SIZE})  # no text below FONT_SIZE
-    fig, ax = plt.subplots(figsize=(7, 4)); ax2 = ax.twinx()
-    x, preempted = [r.num_blocks for r in results], [r.preemptions for r in results]
-    ax.plot(x, [r.hit_rate for r in results], "o-", label="hit rate"); ax.axhline(ideal, ls="--", c="gray", label="infinite cache")
-    ax2.plot(x, preempted, "s:", c="tab:red", label="preemptions"); ax2.set_ylim(0, max(1, *preempted) * 1.1)
-    ax.set(xscale="log", xlabel="cache size (blocks)", ylabel="prefix-cache hit rate", ylim=(0, 1), xticks=x)
-    ax.set_xticklabels([_size_label(n) for n in x]); ax.xaxis.set_minor_formatter(NullFormatter())
-    ax2.set_ylabel("preemptions"); fig.legend(loc="upper center", ncol=3, frameon=False)
-    fig.suptitle(textwrap.fill(title, 90), y=0.01, va="bottom", fontsize=FONT_SIZE); fig.tight_layout(rect=(0, 0.1, 1, 0.95))
-    paths = [Path(out).with_suffix(s) for s in (".png", ".svg")]
-    for p in paths: fig.savefig(p)
-    plt.close(fig)
+    with matplotlib.rc_context({"font.size": FONT_SIZE}):  # no text below FONT_SIZE
+        fig = Figure(figsize=(7, 4)); ax = fig.add_subplot(); ax2 = ax.twinx()
+        x, preempted = [r.num_blocks for r in results], [r.preemptions for r in results]
+        ax.plot(x, [r.hit_rate for r in results], "o-", label="hit rate"); ax.axhline(ideal, ls="--", c="gray", label="infinite cache")
+        ax2.plot(x, preempted, "s:", c="tab:red", label="preemptions"); ax2.set_ylim(0, max(1, *preempted) * 1.1)
+        ax.set(xscale="log", xlabel="cache size (blocks)", ylabel="prefix-cache hit rate", ylim=(0, 1), xticks=x)
+        ax.set_xticklabels([_size_label(n) for n in x]); ax.xaxis.set_minor_formatter(NullFormatter())
+        ax2.set_ylabel("preemptions"); fig.legend(loc="upper center", ncol=3, frameon=False)
+        fig.suptitle(textwrap.fill(title, 90), y=0.01, va="bottom", fontsize=FONT_SIZE); fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+        paths = [Path(out).with_suffix(s) for s in (".png", ".svg")]
+        for p in paths: fig.savefig(p)
     return paths
