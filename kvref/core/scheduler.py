@@ -545,7 +545,7 @@ def _take_token(self: Scheduler, req: SchedulerRequest, token: int, stale: bool,
     "Append one sampled token; resolve a placeholder (caching the block it fills); finish the request if it is done."
     r, was_running, had_placeholder = req.request, req.status is RequestStatus.RUNNING, req.request.num_output_placeholders > 0
     req.output.append(token); r.append_output_token_ids(token); into.tokens[req.request_id] = token
-    self._emit({"op": "append", "id": req.request_id, "tokens": [token]})
+    if self.record_trace: self._emit({"op": "append", "id": req.request_id, "tokens": [token]})  # no op built for a long replay
     if had_placeholder and not stale:
         r.num_output_placeholders -= 1
         if was_running: self.kv.cache_blocks(r, r.num_computed_tokens - req.num_in_flight_tokens)

@@ -157,11 +157,11 @@ class SyntheticTokenIds(Sequence):
     "A request's token ids: the prompt synthesized from hash ids when read, then the outputs appended."
     def __init__(self, req: MooncakeRequest, hash_block_size: int = 512):
         _check_mooncake(req, hash_block_size, req.input_length + 1 if isinstance(req, MooncakeRequest) else 1)  # read lazily
-        self.req, self.hash_block_size, self.output = req, hash_block_size, []
+        self.req, self.hash_block_size, self.output, self.length = req, hash_block_size, [], req.input_length
 
-    def __len__(self) -> int: return self.req.input_length + len(self.output)
-    def append(self, token: int) -> None: self.output.append(token)
-    def extend(self, tokens: Iterable[int]) -> None: self.output.extend(tokens)
+    def __len__(self) -> int: return self.length  # kept as tokens are added: asked several times a step
+    def append(self, token: int) -> None: self.output.append(token); self.length += 1
+    def extend(self, tokens: Iterable[int]) -> None: self.output.extend(tokens); self.length = self.req.input_length + len(self.output)
 
     def __getitem__(self, index: int | slice) -> int | list[int]:
         if not isinstance(index, slice):  # one token: the one-token slice
