@@ -23,7 +23,7 @@ from .workloads import RequestSpec, _add_op, _tick
 __all__ = ['FIELDS', 'MOONCAKE_MAX_LINE_BYTES', 'MAX_SYNTHESIZED_TOKENS', 'OUTPUT_BASE', 'MooncakeRequest', 'parse_mooncake_line',
            'read_mooncake', 'synthesize_prompt', 'synthesize_output', 'mooncake_to_spec', 'convert_mooncake',
            'block_hashes', 'SyntheticTokenIds', 'TraceRequest', 'trace_request', 'CacheSizeResult', 'replay_mooncake',
-           'ideal_hit_rate', 'sweep', 'format_results', 'sweep_svg', 'plot_sweep']
+           'max_model_len_for', 'ideal_hit_rate', 'sweep', 'format_results', 'sweep_svg', 'plot_sweep']
 
 # %% ../../nbs/06c_production_traces.ipynb #a522cde4
 @dataclass(slots=True)
@@ -228,7 +228,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
     check_int("num_blocks", num_blocks, 1); _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
     _check_hashes(hashes, requests, block_size)
-    kv = KVCacheManager(num_blocks, block_size, max_model_len=_check_fits(requests, num_blocks, block_size))
+    kv = KVCacheManager(num_blocks, block_size, max_model_len=max_model_len_for(requests, num_blocks, block_size))
     s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
     arrival = (lambda r: 0) if ms_per_step is None else (lambda r: int(r.timestamp // ms_per_step))
@@ -270,7 +270,7 @@ def _check_hashes(hashes, requests: Sequence[MooncakeRequest], block_size: int) 
             raise ValueError(f"hashes[{i}] must be a list of the {r.input_length // block_size} block keys of line {r.line}, got {keys!r:.60}")
 
 # %% ../../nbs/06c_production_traces.ipynb #06b581b9
-def _check_fits(requests: Sequence[MooncakeRequest], num_blocks: int, block_size: int) -> int:
+def max_model_len_for(requests: Sequence[MooncakeRequest], num_blocks: int, block_size: int) -> int:
     "`max_model_len` for the trace: its longest request; refuse a pool that cannot hold it (vLLM refuses to start)."
     if not requests: raise ValueError("the trace has no requests")
     longest = max(requests, key=lambda r: r.input_length + max(1, r.output_length))
@@ -286,7 +286,7 @@ def _check_blocks(requests: Sequence[MooncakeRequest], blocks, block_size: int) 
     if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
         raise ValueError(f"blocks must be a non-empty list of cache sizes, got {blocks!r:.40}")
     check_ints("blocks", blocks, 1)
-    for n in blocks: _check_fits(requests, n, block_size)
+    for n in blocks: max_model_len_for(requests, n, block_size)
 
 # %% ../../nbs/06c_production_traces.ipynb #f113016b
 def ideal_hit_rate(requests: Sequence[MooncakeRequest], block_size: int = 16, hash_block_size: int = 512,
