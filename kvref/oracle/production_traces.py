@@ -14,7 +14,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Iterable, Iterator
 from ..core.kv_cache_manager import KVCacheManager, Request, cdiv
-from ..guards import check_instance, check_int, check_ints
+from ..guards import check_instance, check_int, check_ints, refuse
 from ..pictures import FONT_SIZE, chart_svg, progress
 from ..core.scheduler import Scheduler, SchedulerConfig, SchedulerRequest
 from .workloads import RequestSpec, _add_op, _tick
@@ -256,7 +256,7 @@ def _check_requests(requests, hash_block_size: int, block_size: int) -> None:
     "A sequence of `MooncakeRequest`s, each one's full blocks covered by its hash ids: refused by name."
     check_int("block_size", block_size, 1)
     if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
-        raise TypeError(f"requests must be a sequence of MooncakeRequest, got {type(requests).__name__}")
+        refuse("requests", "a sequence of MooncakeRequest", requests, TypeError)
     for r in requests: _check_mooncake(r, hash_block_size, block_size)
 
 # %% ../../nbs/06c_production_traces.ipynb #e853263e
