@@ -60,9 +60,9 @@ class SchedulerRequest:
     num_preemptions: int = 0
     num_in_flight_tokens: int = 0  # scheduled tokens whose step's output is not processed yet
     num_stale_output_tokens: int = 0  # of those, scheduled before a preemption: their token still comes (async)
+    request_id: str = field(init=False)  # the request's id, kept at hand: read several times a step
 
-    @property
-    def request_id(self) -> str: return self.request.request_id
+    def __post_init__(self): self.request_id = check_instance("request", self.request, Request).request_id
 
 # %% ../../nbs/06_scheduler.ipynb #bbd6bac1
 @dataclass
