@@ -10,7 +10,7 @@ import io, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
-from .guards import check_choice, check_instance, refuse
+from .guards import check_bool, check_choice, check_instance, check_int, refuse
 
 
 # %% auto #0
@@ -64,49 +64,6 @@ def _key(t: _Trace, req: _Req, j: int) -> int:
         k = t.interned.setdefault((req.keys[-1] if i else None, block, req.extra), len(t.interned))
         t.key_tokens.setdefault(k, block); req.keys.append(k)
     return req.keys[j]
-
-# %% ../nbs/01a_pictures.ipynb #c88dfdb3
-_OPS = ("config", "add", "append", "schedule", "preempt", "free", "reset_prefix_cache")
-
-def _count(index: int, obj: dict, name: str, low: int = 0) -> int:
-    "`obj[name]`, an int >= `low` (not a bool), or a ValueError naming op `index` and the field."
-    value = obj.get(name)
-    if type(value) is not int or value < low: raise ValueError(f"op {index}: {name!r} must be an int >= {low}, got {value!r:.40}")
-    return value
-
-# %% ../nbs/01a_pictures.ipynb #f0a69404
-def _ints(index: int, name: str, value, limit: int = 1 << 64) -> list[int]:
-    "Token or block ids: a list of ints in [0, `limit`), or a ValueError naming op `index` and the field."
-    if type(value) is not list or not all(type(v) is int and 0 <= v < limit for v in value):
-        raise ValueError(f"op {index}: {name!r} must be a list of ints in [0, 2**64), got {value!r:.60}")
-    return value
-
-# %% ../nbs/01a_pictures.ipynb #9b114a3f
-def _check_op(t: _Trace, index: int, op, dec) -> None:
-    "Refuse an op and decision `follow` cannot read, naming op `index`; change nothing."
-    if not isinstance(op, dict) or not isinstance(dec, dict):
-        raise TypeError(f"op {index}: ops and decisions must be dicts, got {type(op).__name__} and {type(dec).__name__}")
-    kind = op.get("op")
-    if dec.get("op") != kind: raise ValueError(f"op {index}: trace has {kind!r} but the decision is for {dec.get('op')!r}")
-    if kind not in _OPS: raise ValueError(f"op {index}: unknown op {kind!r:.40}")
-    if kind == "config": _count(index, op, "block_size", 1); return
-    if t.block_size is None: raise ValueError(f"op {index}: the trace must start with a config op, got {kind!r}")
-    if kind == "reset_prefix_cache": return
-    rid = op.get("id")
-    if type(rid) is not str: raise ValueError(f"op {index}: 'id' must be a string, got {rid!r:.40}")
-    if kind in ("add", "append"): _ints(index, "prompt" if kind == "add" else "tokens", op.get("prompt", op.get("tokens")))
-    if kind in ("append", "schedule") and rid not in t.reqs: raise ValueError(f"op {index}: request {rid!r} is not live")
-    if kind == "schedule": _check_schedule(t, index, rid, dec)
-
-# %% ../nbs/01a_pictures.ipynb #c3421b9d
-def _check_schedule(t: _Trace, index: int, rid: str, dec: dict) -> None:
-    "A schedule decision lists the request's whole table: the blocks it held, then its hits, then new ones."
-    if dec.get("allocated") not in (True, False): raise ValueError(f"op {index}: 'allocated' must be true or false")
-    if not dec["allocated"]: return
-    ids, old = _ints(index, "block_ids", dec.get("block_ids")), len(t.tables.get(rid, ()))
-    hit, _ = _count(index, dec, "hit_tokens"), _count(index, dec, "num_new_tokens")
-    if (hit % t.block_size or len(ids) < old + hit // t.block_size or ids[:old] != t.tables.get(rid, [])):
-        raise ValueError(f"op {index}: block_ids {ids!r:.60} do not extend request {rid!r}'s table by {hit} hit tokens")
 
 # %% ../nbs/01a_pictures.ipynb #86854df2
 def _evict(t: _Trace, new: list[int]) -> list[int]:
@@ -166,6 +123,48 @@ def follow(ops: Iterable[dict],  # trace ops, `config` first
         hit, new, evicted = _apply(t, op, dec)
         tables, cached, cache_map = _copies(t) if snapshot else (t.tables, t.cached, t.cache_map)
         yield Step(index, op, dec, tables, list(queue), cached, cache_map, t.key_tokens, hit, new, evicted)
+
+# %% ../nbs/01a_pictures.ipynb #c88dfdb3
+_OPS = ("config", "add", "append", "schedule", "preempt", "free", "reset_prefix_cache")
+
+def _count(index: int, obj: dict, name: str, low: int = 0) -> int:
+    "`obj[name]`, an int >= `low` (not a bool), or an error naming op `index` and the field."
+    return check_int(f"op {index}: {name!r}", obj.get(name), low)
+
+# %% ../nbs/01a_pictures.ipynb #f0a69404
+def _ints(index: int, name: str, value, limit: int = 1 << 64) -> list[int]:
+    "Token or block ids: a list of ints in [0, `limit`), or an error naming op `index` and the field."
+    if type(value) is not list or not all(type(v) is int and 0 <= v < limit for v in value):  # one pass; the kind on failure
+        ints = type(value) is list and all(type(v) is int for v in value)
+        refuse(f"op {index}: {name!r}", "a list of ints in [0, 2**64)", value, ValueError if ints else TypeError)
+    return value
+
+# %% ../nbs/01a_pictures.ipynb #9b114a3f
+def _check_op(t: _Trace, index: int, op, dec) -> None:
+    "Refuse an op and decision `follow` cannot read, naming op `index`; change nothing."
+    if not isinstance(op, dict) or not isinstance(dec, dict):
+        raise TypeError(f"op {index}: ops and decisions must be dicts, got {type(op).__name__} and {type(dec).__name__}")
+    kind = op.get("op")
+    if dec.get("op") != kind: raise ValueError(f"op {index}: trace has {kind!r} but the decision is for {dec.get('op')!r}")
+    if kind not in _OPS: raise ValueError(f"op {index}: unknown op {kind!r:.40}")
+    if kind == "config": _count(index, op, "block_size", 1); return
+    if t.block_size is None: raise ValueError(f"op {index}: the trace must start with a config op, got {kind!r}")
+    if kind == "reset_prefix_cache": return
+    rid = op.get("id")
+    check_instance(f"op {index}: 'id'", rid, str, "a string")
+    if kind in ("add", "append"): _ints(index, "prompt" if kind == "add" else "tokens", op.get("prompt", op.get("tokens")))
+    if kind in ("append", "schedule") and rid not in t.reqs: raise ValueError(f"op {index}: request {rid!r} is not live")
+    if kind == "schedule": _check_schedule(t, index, rid, dec)
+
+# %% ../nbs/01a_pictures.ipynb #c3421b9d
+def _check_schedule(t: _Trace, index: int, rid: str, dec: dict) -> None:
+    "A schedule decision lists the request's whole table: the blocks it held, then its hits, then new ones."
+    check_bool(f"op {index}: 'allocated'", dec.get("allocated"))
+    if not dec["allocated"]: return
+    ids, old = _ints(index, "block_ids", dec.get("block_ids")), len(t.tables.get(rid, ()))
+    hit, _ = _count(index, dec, "hit_tokens"), _count(index, dec, "num_new_tokens")
+    if (hit % t.block_size or len(ids) < old + hit // t.block_size or ids[:old] != t.tables.get(rid, [])):
+        raise ValueError(f"op {index}: block_ids {ids!r:.60} do not extend request {rid!r}'s table by {hit} hit tokens")
 
 # %% ../nbs/01a_pictures.ipynb #b64e1e21
 CACHED, PLAIN, HIT, NEW, EVICTED = "#ffe680", "#ffffff", "#2e9e44", "#2f6fd6", "#d62f2f"
