@@ -49,10 +49,10 @@ def _named_refusals():
         (lambda: releases.release_block_hashes(None, [1, 2], 2), TypeError, "profile must be a VllmProfile"),
         # the rest, found by calling the newer chapters' entry points with wrong types (crash: a KeyError or
         # AttributeError or ZeroDivisionError before)
-        (lambda: manager.get_block_ids([[1]]), TypeError, "request_id must be a str, got list"),
+        (lambda: manager.get_block_ids([[1]]), TypeError, "request_id must be a str, got [[1]]"),
         (lambda: hybrid.resolve_block_sizes(["x"]), TypeError, "block_sizes[0] must be an int >= 1, got 'x'"),
         (lambda: hybrid.resolve_block_sizes([0]), ValueError, "block_sizes[0] must be an int >= 1, got 0"),  # crash
-        (lambda: hybrid.group_block_hashes(None, 4, 8), TypeError, "block_hashes must be a list of block hashes, got NoneType"),
+        (lambda: hybrid.group_block_hashes(None, 4, 8), TypeError, "block_hashes must be a list of block hashes, got None"),
         (lambda: hybrid.hash_with_group_id(None, 1), TypeError, "block_hash must be bytes, got NoneType"),
         (lambda: manager.allocate_slots(hybrid.HybridRequest("b", [1, 2]), 2, 0, 5), TypeError,
          "request 'b': new_computed_blocks must be one list of blocks per group, got 5"),

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
+from ..guards import check_instance, check_int
 from .free_queue import KVCacheBlock
-from ..guards import check_int
 from .block_pool import BlockPool
 from .kv_cache_manager import cdiv
 from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionSpec, HybridKVCacheCoordinator,
-                          HybridKVCacheManager, HybridRequest, SingleTypeKVCacheManager, _check_request,
+                          HybridKVCacheManager, HybridRequest, SingleTypeKVCacheManager,
                           get_cached_blocks, hash_with_group_id)
 
 # %% auto #0
@@ -80,7 +80,7 @@ _allocate_slots = HybridKVCacheManager.allocate_slots
 @patch
 def allocate_slots(self: HybridKVCacheManager, request: HybridRequest, *args, **kwargs):
     "The previous chapter's `allocate_slots`, each Mamba group told where the request's prefill ends (vLLM's `prefill_end`) for the call."
-    _check_request(request)
+    check_instance("request", request, HybridRequest)
     mamba = [m for m in self.coordinator.single_type_managers if isinstance(m, MambaManager)]
     prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1) if self.coordinator.retention_interval == 0 else 0
     for m in mamba: m.prefill_end = prefill_end

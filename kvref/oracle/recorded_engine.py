@@ -31,6 +31,7 @@ class EngineRecording:
     settings: dict  # settings.json: vllm_version, hash_algo, pythonhashseed, block_size, num_gpu_blocks, ... metrics
     waves: list  # requests.json: a list of requests per wave, or "reset"
 
+# %% ../../nbs/07g_real_engine.ipynb #6cbb7476
 def load_recording(folder: str | Path) -> EngineRecording:
     "The recording in `folder` (settings.json, requests.json, engine.jsonl)."
     folder = Path(check_instance("folder", folder, (str, Path), "a path to a recording folder"))
@@ -131,6 +132,7 @@ def _first_difference(a: list, b: list) -> int | None:
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     return min(len(a), len(b)) if first is None and len(a) != len(b) else first
 
+# %% ../../nbs/07g_real_engine.ipynb #11cd71cf
 def check_recording(folder: str | Path) -> RecordingCheck:
     "Audit a real engine's recording against its stated settings, and compare it with kvref's replay."
     rec = load_recording(folder)
