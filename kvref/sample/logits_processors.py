@@ -371,7 +371,7 @@ def condense(self: PersistentBatch):
     builder, num_reqs = self.batch_update_builder, self.num_reqs
     holes = builder.removed  # descending; reading it ends this step's removals
     if not holes: return
-    last = num_reqs + len(holes) - 1
+    last = len(self.req_ids) - 1  # vLLM: num_reqs + len(holes) - 1, the same slot on a step's first condense
     while holes and num_reqs:
         while last in holes: last -= 1
         hole = builder.peek_removed()
