@@ -47,8 +47,6 @@ KNOWN: set[tuple[str, str]] = {
     ('07b_sampling_params', 'checks-heading'),
     ('07e_live_audit', 'checks-heading'),
     ('07e_live_audit', 'first-lesson'),
-    ('09_thinking_budget', 'checks-heading'),
-    ('09_thinking_budget', 'first-lesson'),
     ('10_cudagraph', 'checks-heading'),
     ('11_paged_attention', 'checks-heading'),
     ('11_paged_attention', 'first-lesson'),

@@ -14,6 +14,8 @@ from typing import ClassVar
 import torch
 from fastcore.basics import patch
 
+from ..guards import check_bool, check_instance, check_int
+
 from .logits_processors import BatchUpdate, MoveDirectionality
 from .sampling_params import SamplingParams
 
@@ -24,23 +26,6 @@ __all__ = ['FORCED_LOGIT', 'GREEDY_RUN_MAX_VOCAB', 'ReasoningConfig', 'check_thi
 
 # %% ../../nbs/09_thinking_budget.ipynb #0ff1975d
 FORCED_LOGIT = 1e9  # the logit a forced token gets: large and finite, so softmax never sees inf - inf
-
-# %% ../../nbs/09_thinking_budget.ipynb #a0e1b2c3
-def _is_list(value) -> bool:
-    "A sequence that is not a string: what kvref accepts as a list of token ids."
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-# %% ../../nbs/09_thinking_budget.ipynb #aee70ee3
-def _token_ids(name: str, ids) -> tuple[int, ...]:
-    "`ids` as a tuple after checking it is a list of ints in [0, 2**64) (None: empty); `name` goes in the error."
-    if ids is None: return ()
-    if not _is_list(ids): raise TypeError(f"{name} must be a list of token ids, got {ids!r}")
-    ids = tuple(ids)
-    if all(type(t) is int for t in ids) and min(ids, default=0) >= 0 and max(ids, default=0) >> 64 == 0: return ids  # fast
-    for t in ids:
-        if not isinstance(t, int) or isinstance(t, bool): raise TypeError(f"{name} must hold ints, got {t!r}")
-        if not 0 <= t < 1 << 64: raise ValueError(f"{name} must hold token ids in [0, 2**64), got {t}")
-    return ids
 
 # %% ../../nbs/09_thinking_budget.ipynb #76f0c130
 @dataclass(frozen=True)
@@ -58,6 +43,23 @@ class ReasoningConfig:
     def natural_end(self) -> tuple[int, ...]:
         "N: the natural end marker (E when none was given)."
         return self.natural_reasoning_end_token_ids or self.reasoning_end_token_ids
+
+# %% ../../nbs/09_thinking_budget.ipynb #a0e1b2c3
+def _is_list(value) -> bool:
+    "A sequence that is not a string: what kvref accepts as a list of token ids."
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+# %% ../../nbs/09_thinking_budget.ipynb #aee70ee3
+def _token_ids(name: str, ids) -> tuple[int, ...]:
+    "`ids` as a tuple after checking it is a list of ints in [0, 2**64) (None: empty); `name` goes in the error."
+    if ids is None: return ()
+    if not _is_list(ids): raise TypeError(f"{name} must be a list of token ids, got {ids!r}")
+    ids = tuple(ids)
+    if all(type(t) is int for t in ids) and min(ids, default=0) >= 0 and max(ids, default=0) >> 64 == 0: return ids  # fast
+    for t in ids:
+        if not isinstance(t, int) or isinstance(t, bool): raise TypeError(f"{name} must hold ints, got {t!r}")
+        if not 0 <= t < 1 << 64: raise ValueError(f"{name} must hold token ids in [0, 2**64), got {t}")
+    return ids
 
 # %% ../../nbs/09_thinking_budget.ipynb #66d3155f
 def check_thinking_token_budget(budget) -> int | None:  # the requested budget
@@ -162,19 +164,12 @@ def contract_forcings(prompt: Sequence[int] | None,  # the prompt token ids
     if budget is None or budget == -1: return []
     return plan_forcings(think_state([*prompt, *output], config, budget), drafts, config, budget)
 
-# %% ../../nbs/09_thinking_budget.ipynb #eebcd5e3
-def _check_int(name: str, value, least: int | None = None) -> int:
-    "`value` after checking it is an int (not a bool) and, when `least` is given, at least `least`."
-    if not isinstance(value, int) or isinstance(value, bool): raise TypeError(f"{name} must be an int, got {value!r}")
-    if least is not None and value < least: raise ValueError(f"{name} must be an int >= {least}, got {value}")
-    return value
-
 # %% ../../nbs/09_thinking_budget.ipynb #6bc521ac
 def force_index(remaining: int,  # budget minus thinking tokens already spent
                 num_drafts: int) -> int:  # draft tokens this step
     "vLLM's row rule: remaining <= 0 forces row 0, 0 < remaining < d forces row `remaining`, else the bonus row d."
-    _check_int("remaining", remaining)
-    _check_int("num_drafts", num_drafts, 0)
+    check_int("remaining", remaining, None)
+    check_int("num_drafts", num_drafts)
     if remaining <= 0: return 0
     return remaining if remaining < num_drafts else num_drafts
 
@@ -208,11 +203,8 @@ class ThinkingBudgetStateHolder:
                  max_num_seqs: int,  # batch rows
                  num_spec_tokens: int = 0,  # drafts per request per step (0: no speculative decoding)
                  device=None, is_pin_memory: bool = False):  # accepted for vLLM's signature; unused
-        if reasoning_config is not None and not isinstance(reasoning_config, ReasoningConfig):
-            raise TypeError(f"reasoning_config must be a ReasoningConfig or None, got {reasoning_config!r}")
-        for name, v, low in (("max_num_seqs", max_num_seqs, 1), ("num_spec_tokens", num_spec_tokens, 0)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+        check_instance("reasoning_config", reasoning_config, (ReasoningConfig, type(None)), "a ReasoningConfig or None")
+        check_int("max_num_seqs", max_num_seqs, 1); check_int("num_spec_tokens", num_spec_tokens)
         self.is_enabled, self.max_num_seqs = reasoning_config is not None, max_num_seqs
         self.config = reasoning_config or ReasoningConfig()
         self.think_start_token_ids = list(self.config.reasoning_start_token_ids)
@@ -225,6 +217,38 @@ class ThinkingBudgetStateHolder:
     def has_tracked_requests(self) -> bool:
         "Whether any row has a budget (the sampler skips the holder otherwise)."
         return bool(self._state)
+
+# %% ../../nbs/09_thinking_budget.ipynb #dfbe72bf
+@patch
+def _check_row(self: ThinkingBudgetStateHolder, index) -> int:
+    check_int("a batch row", index, None)
+    if not 0 <= index < self.max_num_seqs:
+        raise ValueError(f"batch row {index} is outside the holder's {self.max_num_seqs} rows (max_num_seqs)")
+    return index
+
+# %% ../../nbs/09_thinking_budget.ipynb #ef40f7f0
+@patch
+def _check_drafts_seen(self: ThinkingBudgetStateHolder, specs: list[list[int]]):
+    for index, entry in sorted(self._state.items()):
+        laid_out = len(specs[index]) if index < len(specs) else 0
+        if laid_out != len(entry.spec):
+            raise ValueError(f"batch row {index}: apply_to_logits got {laid_out} drafts but update_state saw {len(entry.spec)}")
+
+# %% ../../nbs/09_thinking_budget.ipynb #2584678f
+@patch
+def _check_logits(self: ThinkingBudgetStateHolder, logits, predict_bonus_token, spec_token_ids) -> list[list[int]]:
+    "Check one `apply_to_logits` call's inputs; the drafts per row."
+    if not isinstance(logits, torch.Tensor): raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2: raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point(): raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    check_bool("predict_bonus_token", predict_bonus_token)
+    if max(self.think_end_token_ids, default=-1) >= logits.shape[1]:
+        raise ValueError(f"forced token {max(self.think_end_token_ids)} (reasoning_end_token_ids) is outside the "
+                         f"{logits.shape[1]} logits")
+    specs = list(spec_token_ids or [])
+    for i, s in enumerate(specs):
+        if not _is_list(s): raise TypeError(f"spec_token_ids[{i}] must be a list of token ids, got {s!r}")
+    return specs
 
 # %% ../../nbs/09_thinking_budget.ipynb #cc7db986
 @patch
@@ -245,14 +269,6 @@ def _entry_for(self: ThinkingBudgetStateHolder, params, prompt, output):
     _token_ids("prompt_tok_ids", prompt)
     if not _is_list(output): raise TypeError(f"output_tok_ids must be the request's live output list, got {output!r}")
     return self._new_entry(budget, prompt, output)
-
-# %% ../../nbs/09_thinking_budget.ipynb #dfbe72bf
-@patch
-def _check_row(self: ThinkingBudgetStateHolder, index) -> int:
-    if not isinstance(index, int) or isinstance(index, bool): raise TypeError(f"a batch row must be an int, got {index!r}")
-    if not 0 <= index < self.max_num_seqs:
-        raise ValueError(f"batch row {index} is outside the holder's {self.max_num_seqs} rows (max_num_seqs)")
-    return index
 
 # %% ../../nbs/09_thinking_budget.ipynb #533025b8
 @patch
@@ -290,7 +306,7 @@ def _last_rows(self: ThinkingBudgetStateHolder, repeat_indices) -> dict[int, int
     "With `repeat_indices`: each request's last output row (None without)."
     if repeat_indices is None: return None
     rows = repeat_indices.tolist() if hasattr(repeat_indices, "tolist") else list(repeat_indices)
-    return {_check_int("each repeat_indices entry", req, 0): row for row, req in enumerate(rows)}
+    return {check_int("each repeat_indices entry", req): row for row, req in enumerate(rows)}
 
 # %% ../../nbs/09_thinking_budget.ipynb #427230d6
 @patch
@@ -343,14 +359,6 @@ def _layout(self: ThinkingBudgetStateHolder, one_row_each: bool, specs: list[lis
         total += 1 if one_row_each else (len(specs[index]) if index < len(specs) else 0)
     return starts
 
-# %% ../../nbs/09_thinking_budget.ipynb #ef40f7f0
-@patch
-def _check_drafts_seen(self: ThinkingBudgetStateHolder, specs: list[list[int]]):
-    for index, entry in sorted(self._state.items()):
-        laid_out = len(specs[index]) if index < len(specs) else 0
-        if laid_out != len(entry.spec):
-            raise ValueError(f"batch row {index}: apply_to_logits got {laid_out} drafts but update_state saw {len(entry.spec)}")
-
 # %% ../../nbs/09_thinking_budget.ipynb #01fe97d9
 @patch
 def _forced_cells(self: ThinkingBudgetStateHolder, layout: dict[int, int], predict_bonus_token: bool,
@@ -364,22 +372,6 @@ def _forced_cells(self: ThinkingBudgetStateHolder, layout: dict[int, int], predi
             at = layout[index] + (0 if bonus_call else row)
             if at < num_rows: cells[at] = token
     return cells
-
-# %% ../../nbs/09_thinking_budget.ipynb #2584678f
-@patch
-def _check_logits(self: ThinkingBudgetStateHolder, logits, predict_bonus_token, spec_token_ids) -> list[list[int]]:
-    "Check one `apply_to_logits` call's inputs; the drafts per row."
-    if not isinstance(logits, torch.Tensor): raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dim() != 2: raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
-    if not logits.is_floating_point(): raise TypeError(f"logits must be floating point, got {logits.dtype}")
-    if not isinstance(predict_bonus_token, bool): raise TypeError(f"predict_bonus_token must be a bool, got {predict_bonus_token!r}")
-    if max(self.think_end_token_ids, default=-1) >= logits.shape[1]:
-        raise ValueError(f"forced token {max(self.think_end_token_ids)} (reasoning_end_token_ids) is outside the "
-                         f"{logits.shape[1]} logits")
-    specs = list(spec_token_ids or [])
-    for i, s in enumerate(specs):
-        if not _is_list(s): raise TypeError(f"spec_token_ids[{i}] must be a list of token ids, got {s!r}")
-    return specs
 
 # %% ../../nbs/09_thinking_budget.ipynb #c1e25038
 @patch
