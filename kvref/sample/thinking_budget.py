@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from html import escape
 from typing import ClassVar
 
 import torch
@@ -20,9 +21,9 @@ from .logits_processors import BatchUpdate, MoveDirectionality
 from .sampling_params import SamplingParams
 
 # %% auto #0
-__all__ = ['FORCED_LOGIT', 'GREEDY_RUN_MAX_VOCAB', 'ReasoningConfig', 'check_thinking_token_budget', 'Phase', 'ThinkState',
-           'advance', 'next_forced', 'think_state', 'plan_forcings', 'contract_forcings', 'force_index',
-           'ContractEntry', 'ThinkingBudgetStateHolder', 'greedy_run']
+__all__ = ['FORCED_LOGIT', 'GREEDY_RUN_MAX_VOCAB', 'PHASE_COLOURS', 'ReasoningConfig', 'check_thinking_token_budget', 'Phase',
+           'ThinkState', 'advance', 'next_forced', 'think_state', 'plan_forcings', 'contract_forcings', 'force_index',
+           'ContractEntry', 'ThinkingBudgetStateHolder', 'greedy_run', 'thinking_timeline', 'thinking_timeline_svg']
 
 # %% ../../nbs/09_thinking_budget.ipynb #0ff1975d
 FORCED_LOGIT = 1e9  # the logit a forced token gets: large and finite, so softmax never sees inf - inf
@@ -435,3 +436,52 @@ def greedy_run(holder: ThinkingBudgetStateHolder,  # a fresh holder (max_num_seq
         out.extend(t for t, _ in emitted)  # the holder reads this same list
         forced.extend(f for _, f in emitted)
     return out[:len(wants)], forced[:len(wants)]
+
+# %% ../../nbs/09_thinking_budget.ipynb #9d889bf5
+def thinking_timeline(tokens: Sequence[int], forced: Sequence[bool],  # a run: greedy_run's two lists
+                      config: ReasoningConfig, budget: int | None) -> list[tuple[int, str, int | None]]:
+    "(token, phase, budget left) per token; phase is 'answer', 'thinking' or 'forced end'; None outside a block."
+    state, out = ThinkState(), []
+    for token, was_forced in zip(_token_ids("tokens", tokens), forced):
+        before, state = state, advance(state, token, config, budget)
+        inside = state.phase is not Phase.OUTSIDE or before.phase is not Phase.OUTSIDE
+        left = budget - state.count if state.phase is not Phase.OUTSIDE and budget not in (None, -1) else None
+        out.append((token, "forced end" if was_forced else "thinking" if inside else "answer", left))
+    return out
+
+# %% ../../nbs/09_thinking_budget.ipynb #c8497ae0
+PHASE_COLOURS = {"answer": "#d9f2dd", "thinking": "#cfe3ff", "forced end": "#ffc9c9"}  # the timeline's box fills
+
+def _svg_text(x: float, y: float, text, anchor: str = "middle", bold: bool = False) -> str:
+    weight = ' font-weight="bold"' if bold else ""
+    return f'<text x="{x:g}" y="{y:g}" text-anchor="{anchor}"{weight}>{escape(str(text))}</text>'
+
+# %% ../../nbs/09_thinking_budget.ipynb #f63cb4ca
+def _timeline_legend(y: int) -> list[str]:
+    "One swatch per phase, left to right, at height `y`."
+    out = []
+    for n, (phase, fill) in enumerate(PHASE_COLOURS.items()):
+        x = 150 + n * 150
+        out += [f'<rect x="{x}" y="{y - 13}" width="16" height="16" fill="{fill}" stroke="#555"/>',
+                _svg_text(x + 22, y, phase, "start")]
+    return out
+
+# %% ../../nbs/09_thinking_budget.ipynb #995f357e
+def thinking_timeline_svg(wants: Sequence[int],  # the token the scripted model wanted at each position
+                          run: tuple[Sequence[int], Sequence[bool]],  # greedy_run's (tokens, forced flags)
+                          config: ReasoningConfig, budget: int | None,
+                          box: int = 56) -> str:  # px per output position
+    "The run as an SVG timeline: wanted and emitted tokens, coloured by phase, and the budget left."
+    rows = thinking_timeline(*run, config, budget)
+    width = 150 + box * len(rows) + 10
+    title = f"thinking_token_budget={budget}, S={list(config.reasoning_start_token_ids)}, E={list(config.reasoning_end_token_ids)}"
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="210" font-family="sans-serif" font-size="13">',
+           _svg_text(8, 22, title, "start", True)]
+    out += [_svg_text(8, y, label, "start") for y, label in ((50, "position"), (76, "model wants"), (111, "emitted"), (150, "budget left"))]
+    for i, ((token, phase, left), want) in enumerate(zip(rows, wants)):
+        x = 150 + i * box
+        out += [_svg_text(x + box / 2, 50, i), _svg_text(x + box / 2, 76, want),
+                f'<rect x="{x + 2}" y="88" width="{box - 4}" height="34" fill="{PHASE_COLOURS[phase]}" stroke="#555"/>',
+                _svg_text(x + box / 2, 111, token, bold=phase == "forced end"),
+                _svg_text(x + box / 2, 150, "" if left is None else left)]
+    return "\n".join(out + _timeline_legend(190) + ["</svg>"])
