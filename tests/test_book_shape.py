@@ -47,7 +47,6 @@ KNOWN: set[tuple[str, str]] = {
     ('07b_sampling_params', 'checks-heading'),
     ('07e_live_audit', 'checks-heading'),
     ('07e_live_audit', 'first-lesson'),
-    ('10_cudagraph', 'checks-heading'),
     ('11_paged_attention', 'checks-heading'),
     ('11_paged_attention', 'first-lesson'),
     ('11a_triton_kernels', 'checks-heading'),
