@@ -44,7 +44,6 @@ KNOWN: set[tuple[str, str]] = {
     ('06d_offload', 'first-lesson'),
     ('06e_event_driven_replay', 'first-lesson'),
     ('07_conformance', 'first-lesson'),
-    ('07b_sampling_params', 'checks-heading'),
     ('07e_live_audit', 'checks-heading'),
     ('07e_live_audit', 'first-lesson'),
     ('11_paged_attention', 'checks-heading'),
