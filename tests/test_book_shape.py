@@ -25,16 +25,11 @@ SPEED = re.compile(r"speed|fast path", re.I)
 # (notebook stem, rule) pairs still being fixed by the book's third edition; rules: "first-lesson", "checks-heading".
 KNOWN: set[tuple[str, str]] = {
     ('01_hashing', 'checks-heading'),
-    ('01a_pictures', 'checks-heading'),
-    ('02_free_queue', 'checks-heading'),
-    ('03_block_pool', 'checks-heading'),
-    ('03a_kv_events', 'checks-heading'),
     ('04_kv_cache_manager', 'checks-heading'),
     ('04_kv_cache_manager', 'first-lesson'),
     ('04a_hybrid', 'checks-heading'),
     ('05_replay', 'checks-heading'),
     ('05_replay', 'first-lesson'),
-    ('05a_vllm_releases', 'checks-heading'),
     ('05b_workloads', 'checks-heading'),
     ('05c_hybrid_replay', 'checks-heading'),
     ('05c_hybrid_replay', 'first-lesson'),
@@ -44,13 +39,6 @@ KNOWN: set[tuple[str, str]] = {
     ('06d_offload', 'first-lesson'),
     ('06e_event_driven_replay', 'first-lesson'),
     ('07_conformance', 'first-lesson'),
-    ('07e_live_audit', 'checks-heading'),
-    ('07e_live_audit', 'first-lesson'),
-    ('11_paged_attention', 'checks-heading'),
-    ('11_paged_attention', 'first-lesson'),
-    ('11a_triton_kernels', 'checks-heading'),
-    ('11a_triton_kernels', 'first-lesson'),
-    ('12_cli', 'checks-heading'),
 }
 # Module names still defining a name twice: (module, name).
 KNOWN_TWICE: set[tuple[str, str]] = {

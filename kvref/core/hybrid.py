@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
-from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count
+from .free_queue import KVCacheBlock, block_ids
+from ..guards import check_bool, check_int
 from .block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import get_hash_fn_by_name, _checked_mm_items, _extra_keys_per_block
 from .kv_cache_manager import (KVCacheManager, Request, cdiv, longest_cache_hit, update_block_hashes,
@@ -32,7 +33,7 @@ class FullAttentionSpec:
     "Layers that attend to every earlier token: they hold every block until the request ends."
     kv_cache_spec_kind: ClassVar[str] = "full_attention"  # the group kind its KV events name
     block_size: int  # tokens per block
-    def __post_init__(self): _check_count("block_size", self.block_size, 1)
+    def __post_init__(self): check_int("block_size", self.block_size, 1)
 
 # %% ../../nbs/04a_hybrid.ipynb #65904d34
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,7 @@ class SlidingWindowSpec:
     block_size: int      # tokens per block
     sliding_window: int  # tokens each query sees
     def __post_init__(self):
-        _check_count("block_size", self.block_size, 1); _check_count("sliding_window", self.sliding_window, 1)
+        check_int("block_size", self.block_size, 1); check_int("sliding_window", self.sliding_window, 1)
 
 # %% ../../nbs/04a_hybrid.ipynb #6c29eca2
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ class ChunkedLocalAttentionSpec:
     block_size: int            # tokens per block
     attention_chunk_size: int  # tokens per chunk
     def __post_init__(self):
-        _check_count("block_size", self.block_size, 1); _check_count("attention_chunk_size", self.attention_chunk_size, 1)
+        check_int("block_size", self.block_size, 1); check_int("attention_chunk_size", self.attention_chunk_size, 1)
 
 # %% ../../nbs/04a_hybrid.ipynb #8e1ded06
 def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block size
@@ -62,7 +63,7 @@ def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block siz
     "(scheduler_block_size, hash_block_size): the lcm of the block sizes and the hashing granularity."
     if isinstance(block_sizes, (str, bytes)) or not isinstance(block_sizes, Sequence) or not block_sizes:
         raise TypeError(f"block_sizes must be a non-empty list of ints, got {block_sizes!r:.60}")
-    for g, bs in enumerate(block_sizes): _check_count(f"block_sizes[{g}]", bs, 1)
+    for g, bs in enumerate(block_sizes): check_int(f"block_sizes[{g}]", bs, 1)
     scheduler_block_size = math.lcm(*block_sizes)
     if not enable_caching: return scheduler_block_size, scheduler_block_size
     hash_block_size = prefix_match_unit or math.gcd(*block_sizes)
@@ -75,7 +76,7 @@ def group_block_hashes(block_hashes: Sequence[bytes], hash_block_size: int, bloc
     "The request's hashes as one group sees them: the fine hash that ends each of its blocks (vLLM's `BlockHashListWithBlockSize`)."
     if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence):
         raise TypeError(f"block_hashes must be a list of block hashes, got {type(block_hashes).__name__}")
-    _check_count("hash_block_size", hash_block_size, 1); _check_count("block_size", block_size, 1)
+    check_int("hash_block_size", hash_block_size, 1); check_int("block_size", block_size, 1)
     if block_size % hash_block_size: raise ValueError(f"block_size {block_size} is not a multiple of hash_block_size {hash_block_size}")
     k = block_size // hash_block_size
     return block_hashes if k == 1 else block_hashes[k - 1::k]
@@ -101,7 +102,7 @@ def get_cached_blocks(block_pool: BlockPool, block_hash: bytes, group_ids: Seque
 class HybridBlockPool(BlockPool):
     "The block pool, where a block may be cached under further keys beside its `block_hash` (vLLM's `cached_block_hashes_by_block`)."
     def __init__(self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False):
-        _check_bool("enable_kv_cache_events", enable_kv_cache_events)
+        check_bool("enable_kv_cache_events", enable_kv_cache_events)
         super().__init__(num_blocks, enable_caching)  # the plain pool records no events: its keys carry group ids
         self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}  # block id -> its keys besides `block_hash`
         self.group_event_queue: list[KVCacheEvent] | None = [] if enable_kv_cache_events else None  # each with its group
@@ -155,7 +156,7 @@ class HybridRequest(Request):
 
     def __post_init__(self):
         Request.__post_init__(self)
-        with _naming_request(self.request_id): _check_count("shared_prefix_boundary", self.shared_prefix_boundary)
+        with _naming_request(self.request_id): check_int("shared_prefix_boundary", self.shared_prefix_boundary)
 
     @property
     def num_prompt_tokens(self) -> int: return len(self.prompt_token_ids)
@@ -451,7 +452,7 @@ def split_spec_groups(specs: Sequence) -> list[SpecGroup]:
 # %% ../../nbs/04a_hybrid.ipynb #26f899c8
 def max_admission_blocks_per_request(spec, max_in_flight_tokens: int, max_model_len: int) -> int | None:
     "Most blocks a request of this spec holds at once, for the admission gate; None: no cap (full attention)."
-    _check_count("max_in_flight_tokens", max_in_flight_tokens, 1); _check_count("max_model_len", max_model_len, 1)
+    check_int("max_in_flight_tokens", max_in_flight_tokens, 1); check_int("max_model_len", max_model_len, 1)
     if isinstance(spec, SlidingWindowSpec):
         return cdiv(min(spec.sliding_window - 1 + max_in_flight_tokens, max_model_len), spec.block_size) + 1
     if isinstance(spec, ChunkedLocalAttentionSpec):
@@ -542,11 +543,11 @@ def _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_
                         max_in_flight_tokens, prefix_match_unit) -> None:
     "Refuse a configuration the coordinator could not run, naming the argument."
     _check_specs(specs)
-    _check_count("num_blocks", num_blocks, 2); _check_count("max_model_len", max_model_len, 1)
-    _check_bool("enable_caching", enable_caching); get_hash_fn_by_name(hash_algo)
+    check_int("num_blocks", num_blocks, 2); check_int("max_model_len", max_model_len, 1)
+    check_bool("enable_caching", enable_caching); get_hash_fn_by_name(hash_algo)
     for name, value, low in (("max_in_flight_tokens", max_in_flight_tokens, 1), ("prefix_match_unit", prefix_match_unit, 1),
                              ("retention_interval", retention_interval, 0)):
-        if value is not None: _check_count(name, value, low)
+        if value is not None: check_int(name, value, low)
     scheduler_block_size, _ = resolve_block_sizes([s.block_size for s in specs], enable_caching, prefix_match_unit)
     if scheduler_block_size > max_model_len:
         raise ValueError(f"the block sizes {[s.block_size for s in specs]} have lcm {scheduler_block_size} "
@@ -571,7 +572,7 @@ def _check_request(request) -> None:
     "Refuse anything but a HybridRequest, and the counts a scheduler sets on it after it is built, naming the field."
     if not isinstance(request, HybridRequest): raise TypeError(f"request must be a HybridRequest, got {type(request).__name__}")
     for name in ("num_computed_tokens", "shared_prefix_boundary"):
-        _check_count(f"request {request.request_id!r}: {name}", getattr(request, name))
+        check_int(f"request {request.request_id!r}: {name}", getattr(request, name))
 
 # %% ../../nbs/04a_hybrid.ipynb #763f2309
 def _hit_lists(rid: str, new_computed_blocks, num_groups: int) -> list[list[KVCacheBlock]]:
@@ -646,9 +647,9 @@ def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_c
                   full_sequence_must_fit) -> list[list[KVCacheBlock]]:
     "Validate one `allocate_slots` call; the hit blocks, one list per group."
     _check_request(request); KVCacheManager._checked_request(self, request); rid = request.request_id
-    _check_count(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
-    _check_count(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
-    _check_bool("full_sequence_must_fit", full_sequence_must_fit)
+    check_int(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
+    check_int(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
+    check_bool("full_sequence_must_fit", full_sequence_must_fit)
     hits = _hit_lists(rid, new_computed_blocks, self.num_groups)
     for g, group_hits in enumerate(hits): self.block_pool._checked_own(group_hits, f"new_computed_blocks[{g}]")
     held = any(rid in m.req_to_blocks and m.req_to_blocks[rid] for m in self.coordinator.single_type_managers)
@@ -807,7 +808,7 @@ def spec_from_group(group: dict, index: int):
     unknown = set(group) - {"kind", "block_size", "num_layers", *extra}
     if unknown: raise ValueError(f"{where} has unknown field {sorted(unknown)[0]!r} for kind {group['kind']!r}")
     try: return cls(group.get("block_size"), *(group.get(k) for k in extra))
-    except ValueError as e: raise ValueError(f"{where}.{e}") from None
+    except (TypeError, ValueError) as e: raise ValueError(f"{where}.{e}") from None  # a config file's field
 
 # %% ../../nbs/04a_hybrid.ipynb #75f311b6
 @patch(cls_method=True)

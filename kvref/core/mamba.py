@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
-from .free_queue import KVCacheBlock, _check_count
+from .free_queue import KVCacheBlock
+from ..guards import check_int
 from .block_pool import BlockPool
 from .kv_cache_manager import cdiv
 from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionSpec, HybridKVCacheCoordinator,
@@ -29,8 +30,8 @@ class MambaSpec:
     checkpoint_alignment: int | None = None   # the in-pass prefill checkpoint's alignment; None: the mixer saves none
     mamba_cache_mode: str | None = "align"    # vLLM's `mamba_cache_mode`; None: unset, the engine picks "align"
     def __post_init__(self):
-        _check_count("block_size", self.block_size, 1)
-        if self.checkpoint_alignment is not None: _check_count("checkpoint_alignment", self.checkpoint_alignment, 1)
+        check_int("block_size", self.block_size, 1)
+        if self.checkpoint_alignment is not None: check_int("checkpoint_alignment", self.checkpoint_alignment, 1)
         if self.mamba_cache_mode is None: object.__setattr__(self, "mamba_cache_mode", "align")
         if self.mamba_cache_mode != "align":
             raise ValueError(f"mamba_cache_mode must be 'align' (the mode prefix caching runs Mamba groups in), got {self.mamba_cache_mode!r}")
