@@ -27,12 +27,8 @@ KNOWN: set[tuple[str, str]] = {
     ('01_hashing', 'checks-heading'),
     ('04_kv_cache_manager', 'checks-heading'),
     ('04_kv_cache_manager', 'first-lesson'),
-    ('07b_sampling_params', 'checks-heading'),
-    ('08_logits_processors', 'checks-heading'),
-    ('08_logits_processors', 'first-lesson'),
-    ('09_thinking_budget', 'checks-heading'),
-    ('09_thinking_budget', 'first-lesson'),
-    ('10_cudagraph', 'checks-heading'),
+    ('06d_offload', 'checks-heading'),
+    ('06d_offload', 'first-lesson'),
 }
 # Module names still defining a name twice: (module, name).
 KNOWN_TWICE: set[tuple[str, str]] = {
