@@ -240,6 +240,7 @@ def stage(proc: Path) -> None:
     (SRC / "index.ipynb").write_text(json.dumps(index, indent=1))
     shutil.copy(DOCS / "conf.py", SRC / "conf.py")
     shutil.copytree(DOCS / "_static", SRC / "_static")
+    if (NBS / "images").is_dir(): shutil.copytree(NBS / "images", SRC / "images")  # figures the chapters' markdown shows
 
 
 SITE_KEY = ".kvref-site-key"  # in the built site: the `site_key` it was built from
