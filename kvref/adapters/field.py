@@ -1,5 +1,5 @@
-"""NVIDIA Dynamo's KV router index and kvcached's prefix-cache pool held to vLLM 0.33's contract by kvref's own checks,
-what each release answered where it differs, and a short check of SGLang and LMCache.
+"""NVIDIA Dynamo's KV router index, kvcached's prefix-cache pool, SGLang's radix tree and LMCache's chunk keys held
+to vLLM 0.33's contract by kvref's own checks, and what each release answered where it differs.
 
 Docs: https://kvref.github.io/kvref/field_adapters.html.md"""
 
@@ -323,6 +323,7 @@ def load_sglang() -> SimpleNamespace:
 # %% ../../nbs/07f_field_adapters.ipynb #711fe5f2
 def _unsigned64(h: int) -> int: return h & (1 << 64) - 1
 
+# %% ../../nbs/07f_field_adapters.ipynb #f95ebce5
 def sglang_to_vllm(event) -> list:
     "One of SGLang's KV events as vLLM's engine publishes it: unsigned 64-bit hashes, one `BlockRemoved` per hash."
     kind = type(event).__name__
@@ -342,6 +343,7 @@ class SGLangRouter:
         self.index, self.names = KVIndex(self.size, hash_form="int"), self.sglang.KvEventLoraNames()
         self.trees, self.paths = {}, {}  # engine -> its tree; (engine, vLLM hash) -> the tokens up to that block
 
+# %% ../../nbs/07f_field_adapters.ipynb #f99651f6
 class SGLangNamedRouter(SGLangRouter):
     "`SGLangRouter` with every adapter's name in the event name table, as SGLang's scheduler registers a request that names it."
     name_adapters = True
@@ -355,6 +357,7 @@ def _extra_key(self: SGLangRouter, lora_name: str | None) -> str | None:
     if self.name_adapters: self.names.register(SimpleNamespace(extra_key=lora_id, lora_id=lora_id), lora_name)
     return lora_id
 
+# %% ../../nbs/07f_field_adapters.ipynb #47a597c7
 @patch
 def _new_tree(self: SGLangRouter):
     "A `RadixCache` with events on, this router's pages and name table (the `AllBlocksCleared` of its start taken)."
@@ -387,6 +390,7 @@ def sglang_hashes(self: SGLangRouter, prompt, lora_name: str | None = None) -> l
     tree.insert(self.sglang.InsertParams(key=self.sglang.RadixKey(list(prompt), self._extra_key(lora_name))))
     return [h for x in tree.kv_events.take() for e in sglang_to_vllm(x) for h in e.block_hashes]
 
+# %% ../../nbs/07f_field_adapters.ipynb #dd264ef1
 @patch
 def longest_prefix(self: SGLangRouter, prompt, *, cache_salt=None, lora=None, mm_items=()):
     if cache_salt is not None or mm_items: raise NotImplementedError("SGLangRouter checks adapters' namespaces only, not salts or images")
@@ -407,6 +411,7 @@ def load_lmcache() -> SimpleNamespace:
     return SimpleNamespace(ChunkedTokenDatabase=token_database.ChunkedTokenDatabase, LMCacheEngineConfig=LMCacheEngineConfig,
                            module=token_database, version=version)
 
+# %% ../../nbs/07f_field_adapters.ipynb #591cd3df
 def lmcache_keys(tokens, chunk_size: int | None = None, hash_algorithm: str | None = None) -> dict:
     "LMCache's chunk hashes of `tokens` (its defaults, or a config of `chunk_size` and `hash_algorithm`), its hash function and `NONE_HASH`."
     lm = load_lmcache()
