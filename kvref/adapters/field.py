@@ -1,5 +1,5 @@
-"""NVIDIA Dynamo's KV router index and kvcached's prefix-cache pool held to vLLM 0.33's contract by kvref's own checks,
-what each release answered where it differs, and a short check of SGLang and LMCache.
+"""NVIDIA Dynamo's KV router index, kvcached's prefix-cache pool, SGLang's radix tree and LMCache's chunk keys held
+to vLLM 0.33's contract by kvref's own checks, and what each release answered where it differs.
 
 Docs: https://kvref.github.io/kvref/field_adapters.html.md"""
 
@@ -7,21 +7,25 @@ Docs: https://kvref.github.io/kvref/field_adapters.html.md"""
 
 # %% ../../nbs/07f_field_adapters.ipynb #c51d33ed
 from __future__ import annotations
-import atexit, hashlib, itertools, json, os, socket, subprocess, sys, time, types, urllib.request, weakref
+import atexit, hashlib, importlib.abc, importlib.util, itertools, json, os, socket, subprocess, sys, time, types, urllib.request, weakref
 from contextlib import contextmanager
 from importlib import metadata
 from types import SimpleNamespace
+from unittest.mock import MagicMock
 from fastcore.basics import patch
 from ..core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
-from ..distributed.kv_events import decode_batch
+from ..distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVIndex, decode_batch
 from ..oracle.router_conformance import EventPublisher
 
 DYNAMO_VERSIONS = ("1.6.",)  # ai-dynamo-runtime releases this adapter was written against
+SGLANG_VERSIONS, LMCACHE_VERSIONS = ("0.5.",), ("0.5.",)  # sglang and lmcache releases the SGLang and LMCache checks were written against
 
 # %% auto #0
-__all__ = ['DYNAMO_VERSIONS', 'KVCACHED_FIELDS', 'load_dynamo', 'DynamoIndexer', 'shared_indexer', 'DynamoRouter', 'mm_hash',
-           'block_mm_infos', 'kvindex_answer', 'prompt_from_json', 'answer_from_json', 'answer_to_json',
-           'FreeListAllocator', 'load_kvcached', 'KvcachedAdapter']
+__all__ = ['DYNAMO_VERSIONS', 'SGLANG_VERSIONS', 'LMCACHE_VERSIONS', 'KVCACHED_FIELDS', 'load_dynamo', 'DynamoIndexer',
+           'shared_indexer', 'DynamoRouter', 'mm_hash', 'block_mm_infos', 'kvindex_answer', 'prompt_from_json',
+           'answer_from_json', 'answer_to_json', 'FreeListAllocator', 'load_kvcached', 'KvcachedAdapter', 'load_sglang',
+           'sglang_to_vllm', 'SGLangRouter', 'SGLangNamedRouter', 'load_lmcache', 'lmcache_keys',
+           'lmcache_chunk_hashes']
 
 # %% ../../nbs/07f_field_adapters.ipynb #14ef01f3
 def load_dynamo() -> SimpleNamespace:
@@ -267,3 +271,161 @@ def block_ids(self: KvcachedAdapter, request_id): return [b.block_id for b in se
 def num_free(self: KvcachedAdapter): return self.pool.get_num_free_blocks()
 @patch
 def free_queue(self: KvcachedAdapter): return None
+
+# %% ../../nbs/07f_field_adapters.ipynb #e3627dad
+class _StandInModule(types.ModuleType):
+    "A module whose every attribute is a `MagicMock`: names imported at module level resolve; none is meant to be called."
+    def __getattr__(self, name):
+        if name.startswith("__"): raise AttributeError(name)
+        return MagicMock(name=f"{self.__name__}.{name}")
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    "Imports of `package` and its submodules answered with `_StandInModule`s."
+    def __init__(self, package: str): self.package = package
+    def find_spec(self, name, path, target=None):
+        if name == self.package or name.startswith(self.package + "."):
+            return importlib.util.spec_from_loader(name, self, is_package=True)
+    def create_module(self, spec): return _StandInModule(spec.name)
+    def exec_module(self, module): module.__path__ = []
+
+# %% ../../nbs/07f_field_adapters.ipynb #c23f774a
+@contextmanager
+def _torchvision_stand_in():
+    "While SGLang imports, a missing `torchvision` stood in by empty modules, removed afterwards."
+    if importlib.util.find_spec("torchvision") is not None: yield; return
+    from transformers.utils import import_utils
+    import_utils.is_torchvision_available()  # cached False first: transformers keeps to its text-only paths
+    finder = _StandInFinder("torchvision")
+    sys.meta_path.append(finder)
+    try: yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]: del sys.modules[name]
+
+# %% ../../nbs/07f_field_adapters.ipynb #573e2b35
+def load_sglang() -> SimpleNamespace:
+    "SGLang's radix tree, its event name table and LoRA ids, and its version; ImportError naming what to install."
+    try:
+        with _torchvision_stand_in():
+            from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+            from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+            from sglang.srt.mem_cache.events import KvEventLoraNames
+            from sglang.srt.lora.lora_registry import LoRARef
+    except ImportError as e:
+        raise ImportError(f"kvref.adapters.field's SGLangRouter needs SGLang's radix tree ({e}): pip install --no-deps sglang==0.5.23 "
+                          "where torch, transformers, aiohttp, orjson, gguf and IPython are installed") from e
+    version = metadata.version("sglang")
+    if not version.startswith(SGLANG_VERSIONS):
+        raise ImportError(f"kvref.adapters.field's SGLangRouter supports sglang {', '.join(v + 'x' for v in SGLANG_VERSIONS)}; found {version}")
+    return SimpleNamespace(RadixCache=RadixCache, RadixKey=RadixKey, InsertParams=InsertParams,
+                           KvEventLoraNames=KvEventLoraNames, LoRARef=LoRARef, version=version)
+
+# %% ../../nbs/07f_field_adapters.ipynb #711fe5f2
+def _unsigned64(h: int) -> int: return h & (1 << 64) - 1
+
+# %% ../../nbs/07f_field_adapters.ipynb #f95ebce5
+def sglang_to_vllm(event) -> list:
+    "One of SGLang's KV events as vLLM's engine publishes it: unsigned 64-bit hashes, one `BlockRemoved` per hash."
+    kind = type(event).__name__
+    if kind == "AllBlocksCleared": return [AllBlocksCleared()]
+    if kind == "BlockRemoved": return [BlockRemoved([_unsigned64(h)], "GPU") for h in event.block_hashes]
+    if kind != "BlockStored": raise ValueError(f"SGLang's event {kind} has no vLLM form")
+    parent = None if event.parent_block_hash is None else _unsigned64(event.parent_block_hash)
+    return [BlockStored([_unsigned64(h) for h in event.block_hashes], parent, list(event.token_ids), event.block_size,
+                        None, "GPU", event.lora_name)]
+
+# %% ../../nbs/07f_field_adapters.ipynb #86c7a1ea
+class SGLangRouter:
+    "A router fed by SGLang engines: per engine, SGLang's `RadixCache` given what vLLM's engine stored; its events in a `KVIndex`."
+    name_adapters = False  # register each adapter's name in the event name table (SGLangNamedRouter)
+    def __init__(self, config: dict):
+        self.sglang, self.config, self.size = load_sglang(), config, config["block_size"]
+        self.index, self.names = KVIndex(self.size, hash_form="int"), self.sglang.KvEventLoraNames()
+        self.trees, self.paths = {}, {}  # engine -> its tree; (engine, vLLM hash) -> the tokens up to that block
+
+# %% ../../nbs/07f_field_adapters.ipynb #f99651f6
+class SGLangNamedRouter(SGLangRouter):
+    "`SGLangRouter` with every adapter's name in the event name table, as SGLang's scheduler registers a request that names it."
+    name_adapters = True
+
+# %% ../../nbs/07f_field_adapters.ipynb #1b07551f
+@patch
+def _extra_key(self: SGLangRouter, lora_name: str | None) -> str | None:
+    "SGLang's namespace for an adapter: its `lora_id`, which ends a request's `extra_key`."
+    if lora_name is None: return None
+    lora_id = self.sglang.LoRARef.deterministic_id(lora_name, lora_name)
+    if self.name_adapters: self.names.register(SimpleNamespace(extra_key=lora_id, lora_id=lora_id), lora_name)
+    return lora_id
+
+# %% ../../nbs/07f_field_adapters.ipynb #47a597c7
+@patch
+def _new_tree(self: SGLangRouter):
+    "A `RadixCache` with events on, this router's pages and name table (the `AllBlocksCleared` of its start taken)."
+    tree = self.sglang.RadixCache.create_simulated(page_size=self.size, enable_kv_cache_events=True, kv_event_lora_names=self.names)
+    tree.kv_events.take()
+    return tree
+
+# %% ../../nbs/07f_field_adapters.ipynb #2d948f6b
+@patch
+def apply(self: SGLangRouter, stream, seq, payload):
+    batch = decode_batch(payload, self.config["hash_form"])
+    engine = (stream, batch.data_parallel_rank)
+    tree = self.trees.get(engine) or self.trees.setdefault(engine, self._new_tree())
+    for event in batch.events:
+        if isinstance(event, AllBlocksCleared): tree.reset()
+        elif isinstance(event, BlockRemoved):
+            raise NotImplementedError("SGLangRouter replays stores and resets: SGLang's tree has no call that evicts one chosen block")
+        else:
+            path = self.paths[engine, event.parent_block_hash] if event.parent_block_hash is not None else []
+            for i, h in enumerate(event.block_hashes): self.paths[engine, h] = path + event.token_ids[: (i + 1) * self.size]
+            key = self.sglang.RadixKey(path + list(event.token_ids), self._extra_key(event.lora_name))
+            tree.insert(self.sglang.InsertParams(key=key))
+    self.index.apply_events(engine, [e for x in tree.kv_events.take() for e in sglang_to_vllm(x)])
+
+# %% ../../nbs/07f_field_adapters.ipynb #d72b40a3
+@patch
+def sglang_hashes(self: SGLangRouter, prompt, lora_name: str | None = None) -> list[int]:
+    "SGLang's event hashes of the prompt's full pages in the adapter's namespace (a scratch tree, the same name table)."
+    tree = self._new_tree()
+    tree.insert(self.sglang.InsertParams(key=self.sglang.RadixKey(list(prompt), self._extra_key(lora_name))))
+    return [h for x in tree.kv_events.take() for e in sglang_to_vllm(x) for h in e.block_hashes]
+
+# %% ../../nbs/07f_field_adapters.ipynb #dd264ef1
+@patch
+def longest_prefix(self: SGLangRouter, prompt, *, cache_salt=None, lora=None, mm_items=()):
+    if cache_salt is not None or mm_items: raise NotImplementedError("SGLangRouter checks adapters' namespaces only, not salts or images")
+    return self.index.cached_prefix(self.sglang_hashes(prompt, lora and lora.name))
+
+# %% ../../nbs/07f_field_adapters.ipynb #ce55f0d6
+def load_lmcache() -> SimpleNamespace:
+    "LMCache's `ChunkedTokenDatabase`, its config class and module, and its version; ImportError naming what to install."
+    try:
+        import lmcache.v1.token_database as token_database
+        from lmcache.v1.config import LMCacheEngineConfig
+    except ImportError as e:
+        raise ImportError(f"kvref.adapters.field's LMCache check needs LMCache's chunk keys ({e}): pip install --no-deps lmcache==0.5.6 "
+                          "where vLLM, torch, transformers and cachetools are installed") from e
+    version = metadata.version("lmcache")
+    if not version.startswith(LMCACHE_VERSIONS):
+        raise ImportError(f"kvref.adapters.field's LMCache check supports lmcache {', '.join(v + 'x' for v in LMCACHE_VERSIONS)}; found {version}")
+    return SimpleNamespace(ChunkedTokenDatabase=token_database.ChunkedTokenDatabase, LMCacheEngineConfig=LMCacheEngineConfig,
+                           module=token_database, version=version)
+
+# %% ../../nbs/07f_field_adapters.ipynb #591cd3df
+def lmcache_keys(tokens, chunk_size: int | None = None, hash_algorithm: str | None = None) -> dict:
+    "LMCache's chunk hashes of `tokens` (its defaults, or a config of `chunk_size` and `hash_algorithm`), its hash function and `NONE_HASH`."
+    lm = load_lmcache()
+    config = chunk_size and lm.LMCacheEngineConfig.from_defaults(chunk_size=chunk_size, pre_caching_hash_algorithm=hash_algorithm)
+    database = lm.ChunkedTokenDatabase(config or None)
+    return {"hash_func": database.hash_func.__name__, "chunk_size": database.chunk_size, "none_hash": lm.module.NONE_HASH,
+            "save_unfull_chunk": database.config.save_unfull_chunk if database.config else True, "keys": [h for _, _, h in database.process_tokens(list(tokens), make_key=False)]}
+
+# %% ../../nbs/07f_field_adapters.ipynb #076489b7
+def lmcache_chunk_hashes(tokens, chunk_size: int, hash_fn, none_hash: int | bytes, save_unfull_chunk: bool = True) -> list[int]:
+    "LMCache 0.5's chunk hashes rebuilt: per chunk, `hash_fn((the previous hash as an int, the chunk's tokens, ()))`, as an int."
+    as_int = lambda h: int.from_bytes(h[:8], "big") if isinstance(h, bytes) else h  # LMCache's `_normalize_hash_to_int`
+    hashes, previous = [], as_int(none_hash)
+    for start in range(0, len(tokens) if save_unfull_chunk else len(tokens) - len(tokens) % chunk_size, chunk_size):
+        previous = as_int(hash_fn((previous, tuple(tokens[start:start + chunk_size]), ())))
+        hashes.append(previous)
+    return hashes
