@@ -260,7 +260,7 @@ def test_computed_tokens_beyond_the_table_are_refused():
     (lambda m: m.allocate_slots("b", 4), TypeError, "request must be a Request"),
     (lambda m: m.get_computed_blocks("b"), TypeError, "request must be a Request"),
     (lambda m: m.allocate_slots(Request("b", [1, 2, 3]), 1, 2, [None]), TypeError, "new_computed_blocks"),
-    (lambda m: m.allocate_slots(Request("b", [1, 2, 3]), True), ValueError, "num_new_tokens must be an int"),
+    (lambda m: m.allocate_slots(Request("b", [1, 2, 3]), True), TypeError, "num_new_tokens must be an int"),
 ])
 def test_wrong_types_get_named_errors(call, error, match):
     m = KVCacheManager(8, 2)
@@ -269,12 +269,12 @@ def test_wrong_types_get_named_errors(call, error, match):
 
 @pytest.mark.parametrize("args, kwargs, error, match", [
     ((True, 4), {}, ValueError, "num_blocks must be an int >= 1, got True"),
-    ((8, True), {}, ValueError, "block_size must be an int >= 1, got True"),
+    ((8, True), {}, TypeError, "block_size must be an int >= 1, got True"),
     ((8, 4), {"enable_caching": 1}, TypeError, "enable_caching must be a bool"),
     ((8, 4), {"strict": "no"}, TypeError, "strict must be a bool"),
     ((8, 4), {"enable_kv_cache_events": None}, TypeError, "enable_kv_cache_events must be a bool"),
-    ((8, 4), {"max_model_len": True}, ValueError, "max_model_len must be an int >= 1"),
-    ((8, 4), {"behavior": ["vllm_0_33"]}, ValueError, "behavior must be one of"),
+    ((8, 4), {"max_model_len": True}, TypeError, "max_model_len must be an int >= 1"),
+    ((8, 4), {"behavior": ["vllm_0_33"]}, TypeError, "behavior must be one of"),
     ((8, 4), {"hash_algo": 5}, ValueError, "unknown hash algorithm 5"),
 ])
 def test_manager_constructor_refuses_wrong_types(args, kwargs, error, match):

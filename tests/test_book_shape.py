@@ -24,13 +24,10 @@ SPEED = re.compile(r"speed|fast path", re.I)
 
 # (notebook stem, rule) pairs still being fixed by the book's third edition; rules: "first-lesson", "checks-heading".
 KNOWN: set[tuple[str, str]] = {
-    ('01_hashing', 'checks-heading'),
     ('01a_pictures', 'checks-heading'),
     ('02_free_queue', 'checks-heading'),
     ('03_block_pool', 'checks-heading'),
     ('03a_kv_events', 'checks-heading'),
-    ('04_kv_cache_manager', 'checks-heading'),
-    ('04_kv_cache_manager', 'first-lesson'),
     ('04a_hybrid', 'checks-heading'),
     ('05_replay', 'checks-heading'),
     ('05_replay', 'first-lesson'),
@@ -64,9 +61,6 @@ KNOWN_TWICE: set[tuple[str, str]] = {
     ('kvref.core.hybrid', 'HybridKVCacheManager._checked_step'),
     ('kvref.core.hybrid', 'SingleTypeKVCacheManager.remove_skipped_blocks'),
     ('kvref.core.hybrid', 'find_longest_cache_hit'),
-    ('kvref.core.kv_cache_manager', 'KVCacheManager._block_hashes'),
-    ('kvref.core.kv_cache_manager', 'KVCacheManager.allocate_slots'),
-    ('kvref.core.kv_cache_manager', 'update_block_hashes'),
 }
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from kvref.adapters.field import (KVCACHED_FIELDS, answer_to_json, block_mm_infos, kvindex_answer, load_dynamo,
                                   load_kvcached, prompt_from_json)
-from kvref.core.hashing import MultiModalItem, hash_request_tokens
+from kvref.core.hashing import MultiModalItem
+from kvref.core.fast_hashing import hash_request_tokens
 from kvref.oracle.replay import load_trace, replay
 
 FIELD = Path(__file__).resolve().parents[1] / "golden" / "field"

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from importlib import metadata
 from types import SimpleNamespace
 from fastcore.basics import patch
-from ..core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
+from ..core.hashing import LoRARequest, MultiModalItem
+from ..core.fast_hashing import hash_request_tokens
 from ..distributed.kv_events import decode_batch
 from ..oracle.router_conformance import EventPublisher
 

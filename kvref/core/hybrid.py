@@ -14,7 +14,8 @@ from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
 from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count
 from .block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheEvent
-from .hashing import get_hash_fn_by_name, _checked_mm_items, _extra_keys_per_block
+from .hashing import get_hash_fn_by_name, checked_mm_items as _checked_mm_items
+from .fast_hashing import extra_keys_per_block as _extra_keys_per_block
 from .kv_cache_manager import (KVCacheManager, Request, cdiv, longest_cache_hit, update_block_hashes,
                                     _check_hits_match, _check_request_id, _naming_request)
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 from fastcore.basics import patch
-from ..core.hashing import _check_path, _decoded, hash_block_tokens
+from ..core.hashing import check_path as _check_path, decoded_copy as _decoded, hash_block_tokens
 from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, KVIndex, _check_hash_form, _short,
                              decode_batch, encode_batch, encode_batch_fast, external_block_hash)
 from .releases import PROFILES, profile_for_version, release_hash_fn, release_none_hash, wire_schema

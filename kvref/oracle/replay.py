@@ -15,6 +15,7 @@ import kvref
 from ..core.free_queue import KVCacheBlock, block_ids
 from ..core.hashing import LoRARequest, MultiModalItem
 from ..core.kv_cache_manager import BEHAVIORS, KVCacheManager, Request
+from ..core.fast_allocator import FastKVCacheManager
 
 # %% auto #0
 __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'MAX_LINE_CHARS', 'FILE_KINDS',
@@ -191,7 +192,7 @@ class KVRefAdapter:
     protocol_version = 2
     def __init__(self, config: dict,  # the trace's config op
                  behavior: str = "vllm_0_33",  # see `BEHAVIORS`
-                 manager_cls: type = KVCacheManager):  # a subclass, to check a modified allocator
+                 manager_cls: type = FastKVCacheManager):  # a subclass, to check a modified allocator
         self.manager = manager_cls.from_config(config, behavior)
         self.requests: dict[str, Request] = {}
         self._hits: dict[str, list[KVCacheBlock]] = {}
@@ -382,7 +383,7 @@ def _reset_prefix_cache(self: TraceDriver, op: dict) -> dict:
 
 # %% ../../nbs/05_replay.ipynb #a1e0f033
 def kvref_factory(behavior: str = "vllm_0_33",  # kvref behaviour, see `BEHAVIORS`
-                  manager_cls: type = KVCacheManager,  # allocator class (a subclass, to check a variant)
+                  manager_cls: type = FastKVCacheManager,  # allocator class (a subclass, to check a variant)
                  ) -> Callable[[dict], KVRefAdapter]:
     "A factory of `KVRefAdapter`s in `behavior`."
     if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
