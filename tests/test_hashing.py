@@ -560,7 +560,7 @@ def test_definition_and_fast_path_refuse_alike(token_ids, block_size, kwargs):
     assert (type(lesson.value), str(lesson.value)) == (type(fast.value), str(fast.value))
 
 @pytest.mark.parametrize("tokens, error, message", [
-    ("abc", TypeError, "token_ids[0] is 'a' (str)"), ([1.0], TypeError, "token_ids[0] is 1.0 (float)"),
+    ("abc", TypeError, "token_ids must be a sequence of ints, got 'abc'"), (None, TypeError, "token_ids must be a sequence of ints, got None"), ([1.0], TypeError, "token_ids[0] is 1.0 (float)"),
     ([True], TypeError, "token_ids[0] is True (bool)"), ([None], TypeError, "token_ids[0] is None (NoneType)"),
     ([-1], ValueError, "token_ids[0] is -1; token ids must be ints in [0, 2**64)"),
     ([1, 2**64], ValueError, "token_ids[1] is 18446744073709551616"),

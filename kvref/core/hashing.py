@@ -47,8 +47,8 @@ def _arrow(x1: float, y1: float, x2: float, y2: float) -> str:
     return f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#2f6fd6" stroke-width="1.5" marker-end="url(#head)"/>'
 
 def _key_label(key: tuple) -> str:
-    "One extra key, short: its tag and values (bytes as 8 hex digits)."
-    return " ".join(v.hex()[:8] if isinstance(v, bytes) else str(v) for v in key)
+    "One extra key, short: its tag and values (bytes as 8 hex digits), cut to 20 characters."
+    return " ".join(v.hex()[:8] if isinstance(v, bytes) else str(v) for v in key)[:20]
 
 
 # %% ../../nbs/01_hashing.ipynb #0ea81060
@@ -66,7 +66,7 @@ def chain_svg(blocks: Sequence[Sequence[int]],  # each full block's token ids, i
     for i, (block, label) in enumerate(zip(blocks, hashes), 1):
         x = 10 + i * _COLUMN
         parts += [_box(x, 10, " ".join(map(str, block)), "#ffe680"), _box(x, hash_y, label, "#dbe8fb"),
-                  _arrow(x - 25, hash_y + 13, x - 2, hash_y + 13), _arrow(x + 75, 37, x + 75, hash_y - 2)]
+                  _arrow(x - 25, hash_y + 13, x - 2, hash_y + 13), _arrow(x + 142, 37, x + 142, hash_y - 2)]
         parts += [_text(x + 4, 52 + _ROW * j, k, font_size=11, fill="#555") for j, k in enumerate(keys[i - 1])]
     if partial:
         x = 10 + (len(blocks) + 1) * _COLUMN
