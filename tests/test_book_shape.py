@@ -42,18 +42,11 @@ KNOWN: set[tuple[str, str]] = {
     ('06e_event_driven_replay', 'first-lesson'),
     ('07_conformance', 'first-lesson'),
     ('07b_sampling_params', 'checks-heading'),
-    ('07e_live_audit', 'checks-heading'),
-    ('07e_live_audit', 'first-lesson'),
     ('08_logits_processors', 'checks-heading'),
     ('08_logits_processors', 'first-lesson'),
     ('09_thinking_budget', 'checks-heading'),
     ('09_thinking_budget', 'first-lesson'),
     ('10_cudagraph', 'checks-heading'),
-    ('11_paged_attention', 'checks-heading'),
-    ('11_paged_attention', 'first-lesson'),
-    ('11a_triton_kernels', 'checks-heading'),
-    ('11a_triton_kernels', 'first-lesson'),
-    ('12_cli', 'checks-heading'),
 }
 # Module names still defining a name twice: (module, name).
 KNOWN_TWICE: set[tuple[str, str]] = {

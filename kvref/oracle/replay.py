@@ -475,7 +475,8 @@ FILE_KINDS = {"trace": "an allocator trace", "hybrid-trace": "a hybrid allocator
 
 def jsonl_kind(first: object) -> str:
     "Which of `FILE_KINDS` a JSONL file holds, from its first line (anything unrecognised: 'trace', whose reader says why)."
-    if isinstance(first, list) or isinstance(first, dict) and "events" in first and "sched" not in first: return "events"
+    if isinstance(first, list) or isinstance(first, dict) and "sched" not in first and ("events" in first or "payload_b64" in first):
+        return "events"  # per op, or a recorded stream of published batches
     if not isinstance(first, dict): return "trace"
     if "meta" in first and "op" not in first: return "wire"
     if "op" not in first and "hash_ids" in first: return "request-log"
@@ -634,6 +635,7 @@ def _release(path: Path, root: Path, source: str = "") -> str | None:
     folder, *rest = path.relative_to(root).parts
     if folder in ("versions", "versions-vllm") and rest and rest[0][0].isdigit(): return rest[0]
     if folder == "events" and rest[:1] == ["wire"] and rest[-1][0].isdigit(): return Path(rest[-1]).stem
+    if folder == "events" and (named := [p for p in rest[:-1] if re.fullmatch(r"\d+\.\d+\.\d+", p)]): return named[0]
     if found := re.search(r"vllm (\d+\.\d+\.\d+\S*)", source, re.IGNORECASE): return found.group(1)
     return None if folder in ("mooncake", "attention") or source.startswith("kvref") else "0.33.0"
 
