@@ -161,6 +161,7 @@ def _is_tensor(x) -> bool:
 
 def _check_token_container(token_ids) -> None:
     "Token ids come as a sequence (list, tuple, range) or a 1-D numpy or torch array, never as a string."
+    if type(token_ids) in (list, tuple): return  # the common case, at once
     is_array = isinstance(token_ids, np.ndarray) or _is_tensor(token_ids)
     if isinstance(token_ids, (str, bytes, bytearray)) or not (is_array or isinstance(token_ids, Sequence)):
         refuse("token_ids", "a sequence of ints", token_ids, TypeError)
@@ -263,8 +264,8 @@ def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the b
                                    prompt_embeds=None,  # [num_prompt_tokens, hidden] array or tensor
                                   ) -> tuple | None:
     "The tagged extra keys of the block `[start_token_idx, end_token_idx)`, in vLLM 0.33's order; None if none."
-    check_int("start_token_idx", start_token_idx, 0)
-    check_int("end_token_idx", end_token_idx, start_token_idx)
+    if type(start_token_idx) is not int or type(end_token_idx) is not int or not 0 <= start_token_idx <= end_token_idx:
+        check_int("start_token_idx", start_token_idx, 0); check_int("end_token_idx", end_token_idx, start_token_idx)
     keys: list[tuple] = []
     if lora is not None: keys.append(("lora", decoded_copy(lora.name), decoded_copy(lora.path)))
     first = bisect.bisect_right(mm_items, start_token_idx, key=_ITEM_END)  # first to end after start
@@ -333,7 +334,7 @@ def checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items,
     "Check everything about a request but its token values; return its multimodal items sorted by offset."
     _check_token_container(token_ids)
     get_hash_fn_by_name(algo)  # checks the name, and that xxhash is installed when asked for
-    check_int("block_size", block_size, 1)
+    if type(block_size) is not int or block_size < 1: check_int("block_size", block_size, 1)  # one cheap test first
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
     if lora is not None and not isinstance(lora, LoRARequest):

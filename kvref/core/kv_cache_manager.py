@@ -65,8 +65,9 @@ def _checked_token_ids(token_ids: Sequence[int], name: str) -> list[int]:
 def _check_request_fields(request: Request) -> None:
     "Refuse an empty prompt, a computed count outside it, and a salt, adapter or items that could not be hashed."
     if not request.all_token_ids: raise ValueError("empty prompt: a request needs at least one token")
-    check_int("num_computed_tokens", request.num_computed_tokens)
-    check_int("num_output_placeholders", request.num_output_placeholders)
+    computed, placeholders = request.num_computed_tokens, request.num_output_placeholders
+    if type(computed) is not int or type(placeholders) is not int or computed < 0 or placeholders < 0:  # one cheap test
+        check_int("num_computed_tokens", computed); check_int("num_output_placeholders", placeholders)
     if request.num_computed_tokens > len(request.all_token_ids):
         raise ValueError(f"num_computed_tokens={request.num_computed_tokens} but the prompt has {len(request.all_token_ids)} tokens")
     if request.cache_salt is not None and not isinstance(request.cache_salt, str):
@@ -195,7 +196,8 @@ def _update_block_hashes(request: Request, block_size: int, hash_algo: str) -> l
 
 def update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
     "The request's hashes every `block_size` tokens, brought up to date (only newly full blocks are hashed)."
-    check_instance("request", request, Request); check_int("block_size", block_size, 1); get_hash_fn_by_name(hash_algo)
+    check_instance("request", request, Request); get_hash_fn_by_name(hash_algo)
+    if type(block_size) is not int or block_size < 1: check_int("block_size", block_size, 1)
     return _update_block_hashes(request, block_size, hash_algo)
 
 @patch
@@ -276,7 +278,7 @@ def allocate_slots(self: KVCacheManager,
 def _check_load_arguments(delay_cache_blocks: bool, reserved_blocks: int) -> None:
     "Refuse bad KV-connector arguments: `delay_cache_blocks` (cache nothing: a load will fill the blocks) and `reserved_blocks`."
     check_bool("delay_cache_blocks", delay_cache_blocks)
-    check_int("reserved_blocks", reserved_blocks)
+    if type(reserved_blocks) is not int or reserved_blocks < 0: check_int("reserved_blocks", reserved_blocks)
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #0e704123
 @patch
@@ -363,7 +365,7 @@ def cache_blocks(self: KVCacheManager, request: Request, num_computed_tokens: in
     "Cache the live request's blocks that `num_computed_tokens` of its known tokens fill (vLLM's `cache_blocks`)."
     rid = self._checked_request(request).request_id
     if self.live_requests.get(rid) is not request: raise ValueError(f"request {rid!r} holds no blocks")
-    check_int(f"request {rid!r}: num_computed_tokens", num_computed_tokens)
+    if type(num_computed_tokens) is not int or num_computed_tokens < 0: check_int(f"request {rid!r}: num_computed_tokens", num_computed_tokens)
     num_full = min(num_computed_tokens, len(request.all_token_ids), len(self.req_to_blocks[rid]) * self.block_size) // self.block_size
     if self.enable_caching and num_full > self.num_cached_block.get(rid, 0): self._cache_blocks(request, num_full)
 
