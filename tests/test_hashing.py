@@ -587,3 +587,15 @@ def test_extra_keys_refuse_a_bad_block_range(start, end, message):
     with pytest.raises(TypeError if wrong_kind else ValueError) as got:
         generate_block_hash_extra_keys(start, end, cache_salt="x")
     assert str(got.value) == message
+
+
+@pytest.mark.parametrize("call", [
+    lambda: hash_block_tokens(H.sha256, b"parent", None),
+    lambda: request_block_hashes(None, 4),
+    lambda: hash_request_tokens(None, 4),
+    lambda: H.checked_token_ids(None),
+])
+def test_no_token_ids_is_named(call):
+    "Issue 32: `None` (or anything that is no sequence) for the token ids names the argument, not Python's generic error."
+    with pytest.raises(TypeError, match=r"^token_ids must be a sequence of ints, got None$"):
+        call()
