@@ -80,6 +80,78 @@ def _subscribe(endpoint: str, topic: str, out: list, stop: threading.Event) -> t
     return thread
 
 
+ENGINE_ARGS = dict(load_format="dummy", skip_tokenizer_init=True, dtype="float32", block_size=BLOCK_SIZE,
+                   enable_prefix_caching=True, num_gpu_blocks_override=NUM_GPU_BLOCKS, kv_cache_memory_bytes=64 << 20,
+                   max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN,
+                   enforce_eager=True, seed=0)
+
+
+def _prompt(r: dict, done: dict) -> list[int]:
+    "The token ids request `r` sends: its own, after the prompt and output of the request it extends."
+    return (done[r["extend"]]["prompt"] + done[r["extend"]]["output"] if "extend" in r else []) + r["prompt"]
+
+
+def _write(out: Path, batches: list, sent: list, settings: dict) -> None:
+    (out / "engine.jsonl").write_text("".join(json.dumps(b) + "\n" for b in batches))
+    (out / "requests.json").write_text(json.dumps(sent))
+    (out / "settings.json").write_text(json.dumps(settings, indent=1))
+    print(f"recorded {len(batches)} batches, {sum(len(w) for w in sent if w != 'reset')} requests into {out}")
+
+
+def _settings(version: str, hash_algo: str, pythonhashseed: str, entrypoint: str, metrics: dict) -> dict:
+    return {"vllm_version": version, "entrypoint": entrypoint, "hash_algo": hash_algo, "pythonhashseed": pythonhashseed,
+            "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+            "max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN, "metrics": metrics}
+
+
+def record_serve(out: Path, pythonhashseed: str, hash_algo: str, port: int, http_port: int) -> None:
+    "The same stream through `vllm serve` (the OpenAI server): one HTTP request per request, a wave's sent at once."
+    import subprocess, urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+    (out / "model").mkdir(parents=True, exist_ok=True)
+    (out / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in ENGINE_ARGS.items()]
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"}
+    env = {**os.environ, "PYTHONHASHSEED": pythonhashseed, "VLLM_SERVER_DEV_MODE": "1"}  # dev mode: /reset_prefix_cache
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(out / "model"),
+                               "--host", "127.0.0.1", "--port", str(http_port), "--prefix-caching-hash-algo", hash_algo,
+                               "--kv-events-config", json.dumps(events), *flags], env=env)
+    base = f"http://127.0.0.1:{http_port}"
+    def post(path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(base + path, data=json.dumps(body or {}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r: return json.loads(r.read() or b"{}")
+    try:
+        for _ in range(600):
+            try: urllib.request.urlopen(base + "/health", timeout=2); break
+            except OSError: time.sleep(1)
+        batches, stop = [], threading.Event()
+        thread = _subscribe(f"tcp://127.0.0.1:{port}", "kv", batches, stop)
+        time.sleep(1.0)
+        done, sent = {}, []
+        for wave in waves():
+            if wave == "reset": post("/reset_prefix_cache"); sent.append("reset"); continue
+            bodies = [{"model": str(out / "model"), "prompt": _prompt(r, done), "max_tokens": r["max_tokens"],
+                       "temperature": 0.0, "ignore_eos": True, "return_token_ids": True,
+                       **({"cache_salt": r["cache_salt"]} if r.get("cache_salt") else {})} for r in wave]
+            with ThreadPoolExecutor(len(bodies)) as pool: answers = list(pool.map(lambda b: post("/v1/completions", b), bodies))
+            for r, b, a in zip(wave, bodies, answers):
+                done[r["id"]] = {"id": r["id"], "prompt": b["prompt"], "cache_salt": r.get("cache_salt"),
+                                 "output": a["choices"][0]["token_ids"]}
+            sent.append([done[r["id"]] for r in wave])
+            time.sleep(0.5)
+        time.sleep(1.0); stop.set(); thread.join()
+        text = urllib.request.urlopen(base + "/metrics").read().decode()
+        metrics = {}
+        for line in text.splitlines():
+            name = line.split("{")[0].split(" ")[0]
+            if name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+                metrics[name.removesuffix("_total")] = int(float(line.rsplit(" ", 1)[1]))
+        version = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True).stdout.strip()
+        _write(out, batches, sent, _settings(version, hash_algo, pythonhashseed, "vllm serve", metrics))
+    finally:
+        server.terminate(); server.wait(60)
+
+
 def record(out: Path, pythonhashseed: str, hash_algo: str, port: int) -> None:
     "Run the engine over `waves()` and write what it published and answered under `out`."
     os.environ["PYTHONHASHSEED"] = pythonhashseed  # the spawned EngineCore reads it for NONE_HASH
@@ -89,11 +161,7 @@ def record(out: Path, pythonhashseed: str, hash_algo: str, port: int) -> None:
     (out / "model").mkdir(exist_ok=True)
     (out / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
     endpoint, topic = f"tcp://127.0.0.1:{port}", "kv"
-    llm = LLM(model=str(out / "model"), load_format="dummy", skip_tokenizer_init=True, dtype="float32",
-              block_size=BLOCK_SIZE, enable_prefix_caching=True, prefix_caching_hash_algo=hash_algo,
-              num_gpu_blocks_override=NUM_GPU_BLOCKS, kv_cache_memory_bytes=64 << 20,
-              max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN,
-              enforce_eager=True, disable_log_stats=False, seed=0,
+    llm = LLM(model=str(out / "model"), prefix_caching_hash_algo=hash_algo, disable_log_stats=False, **ENGINE_ARGS,
               kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
                                               endpoint=f"tcp://*:{port}", topic=topic))
     batches, stop = [], threading.Event()
@@ -105,8 +173,7 @@ def record(out: Path, pythonhashseed: str, hash_algo: str, port: int) -> None:
             sent.append("reset"); llm.reset_prefix_cache(); continue
         prompts, params = [], []
         for r in wave:
-            prompt = (done[r["extend"]]["prompt"] + done[r["extend"]]["output"] if "extend" in r else []) + r["prompt"]
-            p = {"prompt_token_ids": prompt}
+            p = {"prompt_token_ids": _prompt(r, done)}
             if r.get("cache_salt"): p["cache_salt"] = r["cache_salt"]
             prompts.append(p)
             params.append(SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True))
@@ -118,15 +185,9 @@ def record(out: Path, pythonhashseed: str, hash_algo: str, port: int) -> None:
         time.sleep(0.5)
     time.sleep(1.0)
     stop.set(); thread.join()
-    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics() if "prefix_cache" in m.name}
+    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics() if m.name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")}
     import vllm
-    (out / "engine.jsonl").write_text("".join(json.dumps(b) + "\n" for b in batches))
-    (out / "requests.json").write_text(json.dumps(sent))
-    (out / "settings.json").write_text(json.dumps({
-        "vllm_version": vllm.__version__, "hash_algo": hash_algo, "pythonhashseed": pythonhashseed,
-        "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-        "max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN, "metrics": metrics}, indent=1))
-    print(f"recorded {len(batches)} batches, {sum(len(w) for w in sent if w != 'reset')} requests into {out}")
+    _write(out, batches, sent, _settings(vllm.__version__, hash_algo, pythonhashseed, "LLM", metrics))
 
 
 def check(out: Path) -> int:
@@ -135,7 +196,9 @@ def check(out: Path) -> int:
     result = check_recording(out)
     print(result.audit_summary)
     print(f"events: engine {result.num_events[0]}, kvref {result.num_events[1]}; " +
-          ("all equal" if result.first_difference is None else f"first difference at event {result.first_difference}"))
+          ("all equal" if result.first_difference is None else f"grouped differently from event {result.first_difference}") +
+          ("; every block operation equal" if result.first_block_difference is None else
+           f"; block operations differ from {result.first_block_difference}"))
     print(f"prefix cache (queries, hits): {result.counters}")
     return 0 if result.ok else 1
 
@@ -148,11 +211,13 @@ def main(argv=None) -> int:
     rec.add_argument("--pythonhashseed", default="0")
     rec.add_argument("--hash-algo", default="sha256")
     rec.add_argument("--port", type=int, default=25557)
+    rec.add_argument("--serve", type=int, metavar="HTTP_PORT", help="through `vllm serve` on this port, not `vllm.LLM`")
     chk = sub.add_parser("check", help="audit and replay a recording (kvref's environment)")
     chk.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.cmd == "check": return check(args.out)
-    record(args.out, args.pythonhashseed, args.hash_algo, args.port)
+    if args.serve: record_serve(args.out, args.pythonhashseed, args.hash_algo, args.port, args.serve)
+    else: record(args.out, args.pythonhashseed, args.hash_algo, args.port)
     return 0
 
 

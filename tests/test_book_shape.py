@@ -24,14 +24,8 @@ SPEED = re.compile(r"speed|fast path", re.I)
 
 # (notebook stem, rule) pairs still being fixed by the book's third edition; rules: "first-lesson", "checks-heading".
 KNOWN: set[tuple[str, str]] = {
-    ('01a_pictures', 'checks-heading'),
-    ('02_free_queue', 'checks-heading'),
-    ('03_block_pool', 'checks-heading'),
-    ('03a_kv_events', 'checks-heading'),
-    ('04a_hybrid', 'checks-heading'),
     ('05_replay', 'checks-heading'),
     ('05_replay', 'first-lesson'),
-    ('05a_vllm_releases', 'checks-heading'),
     ('05b_workloads', 'checks-heading'),
     ('05c_hybrid_replay', 'checks-heading'),
     ('05c_hybrid_replay', 'first-lesson'),
@@ -50,10 +44,6 @@ KNOWN: set[tuple[str, str]] = {
 }
 # Module names still defining a name twice: (module, name).
 KNOWN_TWICE: set[tuple[str, str]] = {
-    ('kvref.core.hybrid', 'HybridKVCacheCoordinator.cache_blocks'),
-    ('kvref.core.hybrid', 'HybridKVCacheManager._checked_step'),
-    ('kvref.core.hybrid', 'SingleTypeKVCacheManager.remove_skipped_blocks'),
-    ('kvref.core.hybrid', 'find_longest_cache_hit'),
 }
 
 
@@ -112,7 +102,9 @@ def defined_twice(path: Path) -> set[str]:
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): continue
         name = node.name
-        patched = any(isinstance(d, ast.Name) and d.id == "patch" for d in getattr(node, "decorator_list", []))
+        patched = any(isinstance(d, ast.Name) and d.id == "patch"  # `@patch`, or `@patch(cls_method=True)`
+                      or isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "patch"
+                      for d in getattr(node, "decorator_list", []))
         if patched and node.args.args and (ann := node.args.args[0].annotation) is not None:
             name = f"{ast.unparse(ann)}.{node.name}"
         (twice if name in seen else seen).add(name)
@@ -140,6 +132,11 @@ def test_a_planted_redefinition_and_an_early_guard_are_caught(tmp_path):
     "A module defining `f` twice, and a chapter whose first exported cell is a check, both fail."
     (tmp_path / "m.py").write_text("def f(): pass\ndef f(): pass\n")
     assert defined_twice(tmp_path / "m.py") == {"f"}
+    classmethods = "@patch(cls_method=True)\ndef g(cls: A): pass\n@patch(cls_method=True)\ndef g(cls: B): pass\n"
+    (tmp_path / "c.py").write_text(classmethods)  # one `g` per class: not a redefinition
+    assert defined_twice(tmp_path / "c.py") == set()
+    (tmp_path / "c.py").write_text(classmethods.replace("cls: B", "cls: A"))
+    assert defined_twice(tmp_path / "c.py") == {"A.g"}
     nb = {"cells": [{"cell_type": "code", "source": ["#| export\n", "def _check_x(v): pass\n"]},
                     {"cell_type": "code", "source": ["#| export\n", "def lesson(): pass\n"]}]}
     (tmp_path / "nb.ipynb").write_text(json.dumps(nb))

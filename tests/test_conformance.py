@@ -272,11 +272,11 @@ def nano_state(a):
 
 @pytest.mark.parametrize("call, error, message", [
     (lambda a: a.allocate("ghost", 4, 0), ValueError, "request 'ghost' is not known: add it first"),
-    (lambda a: a.allocate("a", True, 0), ValueError, "num_new_tokens must be an int >= 0, got True"),
+    (lambda a: a.allocate("a", True, 0), TypeError, "num_new_tokens must be an int >= 0, got True"),
     (lambda a: a.allocate("a", -1, 0), ValueError, "num_new_tokens must be an int >= 0, got -1"),
-    (lambda a: a.allocate("a", 5, True), ValueError, "num_hit_tokens must be an int >= 0, got True"),
+    (lambda a: a.allocate("a", 5, True), TypeError, "num_hit_tokens must be an int >= 0, got True"),
     (lambda a: a.allocate("a", 5, -4), ValueError, "num_hit_tokens must be an int >= 0, got -4"),
-    (lambda a: a.allocate("a", 5.0, 0), ValueError, "num_new_tokens must be an int >= 0, got 5.0"),
+    (lambda a: a.allocate("a", 5.0, 0), TypeError, "num_new_tokens must be an int >= 0, got 5.0"),
     (lambda a: a.append("ghost", [7]), ValueError, "request 'ghost' is not known: add it first"),
     (lambda a: a.append("a", "abc"), TypeError, "tokens must be a list of ints, got str"),
     (lambda a: a.append("a", [1.0]), TypeError, "token_ids[0] is 1.0 (float)"),
@@ -299,6 +299,6 @@ def test_nano_adapter_refuses_by_name_and_changes_nothing(call, error, message):
 ])
 def test_nano_block_manager_refuses_bad_sizes(num_blocks, block_size, message):
     from kvref.adapters.nano import NanoBlockManager
-    with pytest.raises(ValueError) as got:
-        NanoBlockManager(num_blocks, block_size)
+    with pytest.raises(ValueError if type(num_blocks) is type(block_size) is int else TypeError) as got:
+        NanoBlockManager(num_blocks, block_size)  # out of range: ValueError; the wrong kind: TypeError
     assert str(got.value) == message

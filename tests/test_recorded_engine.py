@@ -46,7 +46,7 @@ def test_a_flipped_token_is_caught(tmp_path):
     first["payload_b64"] = base64.b64encode(bytes(payload)).decode()
     (copy / "engine.jsonl").write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
     result = check_recording(copy)
-    assert not result.ok and result.audit_status == 1 and result.first_difference == 0
+    assert not result.ok and result.audit_status == 1 and result.first_difference == 0 == result.first_block_difference
 
 
 def test_a_setting_the_engine_did_not_have_is_caught(tmp_path):
@@ -56,7 +56,7 @@ def test_a_setting_the_engine_did_not_have_is_caught(tmp_path):
     settings = json.loads((copy / "settings.json").read_text())
     (copy / "settings.json").write_text(json.dumps({**settings, "num_gpu_blocks": 30}))
     result = check_recording(copy)
-    assert not result.ok and result.audit_status == 0 and result.first_difference is not None
+    assert not result.ok and result.audit_status == 0 and result.first_block_difference is not None
 
 
 def test_the_engine_started_with_another_seed_is_named():
@@ -92,3 +92,15 @@ def test_a_mooncake_log_of_the_traffic_misses_the_generated_block():
     got = replay_mooncake(log, s["num_gpu_blocks"], block_size=32, ms_per_step=1, hash_block_size=32,
                           max_num_batched_tokens=s["max_num_batched_tokens"], max_num_seqs=s["max_num_seqs"])
     assert (got.queries, got.hits) == (1790, 448 - 32)
+
+
+def test_through_vllm_serve_every_block_operation_agrees():
+    "Over HTTP a wave's requests straddle a step: events group blocks otherwise, block operations and counters agree."
+    result = check_recording(GOLDEN / "serve-seed-0")
+    assert result.ok and result.first_block_difference is None and result.counters["engine"] == (1790, 448)
+    assert result.num_events == (64, 65) and result.first_difference == 6
+
+
+def test_llm_recordings_agree_event_by_event():
+    for name in ENGINES:
+        assert check_recording(GOLDEN / name).first_difference is None

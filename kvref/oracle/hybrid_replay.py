@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Protocol, runtime_checkable
 from fastcore.basics import patch
 from ..core.hybrid import (CONFIG_FIELDS, HYBRID_CONFIG_DEFAULTS, HybridKVCacheManager, HybridRequest, group_tables_svg,
                           spec_from_group)
-from ..core.free_queue import _check_bool
+from ..guards import check_bool
 from ..core.hashing import LoRARequest, MultiModalItem
 from .replay import TraceDriver, file_kind, is_hybrid, load_trace, step, validate_op, _check_ops
 from ..pictures import progress
@@ -185,7 +185,7 @@ class HybridTraceReplayer(HybridTraceDriver):
                  enable_kv_cache_events: bool = False):  # the manager records KV events, as vLLM with `--kv-events-config`
         if behavior != "vllm_0_33":
             raise ValueError(f"hybrid traces replay as vLLM 0.33 does: behavior {behavior!r} does not apply to them")
-        _check_bool("enable_kv_cache_events", enable_kv_cache_events)
+        check_bool("enable_kv_cache_events", enable_kv_cache_events)
         super().__init__(partial(KVRefHybridAdapter, enable_kv_cache_events=enable_kv_cache_events))
 
     @property

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 from ..core.kv_cache_manager import KVCacheManager, Request, cdiv
 from ..core.fast_allocator import FastKVCacheManager
-from ..core.free_queue import _check_count
+from ..guards import check_int
 from ..core.hashing import check_path as _check_path
 from ..pictures import progress
 from ..core.scheduler import Scheduler, SchedulerConfig, SchedulerRequest
@@ -270,7 +270,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
-    _check_count("num_blocks", num_blocks, 1); _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
+    check_int("num_blocks", num_blocks, 1); _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
     _check_hashes(hashes, requests, block_size)
     kv = FastKVCacheManager(num_blocks, block_size, max_model_len=_check_fits(requests, num_blocks, block_size))
     s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)

@@ -21,7 +21,7 @@ from .live_audit import EngineConfig, audit_files, read_stream
 
 # %% auto #0
 __all__ = ['EngineRecording', 'load_recording', 'engine_config', 'engine_events', 'replay_recording', 'recording_to_mooncake',
-           'RecordingCheck', 'check_recording']
+           'RecordingCheck', 'block_operations', 'check_recording']
 
 # %% ../../nbs/07g_real_engine.ipynb #ef860f7d
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class EngineRecording:
     settings: dict  # settings.json: vllm_version, hash_algo, pythonhashseed, block_size, num_gpu_blocks, ... metrics
     waves: list  # requests.json: a list of requests per wave, or "reset"
 
+# %% ../../nbs/07g_real_engine.ipynb #6cbb7476
 def load_recording(folder: str | Path) -> EngineRecording:
     "The recording in `folder` (settings.json, requests.json, engine.jsonl)."
     folder = Path(check_instance("folder", folder, (str, Path), "a path to a recording folder"))
@@ -99,24 +100,45 @@ def recording_to_mooncake(rec: EngineRecording, ms_per_wave: int = 100_000) -> l
 # %% ../../nbs/07g_real_engine.ipynb #c237caf8
 @dataclass
 class RecordingCheck:
-    "What `check_recording` found: the audit, the first event that differs (None: none), the counters side by side."
+    "What `check_recording` found: the audit, where kvref's replay first differs (None: nowhere), the counters."
     audit_summary: str
     audit_status: int  # the audit's exit status: 0 consistent
     num_events: tuple[int, int]  # (engine, kvref)
-    first_difference: int | None
+    first_difference: int | None  # the first event that differs
+    first_block_difference: int | None  # the first stored, removed or cleared block that differs
     counters: dict  # {"engine": (queries, hits), "kvref": (queries, hits)}
 
     @property
-    def ok(self) -> bool: return self.audit_status == 0 and self.first_difference is None and len(set(self.counters.values())) == 1
+    def ok(self) -> bool:
+        "Consistent, every block operation equal, the counters equal (events may group blocks by other steps)."
+        return self.audit_status == 0 and self.first_block_difference is None and len(set(self.counters.values())) == 1
+
+# %% ../../nbs/07g_real_engine.ipynb #0ec15bb1
+def block_operations(events: list[dict]) -> list[tuple]:
+    "Each event's effect block by block: ('stored', hash, parent, tokens, extra keys), ('removed', hash), ('cleared',)."
+    out = []
+    for e in events:
+        if e["type"] == "AllBlocksCleared": out.append(("cleared",)); continue
+        if e["type"] == "BlockRemoved": out += [("removed", h) for h in e["block_hashes"]]; continue
+        size, hashes, keys = e["block_size"], e["block_hashes"], e.get("extra_keys") or [None] * len(e["block_hashes"])
+        parents = [e["parent_block_hash"], *hashes[:-1]]
+        out += [("stored", h, p, tuple(e["token_ids"][k * size:(k + 1) * size]), json.dumps(keys[k]))
+                for k, (h, p) in enumerate(zip(hashes, parents))]
+    return out
 
 # %% ../../nbs/07g_real_engine.ipynb #bbe3ee07
+def _first_difference(a: list, b: list) -> int | None:
+    "The first index at which `a` and `b` differ (the shorter one's length if one is a prefix), or None."
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return min(len(a), len(b)) if first is None and len(a) != len(b) else first
+
+# %% ../../nbs/07g_real_engine.ipynb #11cd71cf
 def check_recording(folder: str | Path) -> RecordingCheck:
     "Audit a real engine's recording against its stated settings, and compare it with kvref's replay."
     rec = load_recording(folder)
     audit = audit_files([engine_config(rec)], [rec.folder / "engine.jsonl"])
     (ours, s), theirs = replay_recording(rec), engine_events(rec)
-    first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), None)
-    if first is None and len(ours) != len(theirs): first = min(len(ours), len(theirs))
     m, st = rec.settings["metrics"], s.prefix_cache_stats
     counters = {"engine": (m["vllm:prefix_cache_queries"], m["vllm:prefix_cache_hits"]), "kvref": (st.queries, st.hits)}
-    return RecordingCheck(audit.summary(), audit.exit_status(), (len(theirs), len(ours)), first, counters)
+    return RecordingCheck(audit.summary(), audit.exit_status(), (len(theirs), len(ours)), _first_difference(theirs, ours),
+                          _first_difference(block_operations(theirs), block_operations(ours)), counters)
