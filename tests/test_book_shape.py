@@ -43,8 +43,7 @@ KNOWN: set[tuple[str, str]] = {
     ('10_cudagraph', 'checks-heading'),
 }
 # Module names still defining a name twice: (module, name).
-KNOWN_TWICE: set[tuple[str, str]] = {
-}
+KNOWN_TWICE: set[tuple[str, str]] = set()
 
 
 def _defs(source: str) -> list[str]:
