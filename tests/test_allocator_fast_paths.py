@@ -23,7 +23,7 @@ from kvref.core.hashing import LoRARequest, MultiModalItem, request_block_hashes
 import kvref.core.fast_allocator as fast_allocator
 import kvref.core.fast_hashing as fh
 from kvref.core.fast_allocator import FastKVCacheManager
-from kvref.core.kv_cache_manager import KVCacheManager, Request, _checked_token_ids, update_block_hashes
+from kvref.core.kv_cache_manager import KVCacheManager, Request, checked_token_list, update_block_hashes
 
 
 class CheckingPool(BlockPool):
@@ -204,7 +204,7 @@ def test_get_cached_prefix_is_get_one_block_up_to_the_first_miss(inserts, lookup
 
 class PlainRequest(Request):
     "A request checked by the definition alone (`checked_token_ids`, token by token): no pickle kept."
-    def _checked_prompt_token_ids(self) -> list[int]: return _checked_token_ids(self.prompt_token_ids, "prompt_token_ids")
+    def _checked_prompt_token_ids(self) -> list[int]: return checked_token_list(self.prompt_token_ids, "prompt_token_ids")
 
 
 def plain_update(request, block_size, algo) -> list[bytes]:

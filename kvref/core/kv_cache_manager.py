@@ -16,7 +16,8 @@ from .hashing import LoRARequest, MultiModalItem, checked_mm_items, checked_toke
 from .fast_hashing import extend_block_hashes, extra_keys_per_block, pickle_prompt
 
 # %% auto #0
-__all__ = ['BEHAVIORS', 'Request', 'KVCacheManager', 'cdiv', 'update_block_hashes', 'longest_cache_hit']
+__all__ = ['BEHAVIORS', 'Request', 'checked_token_list', 'KVCacheManager', 'cdiv', 'update_block_hashes', 'longest_cache_hit',
+           'check_hits_match']
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #e0826e74
 @dataclass(eq=False)
@@ -44,7 +45,7 @@ class Request:
         "The prompt as a new list of checked ids; a long one checked by pickling it, kept for its first hashing (01b)."
         self._prompt_pickle = pickle_prompt(self.prompt_token_ids)
         if self._prompt_pickle is not None: return list(self.prompt_token_ids)
-        return _checked_token_ids(self.prompt_token_ids, "prompt_token_ids")
+        return checked_token_list(self.prompt_token_ids, "prompt_token_ids")
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #85d3d1b3
 class _naming_request:
@@ -55,7 +56,7 @@ class _naming_request:
         if kind in (TypeError, ValueError): raise kind(f"request {self.request_id!r}: {error}") from None
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #6ceb875f
-def _checked_token_ids(token_ids: Sequence[int], name: str) -> list[int]:
+def checked_token_list(token_ids: Sequence[int], name: str) -> list[int]:
     "`token_ids` as a new list of ints in [0, 2**64) (the hashing chapter's check)."
     if isinstance(token_ids, (str, bytes, dict, set)) or not hasattr(token_ids, "__iter__"):
         raise TypeError(f"{name} must be a list of ints, got {type(token_ids).__name__}")
@@ -88,7 +89,7 @@ def append_output_token_ids(self: Request, token_ids: int | Sequence[int]) -> No
     if type(token_ids) is int and 0 <= token_ids < 1 << 64: self.all_token_ids.append(token_ids)  # decode fast path
     else:
         with _naming_request(self.request_id):
-            self.all_token_ids += _checked_token_ids([token_ids] if isinstance(token_ids, int) else token_ids, "token_ids")
+            self.all_token_ids += checked_token_list([token_ids] if isinstance(token_ids, int) else token_ids, "token_ids")
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #5c03ccbd
 BEHAVIORS = ("vllm_0_33", "design_doc")
@@ -311,7 +312,7 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
     return table
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #50dc695e
-def _check_hits_match(request_id: str, name: str, hits: Sequence[KVCacheBlock], cached: Sequence,
+def check_hits_match(request_id: str, name: str, hits: Sequence[KVCacheBlock], cached: Sequence,
                       of: Callable[[KVCacheBlock], object] = lambda block: block.block_hash  # what is compared
                      ) -> None:
     "Refuse unless `of(hits[i]) == cached[i]` for every hit, in order: hits only from the cache map under the request's own hashes."
@@ -328,7 +329,7 @@ def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]
     rid = request.request_id
     if not self.enable_caching: raise ValueError(f"request {rid!r}: prefix caching is off, so no block can be a hit")
     self.block_pool._checked_own(hits, "new_computed_blocks")
-    _check_hits_match(rid, "new_computed_blocks", hits, self._block_hashes(request))
+    check_hits_match(rid, "new_computed_blocks", hits, self._block_hashes(request))
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #a846d79a
 @patch
