@@ -658,10 +658,10 @@ def _sweep_parser() -> CommandParser:
 # %% ../nbs/12_cli.ipynb #2472db27
 def _too_small(requests: list, blocks: list[int], block_size: int) -> dict[int, str]:
     "The sizes in `blocks` that cannot hold the trace's longest request, each with why (the production chapter's check)."
-    from kvref.oracle.production_traces import _check_fits
+    from kvref.oracle.production_traces import max_model_len_for
     found = {}
     for n in blocks:
-        try: _check_fits(requests, n, block_size)
+        try: max_model_len_for(requests, n, block_size)
         except ValueError as e: found[n] = "too small: " + str(e).removeprefix(f"num_blocks={n} ")
     return found
 

@@ -24,23 +24,8 @@ SPEED = re.compile(r"speed|fast path", re.I)
 
 # (notebook stem, rule) pairs still being fixed by the book's third edition; rules: "first-lesson", "checks-heading".
 KNOWN: set[tuple[str, str]] = {
-    ('05_replay', 'checks-heading'),
-    ('05_replay', 'first-lesson'),
-    ('05b_workloads', 'checks-heading'),
-    ('05c_hybrid_replay', 'checks-heading'),
-    ('05c_hybrid_replay', 'first-lesson'),
-    ('06_scheduler', 'checks-heading'),
-    ('06c_production_traces', 'checks-heading'),
     ('06d_offload', 'checks-heading'),
     ('06d_offload', 'first-lesson'),
-    ('06e_event_driven_replay', 'first-lesson'),
-    ('07_conformance', 'first-lesson'),
-    ('07b_sampling_params', 'checks-heading'),
-    ('08_logits_processors', 'checks-heading'),
-    ('08_logits_processors', 'first-lesson'),
-    ('09_thinking_budget', 'checks-heading'),
-    ('09_thinking_budget', 'first-lesson'),
-    ('10_cudagraph', 'checks-heading'),
 }
 # Module names still defining a name twice: (module, name).
 KNOWN_TWICE: set[tuple[str, str]] = set()

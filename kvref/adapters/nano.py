@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from fastcore.basics import patch
-from ..guards import check_int
+from ..guards import check_instance, check_int
 from ..core.kv_cache_manager import checked_token_list as _checked_token_ids
 
 # %% auto #0
@@ -92,12 +92,13 @@ class NanoAdapter:
 @patch
 def _known(self: NanoAdapter, request_id: str) -> str:
     "`request_id`, after checking that `add` gave it (kvref's check, not nano's)."
-    if request_id not in self.tokens: raise ValueError(f"request {request_id!r} is not known: add it first")
+    if check_instance("request_id", request_id, str) not in self.tokens: raise ValueError(f"request {request_id!r} is not known: add it first")
     return request_id
 
 @patch
 def add(self: NanoAdapter, request_id, prompt, cache_salt=None, lora=None):
-    self.tokens[request_id], self.tables[request_id], self.computed[request_id] = list(prompt), [], 0
+    prompt = _checked_token_ids(prompt, "prompt")
+    self.tokens[check_instance("request_id", request_id, str)], self.tables[request_id], self.computed[request_id] = prompt, [], 0
 
 @patch
 def lookup(self: NanoAdapter, request_id):
@@ -136,7 +137,7 @@ def _hash_full(self: NanoAdapter, request_id: str, num_full: int) -> None:
 # %% ../../nbs/07a_nano.ipynb #ce3c3fda
 @patch
 def _release(self: NanoAdapter, request_id: str) -> None:
-    self.manager.deallocate(self.tables[request_id]); self.computed[request_id] = 0; self.hashed.pop(request_id, None)
+    self.manager.deallocate(self.tables[self._known(request_id)]); self.computed[request_id] = 0; self.hashed.pop(request_id, None)
 
 @patch
 def preempt(self: NanoAdapter, request_id: str) -> None: self._release(request_id)
@@ -161,7 +162,7 @@ def reset_prefix_cache(self: NanoAdapter) -> bool:
 
 # %% ../../nbs/07a_nano.ipynb #be9362c9
 @patch
-def block_ids(self: NanoAdapter, request_id: str) -> list[int]: return list(self.tables[request_id])
+def block_ids(self: NanoAdapter, request_id: str) -> list[int]: return list(self.tables[self._known(request_id)])
 
 @patch
 def num_free(self: NanoAdapter) -> int: return len(self.manager.free_block_ids)

@@ -25,8 +25,8 @@ from .replay import TraceDriver, kvref_factory, load_trace, validate_op, _check_
 # %% auto #0
 __all__ = ['END_SEQ', 'OpBatch', 'EventfulKVCacheManager', 'op_batches', 'event_records', 'offset_endpoint_port',
            'EventPublisher', 'RouterAdapter', 'reference_router', 'ExampleRouter', 'FirstBytesRouter',
-           'DropAllCopiesRouter', 'SaltBlindRouter', 'Prompt', 'trace_prompts', 'RouterDivergence', 'check_router',
-           'shrink_router', 'publish_trace']
+           'DropAllCopiesRouter', 'SaltBlindRouter', 'ClearBlindRouter', 'Prompt', 'trace_prompts', 'RouterDivergence',
+           'check_router', 'shrink_router', 'publish_trace']
 
 # %% ../../nbs/07d_router_conformance.ipynb #14ae6bc8
 @dataclass(slots=True)
@@ -201,7 +201,7 @@ class ExampleRouter:
         batch = decode_batch(payload, self.config["hash_form"])
         counts = self.engines.setdefault((stream, batch.data_parallel_rank), {})
         for event in batch.events:
-            if isinstance(event, AllBlocksCleared): counts.clear()
+            if isinstance(event, AllBlocksCleared): self._clear(counts)
             for h in event.block_hashes if isinstance(event, BlockRemoved) else ():
                 self._remove(counts, h)
             for h in event.block_hashes if not isinstance(event, (BlockRemoved, AllBlocksCleared)) else ():
@@ -213,6 +213,11 @@ def _remove(self: ExampleRouter, counts: dict, block_hash) -> None:
     "One copy of `block_hash` is gone."
     counts[block_hash] -= 1
     if not counts[block_hash]: del counts[block_hash]
+
+@patch
+def _clear(self: ExampleRouter, counts: dict) -> None:
+    "The engine's prefix cache was reset: every hash is gone."
+    counts.clear()
 
 # %% ../../nbs/07d_router_conformance.ipynb #7424fb7f
 @patch
@@ -247,6 +252,11 @@ class DropAllCopiesRouter(ExampleRouter):
 class SaltBlindRouter(ExampleRouter):
     "Bug: hashes prompts without their cache salt."
     def _digests(self, prompt, cache_salt, lora, mm_items): return super()._digests(prompt, None, lora, mm_items)
+
+# %% ../../nbs/07d_router_conformance.ipynb #a84f2d0e
+class ClearBlindRouter(ExampleRouter):
+    "Bug: ignores `AllBlocksCleared`, so a reset leaves every hash in the index."
+    def _clear(self, counts): pass
 
 # %% ../../nbs/07d_router_conformance.ipynb #068ecb9f
 @dataclass(frozen=True)
