@@ -1,4 +1,4 @@
-"""The allocator, kvref against vLLM 0.33 itself: kvref's `KVCacheManager` beside vLLM's own `KVCacheManager`
+"""The allocator, kvref against vLLM 0.33 itself: kvref's `FastKVCacheManager` beside vLLM's own `KVCacheManager`
 (`vllm/v1/core/kv_cache_manager.py` at v0.33.0, one full-attention KV cache group, on the CPU), in one process.
 
 Run where both import, e.g. `PYTHONPATH=. /work/venv-vllm/bin/python bench/allocator.py` (a venv with torch and
@@ -23,7 +23,8 @@ sit cached in the free queue), each side in its own fresh process. `--profile` r
 from __future__ import annotations
 import argparse, cProfile, datetime, gc, io, os, platform, pstats, random, statistics, subprocess, sys, time
 
-from kvref.core.kv_cache_manager import KVCacheManager, Request
+from kvref.core.kv_cache_manager import Request
+from kvref.core.fast_allocator import FastKVCacheManager
 
 BLOCK_SIZE, NUM_PREFIXES, LIVE, DECODE_STEPS, ALGO = 16, 8, 16, 32, "sha256"
 PROMPT_LENGTHS = (128, 512, 2048, 8192, 32768)
@@ -74,7 +75,7 @@ def pool_size(prompt_len: int) -> int:
 class KvrefSide:
     "kvref's manager driven through the workload."
     name = "kvref"
-    def __init__(self, num_blocks: int): self.m = KVCacheManager(num_blocks, BLOCK_SIZE, hash_algo=ALGO)
+    def __init__(self, num_blocks: int): self.m = FastKVCacheManager(num_blocks, BLOCK_SIZE, hash_algo=ALGO)
     @staticmethod
     def request(rid: str, prompt: list[int]) -> Request: return Request(rid, prompt)
     def prehash(self, r: Request) -> None: self.m._block_hashes(r)

@@ -21,7 +21,8 @@ interleaved in a rotating order within each repetition, `PYTHONHASHSEED=0` given
 from __future__ import annotations
 import argparse, datetime, gc, os, platform, random, statistics, time
 
-from kvref.core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
+from kvref.core.hashing import LoRARequest, MultiModalItem
+from kvref.core.fast_hashing import hash_request_tokens
 from kvref.oracle.releases import PROFILES, release_block_hashes
 
 ALGOS = ("sha256", "sha256_cbor")

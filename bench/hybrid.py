@@ -29,7 +29,8 @@ from __future__ import annotations
 import argparse, gc, platform, random, statistics, sys, time
 
 from kvref.core.hybrid import FullAttentionSpec, HybridKVCacheManager, HybridRequest, SlidingWindowSpec
-from kvref.core.kv_cache_manager import KVCacheManager, Request
+from kvref.core.kv_cache_manager import Request
+from kvref.core.fast_allocator import FastKVCacheManager as KVCacheManager
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_MODEL_LEN, ALGO = 16, 40000, 65536, "sha256"
 PROMPT_LEN, SHARED_LEN, NUM_PREFIXES, LIVE, DECODE_STEPS = 512, 256, 8, 16, 32

@@ -16,7 +16,8 @@ __version__ = "0.0.1"  # read by pyproject.toml (`[tool.setuptools.dynamic]`) an
 
 # %% ../nbs/12a_public_api.ipynb #812c3b3b
 PUBLIC_NAMES: dict[str, str] = {
-    **dict.fromkeys(["hash_request_tokens", "hash_block_tokens", "block_hash_to_int64"], "kvref.core.hashing"),
+    **dict.fromkeys(["hash_block_tokens", "block_hash_to_int64"], "kvref.core.hashing"),
+    "hash_request_tokens": "kvref.core.fast_hashing", "FastKVCacheManager": "kvref.core.fast_allocator",
     **dict.fromkeys(["KVCacheBlock", "FreeKVCacheBlockQueue"], "kvref.core.free_queue"),
     "BlockPool": "kvref.core.block_pool",
     "KVIndex": "kvref.distributed.kv_events", "encode_batch": "kvref.distributed.kv_events",

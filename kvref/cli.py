@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 import kvref
-from .core.hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
-                           hash_request_tokens)
+from .core.hashing import HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors
+from .core.fast_hashing import hash_request_tokens
 from .core.block_pool import MAX_NUM_BLOCKS
 from .core.kv_cache_manager import BEHAVIORS
 from .oracle.replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, Divergence, TraceReplayer, list_vectors, load_decisions,

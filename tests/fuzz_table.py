@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from fuzz_support import Entry
-from kvref.core import block_pool, free_queue, hashing, hybrid, kv_cache_manager, mamba, scheduler
+from kvref.core import block_pool, fast_hashing, free_queue, hashing, hybrid, kv_cache_manager, mamba, scheduler
 from kvref.oracle import conformance, event_replay, hybrid_replay, live_audit, production_traces, releases, replay, router_conformance, workloads
 from kvref.compilation import cudagraph
 from kvref.distributed import kv_events
@@ -93,7 +93,7 @@ ALLOCATOR = [
 
 # ---------------------------------------------------------------- hashing (hash helper)
 HASHING = [
-    Entry("hashing.hash_request_tokens", nothing, lambda _, t, bs: hashing.hash_request_tokens(t, bs),
+    Entry("fast_hashing.hash_request_tokens", nothing, lambda _, t, bs: fast_hashing.hash_request_tokens(t, bs),
           (list(range(8)), 4), ("tokens", "positive"), owner=HASH, skip={(1, "10**30"): ""}),
     Entry("hashing.request_block_hashes", nothing, lambda _, t, bs, a: hashing.request_block_hashes(t, bs, a),
           (list(range(8)), 4, "sha256"), ("tokens", "positive", "name"), owner=HASH, skip={(1, "10**30"): ""}),
@@ -102,8 +102,8 @@ HASHING = [
           owner=HASH, skip={(0, "None"): "no parent"},
           cases=((0, "parent", "accept: vLLM hashes whatever parent it is given (01, Hashing one block)"),
                  (0, b"", "accept: vLLM reads a falsy parent as NONE_HASH (01)"))),
-    Entry("hashing.hash_request_tokens mm_items", nothing,
-          lambda _, m: hashing.hash_request_tokens(list(range(8)), 4, mm_items=m), ([hashing.MultiModalItem("a", 0, 2)],),
+    Entry("fast_hashing.hash_request_tokens mm_items", nothing,
+          lambda _, m: fast_hashing.hash_request_tokens(list(range(8)), 4, mm_items=m), ([hashing.MultiModalItem("a", 0, 2)],),
           ("seq",), owner=HASH, skip={(0, "None"): "no items"},
           cases=((0, [hashing.MultiModalItem("b", 4, 2), hashing.MultiModalItem("a", 0, 2)],
                   "accept: vLLM's input processor sorts a request's items by offset; kvref sorts them too (01)"),

@@ -1,28 +1,29 @@
 """The allocator's speed-ups against its definitions (issue 15): random workloads, bad calls included, run in
-lockstep through kvref's `KVCacheManager` and through the plain definitions, comparing every result, every error
+lockstep through kvref's fast twins and through the plain definitions, comparing every result, every error
 and the whole state after each call.
 
-- the decode-step fast path of `allocate_slots` against `_allocate_slots_definition`;
+- `FastKVCacheManager` (chapter 04c, the decode-step fast path of `allocate_slots`) against `KVCacheManager`, with
+  random seeds and with hypothesis, and a planted bug in the twin that the lockstep must catch;
 - the pool's unchecked work methods (`_touch`, `_cache_full_blocks`, `_free_blocks`), which the manager calls with
   its own tables: on the plain side each first runs the checks of its public twin, which must pass;
 - `BlockHashToBlockMap.get_cached_prefix` against `get_one_block` per hash;
-- a long prompt checked by pickling it (`Request._checked_prompt_token_ids`) and its blocks hashed from that
-  pickle (`update_block_hashes`) against the definitions: the same error, or the same tokens and the same hashes
+- a long prompt checked by pickling it (`Request._checked_prompt_token_ids`, chapter 01b's `pickle_prompt`) and its
+  blocks hashed from that pickle (`update_block_hashes`) against the definitions: the same error, or the same tokens and the same hashes
   as `request_block_hashes`."""
 import random
 from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import event, given, strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from kvref.core.block_pool import BlockHashToBlockMap, BlockPool
 from kvref.core.free_queue import KVCacheBlock, block_ids
 from kvref.core.hashing import LoRARequest, MultiModalItem, request_block_hashes
-import kvref.core.kv_cache_manager as kvm
-from kvref.core.kv_cache_manager import (KVCacheManager, Request, _allocate_slots_definition,
-                                    _checked_prompt_token_ids_definition, _update_block_hashes_definition,
-                                    update_block_hashes)
+import kvref.core.fast_allocator as fast_allocator
+import kvref.core.fast_hashing as fh
+from kvref.core.fast_allocator import FastKVCacheManager
+from kvref.core.kv_cache_manager import KVCacheManager, Request, checked_token_list, update_block_hashes
 
 
 class CheckingPool(BlockPool):
@@ -46,9 +47,7 @@ class CheckingPool(BlockPool):
 
 
 class PlainManager(KVCacheManager):
-    "The definitions: `allocate_slots` without its fast path, the pool's work methods behind their checks."
-    allocate_slots = _allocate_slots_definition
-
+    "The definitions: chapter 04's `allocate_slots`, the pool's work methods behind their checks."
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.block_pool.__class__ = CheckingPool
@@ -136,7 +135,7 @@ def apply(m: KVCacheManager, reqs: dict, op: tuple):
     raise AssertionError(name)
 
 
-def lockstep(seed: int, num_ops: int) -> Counter:
+def lockstep(seed: int, num_ops: int, fast_cls: type = FastKVCacheManager) -> Counter:
     "Run `num_ops` random ops through both sides over fresh random configurations; count outcomes by op."
     rng, counts = random.Random(seed), Counter()
     for op_index in range(num_ops):
@@ -145,7 +144,7 @@ def lockstep(seed: int, num_ops: int) -> Counter:
                           behavior=rng.choice(["vllm_0_33", "design_doc"]), enable_caching=rng.random() < 0.85,
                           max_model_len=rng.choice([None, None, 12, 20]), enable_kv_cache_events=rng.random() < 0.4)
             if config["behavior"] == "design_doc": config["num_preallocate_tokens"] = rng.choice([0, 0, 3])
-            fast, plain, fast_reqs, plain_reqs, next_id = KVCacheManager(**config), PlainManager(**config), {}, {}, 0
+            fast, plain, fast_reqs, plain_reqs, next_id = fast_cls(**config), PlainManager(**config), {}, {}, 0
         ops, next_id = random_calls(rng, fast, fast_reqs, next_id)
         for op in ops:
             got = apply(fast, fast_reqs, op), apply(plain, plain_reqs, op)
@@ -168,6 +167,27 @@ def test_fast_paths_agree_with_the_definitions_long():
     for seed in range(1, 11): lockstep(seed, 20_000)
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_fast_twin_in_lockstep_with_the_definition(seed):
+    "Hypothesis picks the workloads: random ops through `FastKVCacheManager` and `KVCacheManager`, every decision equal."
+    lockstep(seed, 400)
+
+
+def test_a_planted_bug_in_the_fast_twin_is_caught(monkeypatch):
+    "The lockstep has teeth: a decode step that rounds its block count down (a floor for `cdiv`) must fail it."
+    monkeypatch.setattr(fast_allocator, "cdiv", lambda a, b: a // b)
+    with pytest.raises(AssertionError):
+        lockstep(seed=0, num_ops=2000)
+    monkeypatch.undo()
+    lockstep(seed=0, num_ops=300)
+
+
+def test_the_fast_twin_is_a_kv_cache_manager_with_its_own_allocate_slots():
+    assert issubclass(FastKVCacheManager, KVCacheManager)
+    assert FastKVCacheManager.allocate_slots is not KVCacheManager.allocate_slots
+
+
 @given(st.lists(st.tuples(st.sampled_from(b"ABCDE"), st.integers(0, 9)), max_size=12),
        st.lists(st.sampled_from(b"ABCDEF"), max_size=8))
 def test_get_cached_prefix_is_get_one_block_up_to_the_first_miss(inserts, lookups):
@@ -183,8 +203,16 @@ def test_get_cached_prefix_is_get_one_block_up_to_the_first_miss(inserts, lookup
 
 
 class PlainRequest(Request):
-    "A request checked by the definition alone: no pickle kept, hashed by `_update_block_hashes_definition`."
-    _checked_prompt_token_ids = _checked_prompt_token_ids_definition
+    "A request checked by the definition alone (`checked_token_ids`, token by token): no pickle kept."
+    def _checked_prompt_token_ids(self) -> list[int]: return checked_token_list(self.prompt_token_ids, "prompt_token_ids")
+
+
+def plain_update(request, block_size, algo) -> list[bytes]:
+    "The definition: chapter 01's `request_block_hashes` after the request's known hashes."
+    request.block_hashes = request_block_hashes(request.all_token_ids, block_size, algo, cache_salt=request.cache_salt,
+                                                lora=request.lora_request, mm_items=request.mm_items,
+                                                known_hashes=request.block_hashes)
+    return request.block_hashes
 
 
 class Small(int):
@@ -221,7 +249,7 @@ def hashes_after(hash_update, request, block_size, algo, more) -> list:
        st.booleans(), st.booleans(), st.booleans(), st.data())
 def test_long_prompt_speed_ups_agree_with_the_definitions(rng, odd, block_size, algo, salt, with_lora, as_tuple,
                                                           hash_twice, data):
-    kvm._PICKLED_PROMPT_MIN_TOKENS, saved = 4, kvm._PICKLED_PROMPT_MIN_TOKENS  # every prompt of 4 ids or more
+    fh._PICKLED_PROMPT_MIN_TOKENS, saved = 4, fh._PICKLED_PROMPT_MIN_TOKENS  # every prompt of 4 ids or more
     try:
         tokens = random_prompt(rng)
         if odd is not None: tokens.insert(rng.randrange(len(tokens) + 1), odd)
@@ -241,11 +269,11 @@ def test_long_prompt_speed_ups_agree_with_the_definitions(rng, odd, block_size, 
         fast.block_hashes, plain.block_hashes = [], []
         more = [random_prompt(rng)[:20] or [1] for _ in range(rng.randrange(4))]
         got = hashes_after(update_block_hashes, fast, block_size, algo, more)
-        assert got == hashes_after(_update_block_hashes_definition, plain, block_size, algo, more)
+        assert got == hashes_after(plain_update, plain, block_size, algo, more)
         assert got[-1] == request_block_hashes(plain.all_token_ids, block_size, algo, cache_salt=salt, lora=lora,
                                                mm_items=items)
     finally:
-        kvm._PICKLED_PROMPT_MIN_TOKENS = saved
+        fh._PICKLED_PROMPT_MIN_TOKENS = saved
 
 
 def test_a_long_prompt_is_hashed_from_its_pickle():
@@ -277,16 +305,16 @@ def test_short_prompts_hash_unchecked_like_the_definition(rng, odd, block_size, 
     m = KVCacheManager(64, block_size, hash_algo=algo)
     more = [random_prompt(rng)[:block_size + 3] or [1] for _ in range(rng.randrange(5))]
     got = hashes_after(lambda r, *_: m._block_hashes(r), fast, block_size, algo, more)
-    assert got == hashes_after(_update_block_hashes_definition, plain, block_size, algo, more)
+    assert got == hashes_after(plain_update, plain, block_size, algo, more)
     assert got[-1] == request_block_hashes(plain.all_token_ids, block_size, algo, cache_salt=salt, lora=lora,
                                            mm_items=items)
 
 
 @pytest.mark.parametrize("args, error, message", [
     (("r", 0, "sha256"), ValueError, "block_size must be an int >= 1, got 0"),
-    (("r", True, "sha256"), ValueError, "block_size must be an int >= 1, got True"),
+    (("r", True, "sha256"), TypeError, "block_size must be an int >= 1, got True"),
     (("r", 4, "sha1"), ValueError, "sha1"),
-    ((None, 4, "sha256"), TypeError, "request must be a Request, got NoneType"),
+    ((None, 4, "sha256"), TypeError, "request must be a Request, got None"),
 ])
 def test_update_block_hashes_refuses_bad_arguments(args, error, message):
     r = Request("r", list(range(10)))

@@ -79,7 +79,7 @@ def test_queue_refuses_bad_counts_and_types():
     blocks, q = fresh_queue()
     state = lambda: queue_state(q, blocks)
     for n in (-1, True, 1.0, "1"):
-        refused(lambda: q.popleft_n(n), state, ValueError, "n must be an int >= 0")
+        refused(lambda: q.popleft_n(n), state, ValueError if type(n) is int else TypeError, "n must be an int >= 0")
     refused(lambda: q.append_n([None]), state, TypeError, "must be KVCacheBlock")
     refused(lambda: q.remove(3), state, TypeError, "must be a KVCacheBlock")
     refused(lambda: q.append_n(5), state, TypeError, "must be an iterable of KVCacheBlock")
@@ -134,14 +134,15 @@ def test_cache_full_blocks_validates_before_mapping():
 def test_get_new_blocks_refuses_bad_counts():
     pool = BlockPool(5)
     for n in (-10**18, -1, True, 2.0):
-        refused(lambda: pool.get_new_blocks(n), lambda: pool_state(pool), ValueError, "num_blocks must be an int >= 0")
+        refused(lambda: pool.get_new_blocks(n), lambda: pool_state(pool), ValueError if type(n) is int else TypeError,
+                "num_blocks must be an int >= 0")
 
 
 def test_pool_constructor_types():
     for kw in ({"enable_caching": 1}, {"null_block": "yes"}, {"enable_kv_cache_events": None}):
         with pytest.raises(TypeError, match=f"{next(iter(kw))} must be a bool"):
             BlockPool(4, **kw)
-    with pytest.raises(ValueError, match="num_blocks must be an int >= 1, got True"):
+    with pytest.raises(TypeError, match="num_blocks must be an int >= 1, got True"):  # a wrong kind: kvref.guards
         BlockPool(True)
 
 
@@ -260,7 +261,7 @@ def test_computed_tokens_beyond_the_table_are_refused():
     (lambda m: m.allocate_slots("b", 4), TypeError, "request must be a Request"),
     (lambda m: m.get_computed_blocks("b"), TypeError, "request must be a Request"),
     (lambda m: m.allocate_slots(Request("b", [1, 2, 3]), 1, 2, [None]), TypeError, "new_computed_blocks"),
-    (lambda m: m.allocate_slots(Request("b", [1, 2, 3]), True), ValueError, "num_new_tokens must be an int"),
+    (lambda m: m.allocate_slots(Request("b", [1, 2, 3]), True), TypeError, "num_new_tokens must be an int"),
 ])
 def test_wrong_types_get_named_errors(call, error, match):
     m = KVCacheManager(8, 2)
@@ -268,13 +269,13 @@ def test_wrong_types_get_named_errors(call, error, match):
 
 
 @pytest.mark.parametrize("args, kwargs, error, match", [
-    ((True, 4), {}, ValueError, "num_blocks must be an int >= 1, got True"),
-    ((8, True), {}, ValueError, "block_size must be an int >= 1, got True"),
+    ((True, 4), {}, TypeError, "num_blocks must be an int >= 1, got True"),
+    ((8, True), {}, TypeError, "block_size must be an int >= 1, got True"),
     ((8, 4), {"enable_caching": 1}, TypeError, "enable_caching must be a bool"),
     ((8, 4), {"strict": "no"}, TypeError, "strict must be a bool"),
     ((8, 4), {"enable_kv_cache_events": None}, TypeError, "enable_kv_cache_events must be a bool"),
-    ((8, 4), {"max_model_len": True}, ValueError, "max_model_len must be an int >= 1"),
-    ((8, 4), {"behavior": ["vllm_0_33"]}, ValueError, "behavior must be one of"),
+    ((8, 4), {"max_model_len": True}, TypeError, "max_model_len must be an int >= 1"),
+    ((8, 4), {"behavior": ["vllm_0_33"]}, TypeError, "behavior must be one of"),
     ((8, 4), {"hash_algo": 5}, ValueError, "unknown hash algorithm 5"),
 ])
 def test_manager_constructor_refuses_wrong_types(args, kwargs, error, match):

@@ -24,18 +24,11 @@ SPEED = re.compile(r"speed|fast path", re.I)
 
 # (notebook stem, rule) pairs still being fixed by the book's third edition; rules: "first-lesson", "checks-heading".
 KNOWN: set[tuple[str, str]] = {
-    ('01_hashing', 'checks-heading'),
-    ('04_kv_cache_manager', 'checks-heading'),
-    ('04_kv_cache_manager', 'first-lesson'),
     ('06d_offload', 'checks-heading'),
     ('06d_offload', 'first-lesson'),
 }
 # Module names still defining a name twice: (module, name).
-KNOWN_TWICE: set[tuple[str, str]] = {
-    ('kvref.core.kv_cache_manager', 'KVCacheManager._block_hashes'),
-    ('kvref.core.kv_cache_manager', 'KVCacheManager.allocate_slots'),
-    ('kvref.core.kv_cache_manager', 'update_block_hashes'),
-}
+KNOWN_TWICE: set[tuple[str, str]] = set()
 
 
 def _defs(source: str) -> list[str]:

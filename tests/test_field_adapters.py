@@ -13,7 +13,8 @@ import pytest
 
 from kvref.adapters.field import (KVCACHED_FIELDS, answer_to_json, block_mm_infos, kvindex_answer, lmcache_chunk_hashes,
                                   load_dynamo, load_kvcached, load_lmcache, load_sglang, prompt_from_json)
-from kvref.core.hashing import LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens, init_none_hash
+from kvref.core.hashing import LoRARequest, MultiModalItem, get_hash_fn_by_name, init_none_hash
+from kvref.core.fast_hashing import hash_request_tokens
 from kvref.oracle.replay import load_trace, replay
 
 FIELD = Path(__file__).resolve().parents[1] / "golden" / "field"

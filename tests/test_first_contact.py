@@ -116,7 +116,8 @@ def _hit(first: dict, second: dict) -> int:
 
 def _lora_name_and_path():
     "Name and path both enter every block hash: the same name at another path (or another name) shares nothing."
-    from kvref.core.hashing import LoRARequest, hash_request_tokens
+    from kvref.core.hashing import LoRARequest
+    from kvref.core.fast_hashing import hash_request_tokens
     hashes = [hash_request_tokens(list(range(8)), 4, lora=LoRARequest(n, p)) for n, p in (("a", "/p"), ("a", "/q"), ("b", "/p"))]
     assert all(x != y for i, h in enumerate(hashes) for g in hashes[i + 1:] for x, y in zip(h, g))
     same = {"name": "a", "path": "/p"}

@@ -12,9 +12,11 @@ from hypothesis import assume, given, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kvref.core import hashing as H
+from kvref.core import fast_hashing as F
 from kvref.core.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, generate_block_hash_extra_keys,
-                           get_hash_fn_by_name, hash_block_tokens, hash_request_tokens, init_none_hash,
+                           get_hash_fn_by_name, hash_block_tokens, init_none_hash,
                            request_block_hashes)
+from kvref.core.fast_hashing import hash_request_tokens
 from kvref.cli import hash_main
 
 xxhash = pytest.importorskip("xxhash")
@@ -88,31 +90,31 @@ def naive_of(req):
 
 
 # --- differential: kvref equals the naive model -----------------------------------------------------------------
-@given(requests(), st.one_of(st.integers(1, 300), st.just(H._CHUNK_TOKENS)))
+@given(requests(), st.one_of(st.integers(1, 300), st.just(F._CHUNK_TOKENS)))
 def test_matches_naive_model(req, chunk_tokens):
-    with patch.object(H, "_CHUNK_TOKENS", chunk_tokens):  # chunk boundaries anywhere, not only past 8192 tokens
+    with patch.object(F, "_CHUNK_TOKENS", chunk_tokens):  # chunk boundaries anywhere, not only past 8192 tokens
         assert hash_request_tokens(**req) == naive_of(req)
 
-@given(requests(), st.one_of(st.integers(1, 300), st.just(H._CHUNK_TOKENS)))
+@given(requests(), st.one_of(st.integers(1, 300), st.just(F._CHUNK_TOKENS)))
 def test_fast_path_equals_the_definition(req, chunk_tokens):
     "hash_request_tokens (checked, chunked, shared keys, pre-encoded CBOR) == the chapter's request_block_hashes."
-    with patch.object(H, "_CHUNK_TOKENS", chunk_tokens):
+    with patch.object(F, "_CHUNK_TOKENS", chunk_tokens):
         assert hash_request_tokens(**req) == request_block_hashes(**req)
     cut = len(req["token_ids"]) // 2  # incrementally too: the definition chains onto known hashes the same way
     inside = [item for item in req["mm_items"] if item.offset + item.length <= cut]  # items the prefix holds whole
     known = request_block_hashes(**{**req, "token_ids": req["token_ids"][:cut], "mm_items": inside})
     assert hash_request_tokens(**req, known_hashes=known) == request_block_hashes(**req, known_hashes=known)
 
-@given(requests(), st.one_of(st.integers(1, 300), st.just(H._CHUNK_TOKENS)))
+@given(requests(), st.one_of(st.integers(1, 300), st.just(F._CHUNK_TOKENS)))
 def test_trusted_body_equals_the_checked_path(req, chunk_tokens):
     "`_hash_request_blocks` with `ids_checked=True` (what the KV cache manager calls) == hash_request_tokens."
     items = sorted(req["mm_items"], key=lambda item: item.offset)
     body = dict(req, mm_items=items, prompt_embeds=req.get("prompt_embeds"), ids_checked=True)
-    with patch.object(H, "_CHUNK_TOKENS", chunk_tokens):
+    with patch.object(F, "_CHUNK_TOKENS", chunk_tokens):
         want = hash_request_tokens(**req)
-        assert H._hash_request_blocks(**body, known_hashes=[]) == want
+        assert F._hash_request_blocks(**body, known_hashes=[]) == want
         known = want[:len(want) // 2]  # incrementally too
-        assert H._hash_request_blocks(**body, known_hashes=known) == want
+        assert F._hash_request_blocks(**body, known_hashes=known) == want
 
 uint_edges = st.lists(st.one_of(st.integers(0, 2**32 + 5), st.sampled_from([0, 255, 256, 2**31, 2**32 - 1, 2**32,
                                                                                2**63, 2**64 - 1, 2**64, -1])),
@@ -126,17 +128,17 @@ def test_uint_values_by_array_equal_struct(values, code, odd):
     layout = f"<{len(values)}{code}"
     try: want = list(struct.unpack(layout, struct.pack(layout, *values)))
     except Exception: want = None
-    got = H._uint_values(values, code)
+    got = F._uint_values(values, code)
     assert (got if got is None else got.tolist()) == want
-    with patch.object(H, "_ARRAY_DTYPES", {}):  # a platform where C's unsigned int is not 4 bytes: struct does it
-        got = H._uint_values(values, code)
+    with patch.object(F, "_ARRAY_DTYPES", {}):  # a platform where C's unsigned int is not 4 bytes: struct does it
+        got = F._uint_values(values, code)
         assert (got if got is None else got.tolist()) == want
-    assert code in H._ARRAY_DTYPES  # this platform takes the array route
+    assert code in F._ARRAY_DTYPES  # this platform takes the array route
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_long_request_crosses_chunks(algo):
     rng = np.random.default_rng(0)
-    toks = rng.integers(0, 200_000, 3 * H._CHUNK_TOKENS + 100).tolist()
+    toks = rng.integers(0, 200_000, 3 * F._CHUNK_TOKENS + 100).tolist()
     mm = [MultiModalItem("a", 8000, 500), MultiModalItem("b", 16380, 20)]
     req = dict(token_ids=toks, block_size=16, algo=algo, cache_salt="t", lora=LoRARequest("l", "/p"), mm_items=mm, seed=SEED)
     assert hash_request_tokens(**req) == naive_of(req)
@@ -157,7 +159,7 @@ def test_hash_block_tokens_chain_matches_request(req, data):
 def test_cbor_token_encoding_is_cbor2(toks, bs):
     toks = toks[:len(toks) // bs * bs]
     expected = [cbor2.dumps(tuple(toks[s:s + bs]), canonical=True) for s in range(0, len(toks), bs)]
-    assert H._cbor_token_blocks(toks, bs) == expected
+    assert F._cbor_token_blocks(toks, bs) == expected
 
 keys_st = st.one_of(st.none(), st.lists(st.one_of(
     st.tuples(st.just("lora"), st.sampled_from(["a", "X", "sql"]), st.sampled_from(["a", "/p", ""])),
@@ -173,7 +175,7 @@ def test_preencoded_cbor_equals_the_definition(algo, parent_len, toks, bs, key_c
     n = len(toks) // bs
     keys = [key_cycle[i % len(key_cycle)] for i in range(n)]
     parent = (bytes(range(256)) * 2)[:parent_len]
-    got = H._hash_blocks_cbor(algo, parent, H._cbor_token_blocks(toks, bs), keys)
+    got = F._hash_blocks_cbor(algo, parent, F._cbor_token_blocks(toks, bs), keys)
     fn, expected, p = get_hash_fn_by_name(algo), [], parent
     for i in range(n):
         p = fn((p, tuple(toks[i * bs:(i + 1) * bs]), keys[i]))
@@ -201,11 +203,11 @@ def test_pickled_blocks_equal_the_definition(bs, key_cycle, parent_kind, data):
         d = hashlib.sha256(pickle.dumps((p, tuple(toks[i * bs:(i + 1) * bs]), keys[i]), 5)).digest()
         p = d if parent_kind == "bytes" else int.from_bytes(d, "big")
         expected.append(p)
-    with patch.object(H, "_PICKLE_MIN_BLOCKS", 1):
-        assert H._hash_blocks("sha256", parent, toks, 0, len(toks), bs, keys) == expected
+    with patch.object(F, "_PICKLE_MIN_BLOCKS", 1):
+        assert F.hash_blocks("sha256", parent, toks, 0, len(toks), bs, keys) == expected
     if len(toks) > 3 and max(toks) < 2**31:  # the fast path itself, not its fallback
-        cut = H._pickled_token_blocks(tuple(toks), bs)
-        assert cut is not None and H._hash_pickled_blocks(parent, *cut, bs, keys) == expected
+        cut = F._pickled_token_blocks(tuple(toks), bs)
+        assert cut is not None and F._hash_pickled_blocks(parent, *cut, bs, keys) == expected
 
 class _ForcedLeadSha256:
     "hashlib stand-in: SHA-256 with its first bytes replaced by `leads`, one after another (digests starting 00 ...)."
@@ -232,15 +234,15 @@ def test_int_parents_pickle_as_long1_from_the_digest(bs, leads, key_cycle, data)
     for i in range(n):
         p = int.from_bytes(fake.sha256(pickle.dumps((p, tuple(toks[i * bs:(i + 1) * bs]), keys[i]), 5)).digest(), "big")
         expected.append(p)
-    with patch.object(H, "hashlib", _ForcedLeadSha256(leads)):
-        assert H._hash_pickled_blocks(parent, *H._pickled_token_blocks(tuple(toks), bs), bs, keys) == expected
+    with patch.object(F, "hashlib", _ForcedLeadSha256(leads)):
+        assert F._hash_pickled_blocks(parent, *F._pickled_token_blocks(tuple(toks), bs), bs, keys) == expected
 
 @pytest.mark.parametrize("bs", [1, 2, 3, 4, 5, 7, 16])
 def test_pickle_cut_takes_every_width(bs):
     "Ids at each width's edges take the fast path (a wrong width only declines: this catches it) and cut right."
     toks = [0, 255, 256, 65535, 65536, 2**31 - 1, 1, 70_000] * 7
     toks = tuple(toks[:len(toks) // bs * bs])
-    raw, cuts = H._pickled_token_blocks(toks, bs)
+    raw, cuts = F._pickled_token_blocks(toks, bs)
     assert [raw[a:b] for a, b in zip(cuts, cuts[1:])] == [
         pickle.dumps(toks[s:s + bs] + (0, 0, 0), 5)[12:-9] if bs < 4 else pickle.dumps(toks[s:s + bs], 5)[12:-3]
         for s in range(0, len(toks), bs)]
@@ -250,7 +252,7 @@ def test_pickle_cut_takes_every_width(bs):
 def test_pickled_blocks_decline_what_is_no_exact_int(toks, at, bad):
     "A bool, a numpy integer, an id from 2**31 on or a float anywhere: the pickle cut declines (the definition decides)."
     toks[at % len(toks)] = bad
-    assert H._pickled_token_blocks(tuple(toks), 2) is None
+    assert F._pickled_token_blocks(tuple(toks), 2) is None
 
 
 # --- properties the issue names ---------------------------------------------------------------------------------
@@ -390,7 +392,7 @@ def test_numpy_scalars_at_the_top_of_the_range(algo):
 @pytest.mark.parametrize("block_size", [3, 5, 7, 24, 100, 127])
 def test_block_sizes_that_do_not_divide_the_chunk(block_size):
     "Chunks must hold whole blocks whatever the block size (a chunk of `CHUNK // block_size` tokens would not)."
-    toks = list(range(2 * H._CHUNK_TOKENS + 300))
+    toks = list(range(2 * F._CHUNK_TOKENS + 300))
     for algo in ("sha256", "sha256_cbor"):
         got = hash_request_tokens(toks, block_size, algo, seed=SEED)
         assert len(got) == len(toks) // block_size and got == naive_hashes(toks, block_size, algo)
@@ -415,7 +417,7 @@ def test_torch_prompt_embeds_hash_their_raw_bytes():
     (lambda: hash_request_tokens([2**64], 1), ValueError, r"token_ids\[0\]"),
     (lambda: hash_request_tokens([1, True], 1), TypeError, r"token_ids\[1\] is True \(bool\)"),
     (lambda: hash_request_tokens([1], 0), ValueError, "block_size must be an int >= 1, got 0"),
-    (lambda: hash_request_tokens([1], 2.0), ValueError, "block_size"),
+    (lambda: hash_request_tokens([1], 2.0), TypeError, "block_size"),
     (lambda: hash_request_tokens([1], 1, "sha1"), ValueError, "valid names: sha256, sha256_cbor, xxhash, xxhash_cbor, builtin"),
     (lambda: get_hash_fn_by_name(None), ValueError, "unknown hash algorithm None"),
     (lambda: hash_request_tokens([1], 1, cache_salt=b"s"), TypeError, "cache_salt must be a str or None, got bytes"),
@@ -558,7 +560,7 @@ def test_definition_and_fast_path_refuse_alike(token_ids, block_size, kwargs):
     assert (type(lesson.value), str(lesson.value)) == (type(fast.value), str(fast.value))
 
 @pytest.mark.parametrize("tokens, error, message", [
-    ("abc", TypeError, "token_ids[0] is 'a' (str)"), ([1.0], TypeError, "token_ids[0] is 1.0 (float)"),
+    ("abc", TypeError, "token_ids must be a sequence of ints, got 'abc'"), (None, TypeError, "token_ids must be a sequence of ints, got None"), ([1.0], TypeError, "token_ids[0] is 1.0 (float)"),
     ([True], TypeError, "token_ids[0] is True (bool)"), ([None], TypeError, "token_ids[0] is None (NoneType)"),
     ([-1], ValueError, "token_ids[0] is -1; token ids must be ints in [0, 2**64)"),
     ([1, 2**64], ValueError, "token_ids[1] is 18446744073709551616"),
@@ -580,6 +582,20 @@ def test_hash_block_tokens_hashes_numpy_ints_as_ints():
     (8, 4, "end_token_idx must be an int >= 8, got 4"),
 ])
 def test_extra_keys_refuse_a_bad_block_range(start, end, message):
-    with pytest.raises(ValueError) as got:
+    "Wrong kind (not an int, or a bool): TypeError; an int out of range: ValueError (kvref.guards' rule)."
+    wrong_kind = any(type(v) is not int for v in (start, end))
+    with pytest.raises(TypeError if wrong_kind else ValueError) as got:
         generate_block_hash_extra_keys(start, end, cache_salt="x")
     assert str(got.value) == message
+
+
+@pytest.mark.parametrize("call", [
+    lambda: hash_block_tokens(H.sha256, b"parent", None),
+    lambda: request_block_hashes(None, 4),
+    lambda: hash_request_tokens(None, 4),
+    lambda: H.checked_token_ids(None),
+])
+def test_no_token_ids_is_named(call):
+    "Issue 32: `None` (or anything that is no sequence) for the token ids names the argument, not Python's generic error."
+    with pytest.raises(TypeError, match=r"^token_ids must be a sequence of ints, got None$"):
+        call()

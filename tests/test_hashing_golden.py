@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from kvref.core.hashing import (LoRARequest, MultiModalItem, block_hash_to_int64, check_vectors,
-                           hash_request_tokens, load_vectors)
+                           load_vectors)
+from kvref.core.fast_hashing import hash_request_tokens
 from kvref.cli import hash_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +180,7 @@ def test_cli_check_not_json(capsys, tmp_path):
 
 
 # --- across processes ---------------------------------------------------------------------------------------------
-PROBE = ("import sys; from kvref.core.hashing import hash_request_tokens as h; "
+PROBE = ("import sys; from kvref.core.fast_hashing import hash_request_tokens as h; "
          "print(' '.join(x.hex() for a in sys.argv[1:] for x in h(list(range(64)), 16, a)))")
 
 def _hashes_in_fresh_process(*algos: str, env_seed: str | None = None) -> list[str]:

@@ -8,7 +8,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvref.core.block_pool import BlockRemoved, BlockStored
 from kvref.core.free_queue import block_ids
-from kvref.core.hashing import LoRARequest, hash_request_tokens
+from kvref.core.hashing import LoRARequest
+from kvref.core.fast_hashing import hash_request_tokens
 from kvref.core.kv_cache_manager import KVCacheManager, Request, cdiv
 from kvref.oracle.replay import replay
 

@@ -30,7 +30,7 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(entry):
 # Issue 32: refusals that gave Python's generic message ("unhashable type: 'list'", "'int' object is not iterable")
 # now name the argument; each row failed before its fix.
 def _named_refusals():
-    from kvref.core import block_pool, hashing, hybrid, kv_cache_manager
+    from kvref.core import block_pool, fast_hashing, hashing, hybrid, kv_cache_manager
     from kvref.oracle import hybrid_replay, production_traces, releases, replay, router_conformance
     from kvref.distributed import kv_events
     index, p033, router = kv_events.KVIndex(2), releases.profile_for_version("0.33.0"), router_conformance.ExampleRouter
@@ -44,7 +44,7 @@ def _named_refusals():
         (lambda: list(router_conformance.op_batches(5)), TypeError, "trace must be a list of ops or a trace file's path, got int"),
         (lambda: block_pool.BlockPool(8).get_cached_block([b"x"]), TypeError, "block_hash must be bytes, got list"),
         (lambda: kv_cache_manager.KVCacheManager(8, 4).get_block_ids(["a"]), TypeError, "request_id must be a str, got list"),
-        (lambda: hashing.hash_request_tokens([1, 2, 3, 4], 4, known_hashes=None), TypeError, "known_hashes must be a list"),
+        (lambda: fast_hashing.hash_request_tokens([1, 2, 3, 4], 4, known_hashes=None), TypeError, "known_hashes must be a list"),
         (lambda: production_traces.MooncakeRequest("x", 20, 2, [1]), ValueError, "field 'timestamp' must be an int >= 0"),
         (lambda: releases.release_block_hashes(None, [1, 2], 2), TypeError, "profile must be a VllmProfile"),
         # the rest, found by calling the newer chapters' entry points with wrong types (crash: a KeyError or

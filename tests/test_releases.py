@@ -4,7 +4,8 @@ from dataclasses import replace
 from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
-from kvref.core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
+from kvref.core.hashing import LoRARequest, MultiModalItem
+from kvref.core.fast_hashing import hash_request_tokens
 from kvref.oracle.replay import TraceDriver, load_decisions
 from kvref.oracle import releases
 from kvref.oracle.releases import (PROFILES, profile_for_version, release_block_hashes, check_release_vectors, python_hash,

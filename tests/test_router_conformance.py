@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvref.core.hashing import hash_request_tokens
+from kvref.core.fast_hashing import hash_request_tokens
 from kvref.distributed.kv_events import KVIndex, external_block_hash
 from kvref.oracle.replay import TraceReplayer, load_trace
 from kvref.oracle.router_conformance import (ClearBlindRouter, DropAllCopiesRouter, ExampleRouter, FirstBytesRouter, SaltBlindRouter,

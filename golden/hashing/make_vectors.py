@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvref.core.hashing import LoRARequest, MultiModalItem, block_hash_to_int64, hash_request_tokens
+from kvref.core.hashing import LoRARequest, MultiModalItem, block_hash_to_int64
+from kvref.core.fast_hashing import hash_request_tokens
 
 VERSION = 1
 OUT = Path(__file__).with_name(f"kvref-block-hashes-v{VERSION}.json")

@@ -13,7 +13,8 @@ from importlib import metadata
 from types import SimpleNamespace
 from unittest.mock import MagicMock
 from fastcore.basics import patch
-from ..core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
+from ..core.hashing import LoRARequest, MultiModalItem
+from ..core.fast_hashing import hash_request_tokens
 from ..distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVIndex, decode_batch
 from ..oracle.router_conformance import EventPublisher
 

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from fastcore.basics import patch
 from ..guards import check_instance, check_int
-from ..core.kv_cache_manager import _checked_token_ids
+from ..core.kv_cache_manager import checked_token_list as _checked_token_ids
 
 # %% auto #0
 __all__ = ['NanoBlock', 'compute_hash', 'NanoBlockManager', 'NanoAdapter']

@@ -6,17 +6,19 @@ Docs: https://kvref.github.io/kvref/hashing.html.md"""
 
 # %% ../../nbs/01_hashing.ipynb #2f110631
 from __future__ import annotations
-import bisect, hashlib, json, operator, os, pickle, struct, sys
+import bisect, hashlib, html, json, operator, os, pickle, sys
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import islice, repeat
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import cbor2
 import numpy as np
+
+from ..guards import check_int, refuse
 
 try:  # optional, like in vLLM: environments with strict security controls leave it out
     import xxhash as _xxhash
@@ -24,10 +26,56 @@ except ImportError:  # pragma: no cover
     _xxhash = None
 
 # %% auto #0
-__all__ = ['HASH_FUNCTIONS', 'SHA256_FAMILY', 'NONE_HASH_SEED', 'sha256', 'sha256_cbor', 'xxhash', 'xxhash_cbor', 'builtin',
-           'get_hash_fn_by_name', 'init_none_hash', 'hash_block_tokens', 'LoRARequest', 'MultiModalItem',
-           'generate_block_hash_extra_keys', 'request_block_hashes', 'block_hash_to_int64', 'hash_request_tokens',
-           'load_vectors', 'VectorMismatch', 'check_vectors']
+__all__ = ['HASH_FUNCTIONS', 'SHA256_FAMILY', 'NONE_HASH_SEED', 'chain_svg', 'sha256', 'sha256_cbor', 'xxhash', 'xxhash_cbor',
+           'builtin', 'get_hash_fn_by_name', 'init_none_hash', 'hash_block_tokens', 'token_span', 'checked_span',
+           'checked_token_ids', 'LoRARequest', 'MultiModalItem', 'decoded_copy', 'generate_block_hash_extra_keys',
+           'request_block_hashes', 'checked_mm_items', 'checked_request', 'checked_hash_inputs', 'block_hash_to_int64',
+           'lora_from_json', 'mm_from_json', 'check_path', 'load_vectors', 'VectorMismatch', 'check_vectors']
+
+# %% ../../nbs/01_hashing.ipynb #e2f337c0
+_COLUMN, _ROW = 175, 18  # px: one block's column, one line of text (text is 12 px)
+
+def _text(x: float, y: float, text: str, **style) -> str:
+    attrs = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in {"font_size": 12, "fill": "#222", **style}.items())
+    return f'<text x="{x}" y="{y}" font-family="monospace"{attrs}>{html.escape(text[:23])}</text>'
+
+def _box(x: float, y: float, text: str, fill: str, dash: str = "none") -> str:
+    return (f'<rect x="{x}" y="{y}" width="{_COLUMN - 25}" height="26" rx="4" fill="{fill}" stroke="#444" '
+            f'stroke-dasharray="{dash}"/>' + _text(x + 6, y + 17, text))
+
+def _arrow(x1: float, y1: float, x2: float, y2: float) -> str:
+    return f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#2f6fd6" stroke-width="1.5" marker-end="url(#head)"/>'
+
+def _key_label(key: tuple) -> str:
+    "One extra key, short: its tag and values (bytes as 8 hex digits), cut to 20 characters."
+    return " ".join(v.hex()[:8] if isinstance(v, bytes) else str(v) for v in key)[:20]
+
+
+# %% ../../nbs/01_hashing.ipynb #0ea81060
+def chain_svg(blocks: Sequence[Sequence[int]],  # each full block's token ids, in order
+              hashes: Sequence[str],  # each block's hash as it is labelled (a name, or hex digits)
+              extra_keys: Sequence[tuple | None] = (),  # each block's extra keys (missing or None: none)
+              partial: Sequence[int] = (),  # the tokens of the last, partial block: not hashed yet
+              parent: str = "NONE_HASH",  # the label of the first block's parent
+             ) -> str:
+    "The chain of block hashes as an SVG document: each block's tokens and extra keys, and its hash made from its parent's."
+    if len(hashes) != len(blocks): raise ValueError(f"{len(blocks)} blocks but {len(hashes)} hashes")
+    keys = [[_key_label(k) for k in (extra_keys[i] or ())] if i < len(extra_keys) else [] for i in range(len(blocks))]
+    hash_y = 60 + _ROW * max(map(len, keys), default=0)
+    parts = [_box(10, hash_y, parent, "#eeeeee")]
+    for i, (block, label) in enumerate(zip(blocks, hashes), 1):
+        x = 10 + i * _COLUMN
+        parts += [_box(x, 10, " ".join(map(str, block)), "#ffe680"), _box(x, hash_y, label, "#dbe8fb"),
+                  _arrow(x - 25, hash_y + 13, x - 2, hash_y + 13), _arrow(x + 142, 37, x + 142, hash_y - 2)]
+        parts += [_text(x + 4, 52 + _ROW * j, k, font_size=11, fill="#555") for j, k in enumerate(keys[i - 1])]
+    if partial:
+        x = 10 + (len(blocks) + 1) * _COLUMN
+        parts += [_box(x, 10, " ".join(map(str, partial)), "#ffffff", "4 3"), _text(x + 4, hash_y + 17, "not full: no hash yet", font_size=11, fill="#666")]
+    width, height = 20 + (len(blocks) + 1 + bool(partial)) * _COLUMN, hash_y + 40
+    head = '<defs><marker id="head" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#2f6fd6"/></marker></defs>'
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+            + head + "".join(parts) + "</svg>")
+
 
 # %% ../../nbs/01_hashing.ipynb #c844f5b7
 def sha256(obj: Any) -> bytes:
@@ -94,10 +142,32 @@ def init_none_hash(hash_fn_name: str,  # algorithm, see `HASH_FUNCTIONS`
     if not isinstance(seed, str): raise TypeError(f"seed must be a str or None, got {type(seed).__name__}")
     return _seeded_none_hash(hash_fn_name, seed) if type(seed) is str else hash_fn(seed)  # a subclass pickles apart
 
-# %% ../../nbs/01_hashing.ipynb #c1a00031
-def _check_int(name: str, value, low: int) -> None:
-    "Refuse `value` unless it is an int >= `low` (a bool is not one), naming `name`."
-    if type(value) is not int or value < low: raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+# %% ../../nbs/01_hashing.ipynb #78c910cc
+def hash_block_tokens(hash_fn: Callable[[Any], bytes],  # from `get_hash_fn_by_name`
+                      parent_block_hash: bytes | None,  # previous block's hash; None for the first block
+                      curr_block_token_ids: Sequence[int],  # the block's token ids (a full block)
+                      extra_keys: tuple | None = None,  # from `generate_block_hash_extra_keys`
+                      none_hash: bytes | None = None,  # parent of the first block; default `init_none_hash`
+                     ) -> bytes:
+    "The hash of one full block: `hash_fn((parent, tuple(token_ids), extra_keys))`, token ids checked first."
+    if not parent_block_hash: parent_block_hash = none_hash or _default_none_hash(hash_fn)
+    return hash_fn((parent_block_hash, checked_token_ids(curr_block_token_ids, 0, None), extra_keys))
+
+# %% ../../nbs/01_hashing.ipynb #0811430b
+def _is_tensor(x) -> bool:
+    "Whether `x` is a torch tensor (torch is not imported for this: if it is not loaded, `x` is none)."
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+def _check_token_container(token_ids) -> None:
+    "Token ids come as a sequence (list, tuple, range) or a 1-D numpy or torch array, never as a string."
+    if type(token_ids) in (list, tuple): return  # the common case, at once
+    is_array = isinstance(token_ids, np.ndarray) or _is_tensor(token_ids)
+    if isinstance(token_ids, (str, bytes, bytearray)) or not (is_array or isinstance(token_ids, Sequence)):
+        refuse("token_ids", "a sequence of ints", token_ids, TypeError)
+    if is_array and token_ids.ndim != 1:
+        raise TypeError(f"token_ids must be one-dimensional, got shape {tuple(token_ids.shape)}")
+
 
 # %% ../../nbs/01_hashing.ipynb #76a3e5f1
 def _checked_token(token, index: int) -> int:
@@ -111,12 +181,12 @@ def _checked_token(token, index: int) -> int:
     return value
 
 # %% ../../nbs/01_hashing.ipynb #76a3e5f3
-def _token_span(token_ids: Sequence[int], start: int, stop: int | None) -> tuple:
+def token_span(token_ids: Sequence[int], start: int = 0, stop: int | None = None) -> tuple:
     "`token_ids[start:stop]` as a tuple, numpy and torch arrays as the Python numbers they hold; not checked."
     span = token_ids[start:stop]
     return tuple(span.tolist() if hasattr(span, "tolist") else span)
 
-def _checked_span(tokens: tuple, start: int) -> tuple[int, ...]:
+def checked_span(tokens: tuple, start: int = 0) -> tuple[int, ...]:
     "`tokens` (`token_ids[start:...]`) as a tuple of Python ints in [0, 2**64), or an error naming the first bad one."
     if list(map(type, tokens)).count(int) == len(tokens):  # exact ints: vLLM hashes Python ints, numpy ints differ
         try:
@@ -125,20 +195,12 @@ def _checked_span(tokens: tuple, start: int) -> tuple[int, ...]:
         except OverflowError: pass
     return tuple(_checked_token(token, i) for i, token in enumerate(tokens, start))
 
-def _checked_tokens(token_ids: Sequence[int], start: int, stop: int | None) -> tuple[int, ...]:
+def checked_token_ids(token_ids: Sequence[int],  # a sequence or a 1-D array of ints
+                      start: int = 0, stop: int | None = None,  # the slice to check
+                     ) -> tuple[int, ...]:
     "`token_ids[start:stop]` as a tuple of Python ints in [0, 2**64), or a clear error naming the first bad one."
-    return _checked_span(_token_span(token_ids, start, stop), start)
-
-# %% ../../nbs/01_hashing.ipynb #78c910cc
-def hash_block_tokens(hash_fn: Callable[[Any], bytes],  # from `get_hash_fn_by_name`
-                      parent_block_hash: bytes | None,  # previous block's hash; None for the first block
-                      curr_block_token_ids: Sequence[int],  # the block's token ids (a full block)
-                      extra_keys: tuple | None = None,  # from `generate_block_hash_extra_keys`
-                      none_hash: bytes | None = None,  # parent of the first block; default `init_none_hash`
-                     ) -> bytes:
-    "The hash of one full block: `hash_fn((parent, tuple(token_ids), extra_keys))`, token ids checked first."
-    if not parent_block_hash: parent_block_hash = none_hash or _default_none_hash(hash_fn)
-    return hash_fn((parent_block_hash, _checked_tokens(curr_block_token_ids, 0, None), extra_keys))
+    _check_token_container(token_ids)
+    return checked_span(token_span(token_ids, start, stop), start)
 
 # %% ../../nbs/01_hashing.ipynb #c37a65b0
 _NAME_OF_HASH_FN = {fn: name for name, fn in HASH_FUNCTIONS.items()}
@@ -172,16 +234,10 @@ class MultiModalItem:
     def __post_init__(self):
         if not isinstance(self.identifier, str):
             raise TypeError(f"MultiModalItem.identifier must be a str, got {type(self.identifier).__name__}")
-        for field, low in (("offset", 0), ("length", 1)): _check_int(f"MultiModalItem.{field}", getattr(self, field), low)
+        for field, low in (("offset", 0), ("length", 1)): check_int(f"MultiModalItem.{field}", getattr(self, field), low)
 
     @property
     def end(self) -> int: return self.offset + self.length
-
-# %% ../../nbs/01_hashing.ipynb #fb0f504b
-def _is_tensor(x) -> bool:
-    "Whether `x` is a torch tensor (torch is not imported for this: if it is not loaded, `x` is none)."
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 # %% ../../nbs/01_hashing.ipynb #fb0f5047
 def _embedding_rows_bytes(rows) -> bytes:
@@ -193,7 +249,7 @@ def _embedding_rows_bytes(rows) -> bytes:
     raise TypeError(f"prompt_embeds must be a numpy array or a torch tensor, got {type(rows).__name__}")
 
 # %% ../../nbs/01_hashing.ipynb #d3c0de02
-def _decoded(s: str) -> str:
+def decoded_copy(s: str) -> str:
     "`s` as its own object, as a server holds each string it decoded (CPython shares only '' and 1-char latin-1 ones)."
     return s.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
 
@@ -208,29 +264,41 @@ def generate_block_hash_extra_keys(start_token_idx: int,  # first token of the b
                                    prompt_embeds=None,  # [num_prompt_tokens, hidden] array or tensor
                                   ) -> tuple | None:
     "The tagged extra keys of the block `[start_token_idx, end_token_idx)`, in vLLM 0.33's order; None if none."
-    _check_int("start_token_idx", start_token_idx, 0)
-    _check_int("end_token_idx", end_token_idx, start_token_idx)
+    if type(start_token_idx) is not int or type(end_token_idx) is not int or not 0 <= start_token_idx <= end_token_idx:
+        check_int("start_token_idx", start_token_idx, 0); check_int("end_token_idx", end_token_idx, start_token_idx)
     keys: list[tuple] = []
-    if lora is not None: keys.append(("lora", _decoded(lora.name), _decoded(lora.path)))
+    if lora is not None: keys.append(("lora", decoded_copy(lora.name), decoded_copy(lora.path)))
     first = bisect.bisect_right(mm_items, start_token_idx, key=_ITEM_END)  # first to end after start
     for item in islice(mm_items, first, None):
         if item.offset >= end_token_idx: break
-        keys.append(("mm", _decoded(item.identifier), item.offset - start_token_idx))
-    if cache_salt and start_token_idx == 0: keys.append(("cache_salt", _decoded(cache_salt)))
+        keys.append(("mm", decoded_copy(item.identifier), item.offset - start_token_idx))
+    if cache_salt and start_token_idx == 0: keys.append(("cache_salt", decoded_copy(cache_salt)))
     if prompt_embeds is not None:
         rows = _embedding_rows_bytes(prompt_embeds[start_token_idx:end_token_idx])
         keys.append(("prompt_embeds", hashlib.sha256(rows).digest()))
     return tuple(keys) or None
 
-# %% ../../nbs/01_hashing.ipynb #c1a00013
-def _check_token_container(token_ids) -> None:
-    "Token ids come as a sequence (list, tuple, range) or a 1-D numpy or torch array, never as a string."
-    is_array = isinstance(token_ids, np.ndarray) or _is_tensor(token_ids)
-    if isinstance(token_ids, (str, bytes, bytearray)) or not (is_array or isinstance(token_ids, Sequence)):
-        raise TypeError(f"token_ids must be a sequence of ints (a list, or a 1-D numpy or torch integer array), "
-                        f"got {type(token_ids).__name__}")
-    if is_array and token_ids.ndim != 1:
-        raise TypeError(f"token_ids must be one-dimensional, got shape {tuple(token_ids.shape)}")
+# %% ../../nbs/01_hashing.ipynb #d22197c5
+def request_block_hashes(token_ids: Sequence[int],  # all token ids so far: prompt, then generated
+                         block_size: int,  # tokens per block
+                         algo: str = "sha256",  # see `HASH_FUNCTIONS`
+                         *, cache_salt: str | None = None,  # tenant salt, goes into the first block
+                         lora: LoRARequest | None = None,
+                         mm_items: Sequence[MultiModalItem] = (),
+                         prompt_embeds=None,  # [num_prompt_tokens, hidden] array or tensor, if given instead of ids
+                         seed: str | None = None,  # NONE_HASH seed, see `init_none_hash`
+                         known_hashes: Sequence[bytes] = (),  # hashes of the first blocks, already computed
+                        ) -> list[bytes]:
+    "The definition: `known_hashes`, then the hash of each later full block of `token_ids`, chained."
+    mm_items = checked_hash_inputs(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds, known_hashes)
+    hash_fn, hashes = get_hash_fn_by_name(algo), list(known_hashes)
+    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
+        end = start + block_size
+        keys = generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt,
+                                              prompt_embeds=prompt_embeds)
+        parent = hashes[-1] if hashes else init_none_hash(algo, seed)
+        hashes.append(hash_block_tokens(hash_fn, parent, checked_token_ids(token_ids, start, end), keys))
+    return hashes
 
 # %% ../../nbs/01_hashing.ipynb #c1a00007
 def _check_prompt_embeds(prompt_embeds) -> None:
@@ -245,7 +313,7 @@ def _check_prompt_embeds(prompt_embeds) -> None:
                          f"got shape {tuple(prompt_embeds.shape)}")
 
 # %% ../../nbs/01_hashing.ipynb #c1a0000a
-def _checked_mm_items(mm_items: Sequence[MultiModalItem], num_tokens: int) -> list[MultiModalItem]:
+def checked_mm_items(mm_items: Sequence[MultiModalItem], num_tokens: int) -> list[MultiModalItem]:
     "`mm_items` sorted by offset, after checking each lies inside the tokens and none overlaps another."
     for item in mm_items:
         if not isinstance(item, MultiModalItem):
@@ -261,18 +329,18 @@ def _checked_mm_items(mm_items: Sequence[MultiModalItem], num_tokens: int) -> li
     return items
 
 # %% ../../nbs/01_hashing.ipynb #c1a0000d
-def _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items,
+def checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items,
                      prompt_embeds) -> list[MultiModalItem]:
     "Check everything about a request but its token values; return its multimodal items sorted by offset."
     _check_token_container(token_ids)
     get_hash_fn_by_name(algo)  # checks the name, and that xxhash is installed when asked for
-    _check_int("block_size", block_size, 1)
+    if type(block_size) is not int or block_size < 1: check_int("block_size", block_size, 1)  # one cheap test first
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
     if lora is not None and not isinstance(lora, LoRARequest):
         raise TypeError(f"lora must be a LoRARequest or None, got {type(lora).__name__}")
     _check_prompt_embeds(prompt_embeds)
-    return _checked_mm_items(mm_items, len(token_ids)) if mm_items else []
+    return checked_mm_items(mm_items, len(token_ids)) if mm_items else []
 
 # %% ../../nbs/01_hashing.ipynb #c1a0002d
 def _check_known_hashes(known_hashes: Sequence[bytes], num_full_blocks: int, num_tokens: int,
@@ -287,36 +355,14 @@ def _check_known_hashes(known_hashes: Sequence[bytes], num_full_blocks: int, num
         raise TypeError(f"known_hashes must hold non-empty bytes, got {known_hashes[-1]!r:.40}")
 
 # %% ../../nbs/01_hashing.ipynb #c1a00040
-def _checked_hash_inputs(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds,
+def checked_hash_inputs(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds,
                          known_hashes) -> list[MultiModalItem]:
     "What both request hashers check first: the request, `known_hashes`, the partial block's tokens; sorted items."
-    items = _checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds)
+    items = checked_request(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds)
     last = len(token_ids) // block_size
     _check_known_hashes(known_hashes, last, len(token_ids), block_size)
-    _checked_tokens(token_ids, last * block_size, len(token_ids))  # the partial block: checked, hashed once full
+    checked_token_ids(token_ids, last * block_size, len(token_ids))  # the partial block: checked, hashed once full
     return items
-
-# %% ../../nbs/01_hashing.ipynb #d22197c5
-def request_block_hashes(token_ids: Sequence[int],  # all token ids so far: prompt, then generated
-                         block_size: int,  # tokens per block
-                         algo: str = "sha256",  # see `HASH_FUNCTIONS`
-                         *, cache_salt: str | None = None,  # tenant salt, goes into the first block
-                         lora: LoRARequest | None = None,
-                         mm_items: Sequence[MultiModalItem] = (),
-                         prompt_embeds=None,  # [num_prompt_tokens, hidden] array or tensor, if given instead of ids
-                         seed: str | None = None,  # NONE_HASH seed, see `init_none_hash`
-                         known_hashes: Sequence[bytes] = (),  # hashes of the first blocks, already computed
-                        ) -> list[bytes]:
-    "The definition: `known_hashes`, then the hash of each later full block of `token_ids`, chained."
-    mm_items = _checked_hash_inputs(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds, known_hashes)
-    hash_fn, hashes = get_hash_fn_by_name(algo), list(known_hashes)
-    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
-        end = start + block_size
-        keys = generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt,
-                                              prompt_embeds=prompt_embeds)
-        parent = hashes[-1] if hashes else init_none_hash(algo, seed)
-        hashes.append(hash_block_tokens(hash_fn, parent, _checked_tokens(token_ids, start, end), keys))
-    return hashes
 
 # %% ../../nbs/01_hashing.ipynb #d5c9aeed
 def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
@@ -326,215 +372,8 @@ def block_hash_to_int64(h: bytes  # a block hash digest (at least 8 bytes)
     if len(h) < 8: raise ValueError(f"block hash must have at least 8 bytes, got {len(h)}")
     return int.from_bytes(h[-8:], "big")
 
-# %% ../../nbs/01_hashing.ipynb #74beb75d
-def _cbor_head(major: int, n: int) -> bytes:
-    "The shortest CBOR head of major type `major` with argument `n` (RFC 8949, section 3)."
-    if n < 24: return bytes([major << 5 | n])
-    for info, width in ((24, 1), (25, 2), (26, 4), (27, 8)):
-        if n < 1 << (8 * width): return bytes([major << 5 | info]) + n.to_bytes(width, "big")
-    raise ValueError(f"CBOR cannot encode {n} in one head (it must be < 2**64)")
-
-# %% ../../nbs/01_hashing.ipynb #e1a70001
-_ARRAY_DTYPES = {code: np.dtype(f"u{width}") for code, width in (("I", 4), ("Q", 8))
-                 if array(code).itemsize == width}  # C's unsigned int and long long, where they have these widths
-
-def _uint_values(tokens: tuple, code: str) -> np.ndarray | None:
-    "`tokens` as a numpy array of the unsigned struct type `code` (I or Q), or None if one is no such integer."
-    try:
-        if code in _ARRAY_DTYPES: return np.frombuffer(array(code, tokens), _ARRAY_DTYPES[code])  # both native order
-        return np.frombuffer(struct.pack(f"<{len(tokens)}{code}", *tokens), f"<u{struct.calcsize('<' + code)}")
-    except Exception: return None  # OverflowError, TypeError, what a strange __index__ raises: the definition says what
-
-
-# %% ../../nbs/01_hashing.ipynb #e1a70004
-def _item_starts(data: bytes, first: int, last: int, width: np.ndarray, lead: np.ndarray,
-                 block_size: int) -> list[int] | None:
-    "Offsets in `data` of every `block_size`-th item, then `last`, if the items fill `data[first:last]`; else None."
-    width[0] += first  # the running sum then counts from `first`: one small int32 array, no more
-    starts = width.cumsum(dtype=np.int32)
-    if starts[-1] != last: return None
-    width[0] -= first
-    starts -= width  # now each item's start
-    if np.frombuffer(data, np.uint8).take(starts).tobytes() != lead.tobytes(): return None  # each item's first byte
-    return starts[::block_size].tolist() + [last]
-
-# %% ../../nbs/01_hashing.ipynb #e1a70007
-_PICKLE_INTS = np.array([2, 3, 5], np.int32), np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
-
-def _pickled_token_blocks(tokens: tuple, block_size: int) -> tuple[bytes, list[int]] | None:
-    "`pickle.dumps(tokens, 5)` and where each block starts in it, if every id is an exact int in [0, 2**31)."
-    values = _uint_values(tokens, "I") if len(tokens) > 3 else None  # 1 to 3 items pickle without MARK
-    if values is None: return None
-    raw, (widths, opcodes) = pickle.dumps(tokens, 5), _PICKLE_INTS
-    size = (values > 255).view(np.int8) + (values > 65535).view(np.int8)  # 0, 1 or 2 more bytes than BININT1
-    cuts = _item_starts(raw, 12, len(raw) - 3, widths.take(size), opcodes.take(size), block_size)
-    return None if cuts is None else (raw, cuts)
-
-# %% ../../nbs/01_hashing.ipynb #74beb75f
-_CBOR_UINTS = (np.array([24, 256, 65536, 1 << 32], np.uint64), np.array([1, 2, 3, 5, 9], np.int32),
-               np.array([23, 24, 25, 26, 27], np.uint64))  # bounds, widths, first bytes (the value itself below 24)
-
-def _cbor_token_blocks(tokens: tuple, block_size: int) -> list[bytes] | None:
-    "Canonical CBOR of each full block of `tokens` as an array, cut from one `cbor2.dumps`; None unless all are ints."
-    values = _uint_values(tokens, "Q")
-    if values is None: return None
-    try: raw = cbor2.dumps(tokens, canonical=True)
-    except cbor2.CBOREncodeError: return None  # numpy integers
-    if not tokens: return []
-    (bounds, widths, leads), head = _CBOR_UINTS, _cbor_head(4, block_size)
-    size = bounds.searchsorted(values, "right")
-    lead = np.minimum(values, leads.take(size)).astype(np.uint8)  # below 24 the value itself, else 0x18 to 0x1b
-    cuts = _item_starts(raw, len(_cbor_head(4, len(tokens))), len(raw), widths.take(size), lead, block_size)
-    return None if cuts is None else [head + raw[a:b] for a, b in zip(cuts, cuts[1:])]
-
-# %% ../../nbs/01_hashing.ipynb #97e22ece
-_CBOR_DIGESTS: dict[str, Callable[[bytes], bytes]] = {
-    "sha256_cbor": lambda data: hashlib.sha256(data).digest(),
-    "xxhash_cbor": lambda data: _require_xxhash("xxhash_cbor").xxh3_128_digest(data)}
-
-# %% ../../nbs/01_hashing.ipynb #97e22ec1
-def _hash_blocks_cbor(algo: str, parent: bytes, blocks: list[bytes], extra_keys: list | None) -> list[bytes]:
-    "Chain the CBOR algorithm `algo` over pre-encoded token blocks: same bytes as `cbor2.dumps(tuple)`."
-    digest, hashes, heads = _CBOR_DIGESTS[algo], [], {}
-    last_keys, encoded_keys = None, b"\xf6"  # consecutive blocks often share one keys tuple: encode it once
-    for i, block in enumerate(blocks):
-        head = heads.get(len(parent)) or heads.setdefault(len(parent), b"\x83" + _cbor_head(2, len(parent)))
-        if extra_keys is not None and extra_keys[i] is not last_keys:
-            last_keys = extra_keys[i]
-            encoded_keys = cbor2.dumps(last_keys, canonical=True)
-        parent = digest(b"".join((head, parent, block, encoded_keys)))
-        hashes.append(parent)
-    return hashes
-
-# %% ../../nbs/01_hashing.ipynb #e1a7000b
-def _pickled_keys(parent: bytes | int, keys: tuple | None) -> bytes:
-    "The bytes `keys` pickles as, third in `(parent, tokens, keys)`: what follows the tokens' MEMOIZE."
-    whole = pickle.dumps((parent, (0,), keys), 5)
-    digest = type(parent) is bytes and len(parent) == 32  # 11 header bytes, `43 20` + 32 + `94`, `4b 00 85 94`
-    return whole[50 if digest else len(pickle.dumps((parent, (0,)), 5)) - 3:-3]
-
-# %% ../../nbs/01_hashing.ipynb #e1a7000e
-def _pickled_parent(parent: int) -> bytes:
-    "How pickle writes the int `parent` first in a tuple: LONG1 from 2**31 on."
-    if 1 << 31 <= parent < 1 << 2000:
-        n = parent.bit_length() // 8 + 1  # the shortest two's complement, sign bit included
-        return bytes((0x8A, n)) + parent.to_bytes(n, "little")
-    return pickle.dumps((parent,), 5)[11:-3]  # what follows the frame header, before TUPLE1 MEMOIZE STOP
-
-# %% ../../nbs/01_hashing.ipynb #e1a70021
-_DIGEST_PARENT = b"C ", b"\x94", 35  # SHORT_BINBYTES of 32 bytes, the digest, MEMOIZE: 35 bytes
-_LONG1_DIGEST = ((None,) + ((b"\x8a\x20", b"", 34),) * 127  # by first byte: 00 (none: shorter), first bit clear,
-                 + ((b"\x8a\x21", b"\x00", 35),) * 128)  # set (a sign byte follows); the digest reversed between
-
-# %% ../../nbs/01_hashing.ipynb #e1a70010
-_FRAME_SIZE_TARGET = 64 * 1024  # pickle starts a new frame past this: a message below it is one frame
-
-def _hash_pickled_blocks(parent: bytes | int, raw: bytes, cuts: list[int], block_size: int,
-                         extra_keys: list | None) -> list[bytes | int] | None:
-    "sha256 of each `(parent, block, keys)`, the block's ids cut from the chunk's pickle `raw`; None: not one frame."
-    as_int, hashes, heads, last_keys = type(parent) is int, [], {}, None
-    if as_int: value = _pickled_parent(parent); pieces = b"", b"", len(value)
-    elif len(parent) == 32: value, pieces = parent, _DIGEST_PARENT
-    else: return None
-    mark, close = (b"(", b"t\x94") if block_size > 3 else (b"", bytes((0x84 + block_size, 0x94)))  # TUPLE1 to 3
-    tail = close + b"N\x87\x94."
-    fixed = len(mark) + len(tail)
-    for a, b, keys in zip(cuts, cuts[1:], repeat(None) if extra_keys is None else extra_keys):
-        if keys is not last_keys:  # the keys' bytes depend on the parent's type only: an int is never memoized
-            last_keys, tail = keys, close + _pickled_keys(parent, keys) + b"\x87\x94."
-            fixed = len(mark) + len(tail)
-        lead, sign, size = pieces
-        size += fixed + b - a
-        if size >= _FRAME_SIZE_TARGET: return None
-        head = heads.get(size) or heads.setdefault(size, b"\x80\x05\x95" + size.to_bytes(8, "little"))
-        value = hashlib.sha256(b"".join((head, lead, value, sign, mark, raw[a:b], tail))).digest()
-        hashes.append(value)
-        if not as_int: continue
-        pieces = _LONG1_DIGEST[value[0]]
-        if pieces: value = value[::-1]
-        else: value = _pickled_parent(int.from_bytes(value, "big")); pieces = b"", b"", len(value)  # starts 00
-    return list(map(int.from_bytes, hashes, repeat("big"))) if as_int else hashes
-
-# %% ../../nbs/01_hashing.ipynb #d13cbd04
-_CHUNK_TOKENS = 8192  # token ids checked and hashed together: small enough to stay in cache
-
-def _chunks(start: int, stop: int, block_size: int):
-    "`(lo, hi)` spans of whole blocks covering `[start, stop)`, about `_CHUNK_TOKENS` tokens each."
-    chunk = block_size * max(1, _CHUNK_TOKENS // block_size)
-    for lo in range(start, stop, chunk): yield lo, min(lo + chunk, stop)
-
-# %% ../../nbs/01_hashing.ipynb #d13cbd08
-_PICKLE_MIN_BLOCKS = 32  # fewer blocks in a chunk: numpy's fixed cost outweighs the calls saved (bench/hashing.md)
-
-def _hash_blocks(algo: str, parent: bytes | int, token_ids: Sequence[int], lo: int, hi: int, block_size: int,
-                 extra_keys: list | None, ids_checked: bool = False,  # True: the ids were checked before
-                ) -> list[bytes | int]:
-    "Chain the full blocks of `token_ids[lo:hi]` after `parent`, ids checked: one serialization, else the definition."
-    tokens = _token_span(token_ids, lo, hi)
-    if algo in _CBOR_DIGESTS and (blocks := _cbor_token_blocks(tokens, block_size)) is not None:
-        return _hash_blocks_cbor(algo, parent, blocks, extra_keys)
-    many = len(tokens) >= _PICKLE_MIN_BLOCKS * block_size
-    cut = _pickled_token_blocks(tokens, block_size) if algo == "sha256" and many else None
-    if cut and (hashes := _hash_pickled_blocks(parent, *cut, block_size, extra_keys)) is not None: return hashes
-    tokens, hash_fn, hashes = tokens if ids_checked else _checked_span(tokens, lo), HASH_FUNCTIONS[algo], []
-    if type(parent) is int: hash_fn = lambda obj, digest=hash_fn: int.from_bytes(digest(obj), "big")
-    for s, keys in zip(range(0, len(tokens), block_size), repeat(None) if extra_keys is None else extra_keys):
-        parent = hash_fn((parent, tokens[s:s + block_size], keys))
-        hashes.append(parent)
-    return hashes
-
-# %% ../../nbs/01_hashing.ipynb #aff52bcb
-def _extra_keys_per_block(start: int, stop: int, block_size: int, **request) -> list[tuple | None]:
-    "`generate_block_hash_extra_keys` of each block in `[start, stop)`, generated only for the blocks that differ."
-    if request["prompt_embeds"] is not None:  # every block has embeddings of its own
-        return [generate_block_hash_extra_keys(s, s + block_size, **request)
-                for s in range(start, stop, block_size)]
-    later = max(start, block_size)  # any block but block 0: the LoRA key alone (or None), shared by most blocks
-    shared = generate_block_hash_extra_keys(later, later + block_size, lora=request["lora"])
-    keys = [shared] * ((stop - start) // block_size)
-    special = {0} if start == 0 else set()  # block 0 carries the salt; blocks under a multimodal item carry it
-    for item in request["mm_items"]:
-        lo, hi = max(item.offset, start), min(item.end, stop)
-        if lo < hi: special.update(range((lo - start) // block_size, (hi - 1 - start) // block_size + 1))
-    for b in special:
-        keys[b] = generate_block_hash_extra_keys(start + b * block_size, start + (b + 1) * block_size, **request)
-    return keys
-
-# %% ../../nbs/01_hashing.ipynb #31e22427
-def _hash_request_blocks(token_ids: Sequence[int], block_size: int, algo: str, *, cache_salt: str | None,
-                         lora: LoRARequest | None, mm_items: Sequence[MultiModalItem], prompt_embeds, seed: str | None,
-                         known_hashes: Sequence[bytes], ids_checked: bool = False) -> list[bytes]:
-    "`hash_request_tokens` after its checks (`mm_items` sorted by offset); the ids checked too unless `ids_checked`."
-    first, last = len(known_hashes), len(token_ids) // block_size
-    if first == last:  # the common decode step: no block completed, nothing to hash, no copy
-        return known_hashes if type(known_hashes) is list else list(known_hashes)
-    hashes = list(known_hashes)
-    request = dict(lora=lora, mm_items=mm_items, cache_salt=cache_salt, prompt_embeds=prompt_embeds)
-    has_keys = lora is not None or mm_items or prompt_embeds is not None or (cache_salt and first == 0)
-    for lo, hi in _chunks(first * block_size, last * block_size, block_size):
-        keys = _extra_keys_per_block(lo, hi, block_size, **request) if has_keys else None
-        parent = hashes[-1] if hashes else init_none_hash(algo, seed)
-        hashes += _hash_blocks(algo, parent, token_ids, lo, hi, block_size, keys, ids_checked)
-    return hashes
-
-def hash_request_tokens(token_ids: Sequence[int],  # all token ids so far: prompt, then generated
-                        block_size: int,  # tokens per block
-                        algo: str = "sha256",  # see `HASH_FUNCTIONS`
-                        *, cache_salt: str | None = None,  # tenant salt, goes into the first block
-                        lora: LoRARequest | None = None,
-                        mm_items: Sequence[MultiModalItem] = (),
-                        prompt_embeds=None,  # [num_prompt_tokens, hidden] array or tensor, if given instead of ids
-                        seed: str | None = None,  # NONE_HASH seed, see `init_none_hash`
-                        known_hashes: Sequence[bytes] = (),  # hashes of the first blocks, already computed
-                       ) -> list[bytes]:
-    "`request_block_hashes`, every input checked, fast: hashes of all full blocks, computed after `known_hashes`."
-    items = _checked_hash_inputs(token_ids, block_size, algo, cache_salt, lora, mm_items, prompt_embeds, known_hashes)
-    return _hash_request_blocks(token_ids, block_size, algo, cache_salt=cache_salt, lora=lora, mm_items=items,
-                                prompt_embeds=prompt_embeds, seed=seed, known_hashes=known_hashes)
-
-
 # %% ../../nbs/01_hashing.ipynb #9bce485a
-def _lora_from_json(value) -> LoRARequest | None:
+def lora_from_json(value) -> LoRARequest | None:
     "A vector's `lora` field: null or `{\"name\": str, \"path\": str}`."
     if value is None: return None
     if not isinstance(value, dict) or not {"name", "path"} <= set(value):
@@ -542,7 +381,7 @@ def _lora_from_json(value) -> LoRARequest | None:
     return LoRARequest(value["name"], value["path"])
 
 # %% ../../nbs/01_hashing.ipynb #9bce4864
-def _mm_from_json(value) -> list[MultiModalItem]:
+def mm_from_json(value) -> list[MultiModalItem]:
     "A vector's `mm` field: null or a list of `{\"identifier\", \"offset\", \"length\"}`."
     fields = ("identifier", "offset", "length")
     if value is None: return []
@@ -574,11 +413,11 @@ def _seed_from_json(value) -> str | None:
     return value
 
 # %% ../../nbs/01_hashing.ipynb #9bce485f
-_PARSED_FIELDS = {"lora": _lora_from_json, "mm": _mm_from_json, "prompt_embeds": _embeds_from_json,
+_PARSED_FIELDS = {"lora": lora_from_json, "mm": mm_from_json, "prompt_embeds": _embeds_from_json,
                   "none_hash_seed": _seed_from_json}  # vector-file fields that are not passed on as they are
 
 def _vector_request(entry: dict) -> dict:
-    "The `hash_request_tokens` keyword arguments of one vector-file entry, every field checked."
+    "The `request_block_hashes` keyword arguments of one vector-file entry, every field checked."
     if not isinstance(entry, dict): raise ValueError(f"a vector must be a JSON object, got {type(entry).__name__}")
     missing = [k for k in ("algo", "block_size", "prompt_token_ids", "block_hashes") if k not in entry]
     if missing: raise ValueError(f"missing field(s) {', '.join(missing)}")
@@ -591,8 +430,8 @@ def _vector_request(entry: dict) -> dict:
     request = dict(token_ids=tokens, block_size=entry["block_size"], algo=entry["algo"],
                    cache_salt=entry.get("cache_salt"), lora=parsed["lora"], mm_items=parsed["mm"],
                    prompt_embeds=parsed["prompt_embeds"])
-    _checked_request(**request)
-    _checked_tokens(tokens, 0, len(tokens))
+    checked_request(**request)
+    checked_token_ids(tokens, 0, len(tokens))
     return dict(request, seed=parsed["none_hash_seed"])
 
 # %% ../../nbs/01_hashing.ipynb #9bce4861
@@ -608,13 +447,13 @@ def _check_vector_answers(entry: dict, algo: str) -> None:
         raise ValueError("block_ids_int64 must be a list of ints in [0, 2**64)")
 
 # %% ../../nbs/01_hashing.ipynb #9bce4868
-def _check_path(path) -> None:
+def check_path(path) -> None:
     "Refuse a path that is not a str or Path (an int would be opened as a file descriptor), naming it."
     if not isinstance(path, (str, os.PathLike)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
 
 def load_vectors(path: str | Path) -> list[dict]:
     "The vectors of a vector file, every field checked; errors name the file, the vector and the field."
-    _check_path(path)
+    check_path(path)
     try: data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e: raise ValueError(f"{path}: cannot read: {e}") from None
     vectors = data.get("vectors") if isinstance(data, dict) else None
@@ -651,7 +490,7 @@ def check_vectors(paths: Sequence[str | Path]) -> tuple[int, VectorMismatch | No
         if not vectors: raise ValueError(f"{path}: no vectors: a file that holds none checks nothing")
         for i, entry in enumerate(vectors):
             count += 1
-            got = hash_request_tokens(**_vector_request(entry))
+            got = request_block_hashes(**_vector_request(entry))
             columns = [([h.lower() for h in entry["block_hashes"]], [h.hex() for h in got])]
             if "block_ids_int64" in entry:
                 columns.append(([str(x) for x in entry["block_ids_int64"]],

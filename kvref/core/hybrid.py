@@ -15,9 +15,10 @@ from fastcore.test import test_eq, test_fail
 from ..guards import check_bool, check_instance, check_int, refuse
 from .free_queue import KVCacheBlock, block_ids
 from .block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheEvent
-from .hashing import get_hash_fn_by_name, _checked_mm_items, _extra_keys_per_block
+from .hashing import get_hash_fn_by_name, checked_mm_items as _checked_mm_items
+from .fast_hashing import extra_keys_per_block as _extra_keys_per_block
 from .kv_cache_manager import (KVCacheManager, Request, cdiv, longest_cache_hit, update_block_hashes,
-                                    _check_hits_match)
+                                    check_hits_match as _check_hits_match)
 
 # %% auto #0
 __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'HYBRID_CONFIG_DEFAULTS', 'table_rows_svg', 'recorded_steps',

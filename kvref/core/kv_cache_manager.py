@@ -6,51 +6,18 @@ Docs: https://kvref.github.io/kvref/kv_cache_manager.html.md"""
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #3378ef3b
 from __future__ import annotations
-import pickle
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
-import numpy as np
 from fastcore.basics import patch
+from ..guards import check_bool, check_choice, check_instance, check_int
 from .free_queue import KVCacheBlock, block_ids, _checked_blocks
-from ..guards import check_bool, check_int
 from .block_pool import BlockPool, KVCacheEvent
-from .hashing import (LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens, init_none_hash,
-                           _checked_mm_items, _checked_tokens, _extra_keys_per_block, _hash_pickled_blocks,
-                           _hash_request_blocks, _item_starts, _PICKLE_INTS, _uint_values)
+from .hashing import LoRARequest, MultiModalItem, checked_mm_items, checked_token_ids, get_hash_fn_by_name
+from .fast_hashing import extend_block_hashes, extra_keys_per_block, pickle_prompt
 
 # %% auto #0
-__all__ = ['BEHAVIORS', 'Request', 'cdiv', 'KVCacheManager', 'update_block_hashes', 'longest_cache_hit']
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #85d3d1b3
-class _naming_request:
-    "Context manager: prefix a TypeError/ValueError raised inside with the request's id."
-    def __init__(self, request_id: str): self.request_id = request_id
-    def __enter__(self): return self
-    def __exit__(self, kind, error, tb):
-        if kind in (TypeError, ValueError): raise kind(f"request {self.request_id!r}: {error}") from None
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #6ceb875f
-def _checked_token_ids(token_ids: Sequence[int], name: str) -> list[int]:
-    "`token_ids` as a new list of ints in [0, 2**64) (the hashing chapter's check)."
-    if isinstance(token_ids, (str, bytes, dict, set)) or not hasattr(token_ids, "__iter__"):
-        raise TypeError(f"{name} must be a list of ints, got {type(token_ids).__name__}")
-    return list(_checked_tokens(token_ids if hasattr(token_ids, "__getitem__") else list(token_ids), 0, None))
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #91a41512
-def _check_request_fields(request: Request) -> None:
-    "Refuse an empty prompt, a computed count outside it, and a salt, adapter or items that could not be hashed."
-    if not request.all_token_ids: raise ValueError("empty prompt: a request needs at least one token")
-    check_int("num_computed_tokens", request.num_computed_tokens)
-    check_int("num_output_placeholders", request.num_output_placeholders)
-    if request.num_computed_tokens > len(request.all_token_ids):
-        raise ValueError(f"num_computed_tokens={request.num_computed_tokens} but the prompt has {len(request.all_token_ids)} tokens")
-    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
-        raise TypeError(f"cache_salt must be a str or None, got {type(request.cache_salt).__name__}")
-    if request.lora_request is not None and not isinstance(request.lora_request, LoRARequest):
-        raise TypeError(f"lora_request must be a LoRARequest or None, got {type(request.lora_request).__name__}")
-    if not isinstance(request.mm_items, (tuple, list)):
-        raise TypeError(f"mm_items must be a tuple of MultiModalItem, got {type(request.mm_items).__name__}")
-    _checked_mm_items(request.mm_items, len(request.all_token_ids))
+__all__ = ['BEHAVIORS', 'Request', 'checked_token_list', 'KVCacheManager', 'cdiv', 'update_block_hashes', 'longest_cache_hit',
+           'check_hits_match']
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #e0826e74
 @dataclass(eq=False)
@@ -65,7 +32,7 @@ class Request:
     num_output_placeholders: int = 0       # sampled tokens not known yet (async scheduling): slots may run ahead of them
     all_token_ids: list[int] = field(init=False)  # prompt then output tokens
     block_hashes: list[bytes] = field(init=False, default_factory=list)  # hashes of full blocks, kept by the manager
-    _prompt_pickle: tuple | None = field(init=False, default=None, repr=False)  # see "Speed: long prompts" below
+    _prompt_pickle: tuple | None = field(init=False, default=None, repr=False)  # see `_checked_prompt_token_ids`
 
     def __post_init__(self):
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -75,8 +42,42 @@ class Request:
             _check_request_fields(self)
 
     def _checked_prompt_token_ids(self) -> list[int]:
-        "The prompt as a new list of checked token ids."
-        return _checked_token_ids(self.prompt_token_ids, "prompt_token_ids")
+        "The prompt as a new list of checked ids; a long one checked by pickling it, kept for its first hashing (01b)."
+        self._prompt_pickle = pickle_prompt(self.prompt_token_ids)
+        if self._prompt_pickle is not None: return list(self.prompt_token_ids)
+        return checked_token_list(self.prompt_token_ids, "prompt_token_ids")
+
+# %% ../../nbs/04_kv_cache_manager.ipynb #85d3d1b3
+class _naming_request:
+    "Context manager: prefix a TypeError/ValueError raised inside with the request's id."
+    def __init__(self, request_id: str): self.request_id = request_id
+    def __enter__(self): return self
+    def __exit__(self, kind, error, tb):
+        if kind in (TypeError, ValueError): raise kind(f"request {self.request_id!r}: {error}") from None
+
+# %% ../../nbs/04_kv_cache_manager.ipynb #6ceb875f
+def checked_token_list(token_ids: Sequence[int], name: str) -> list[int]:
+    "`token_ids` as a new list of ints in [0, 2**64) (the hashing chapter's check)."
+    if isinstance(token_ids, (str, bytes, dict, set)) or not hasattr(token_ids, "__iter__"):
+        raise TypeError(f"{name} must be a list of ints, got {type(token_ids).__name__}")
+    return list(checked_token_ids(token_ids if hasattr(token_ids, "__getitem__") else list(token_ids), 0, None))
+
+# %% ../../nbs/04_kv_cache_manager.ipynb #91a41512
+def _check_request_fields(request: Request) -> None:
+    "Refuse an empty prompt, a computed count outside it, and a salt, adapter or items that could not be hashed."
+    if not request.all_token_ids: raise ValueError("empty prompt: a request needs at least one token")
+    computed, placeholders = request.num_computed_tokens, request.num_output_placeholders
+    if type(computed) is not int or type(placeholders) is not int or computed < 0 or placeholders < 0:  # one cheap test
+        check_int("num_computed_tokens", computed); check_int("num_output_placeholders", placeholders)
+    if request.num_computed_tokens > len(request.all_token_ids):
+        raise ValueError(f"num_computed_tokens={request.num_computed_tokens} but the prompt has {len(request.all_token_ids)} tokens")
+    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
+        raise TypeError(f"cache_salt must be a str or None, got {type(request.cache_salt).__name__}")
+    if request.lora_request is not None and not isinstance(request.lora_request, LoRARequest):
+        raise TypeError(f"lora_request must be a LoRARequest or None, got {type(request.lora_request).__name__}")
+    if not isinstance(request.mm_items, (tuple, list)):
+        raise TypeError(f"mm_items must be a tuple of MultiModalItem, got {type(request.mm_items).__name__}")
+    checked_mm_items(request.mm_items, len(request.all_token_ids))
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #7cdbe1fd
 @patch(as_prop=True)
@@ -88,31 +89,10 @@ def append_output_token_ids(self: Request, token_ids: int | Sequence[int]) -> No
     if type(token_ids) is int and 0 <= token_ids < 1 << 64: self.all_token_ids.append(token_ids)  # decode fast path
     else:
         with _naming_request(self.request_id):
-            self.all_token_ids += _checked_token_ids([token_ids] if isinstance(token_ids, int) else token_ids, "token_ids")
+            self.all_token_ids += checked_token_list([token_ids] if isinstance(token_ids, int) else token_ids, "token_ids")
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #5c03ccbd
 BEHAVIORS = ("vllm_0_33", "design_doc")
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #f2a0fcb7
-def _check_config(behavior, block_size, max_model_len, num_preallocate_tokens, hash_algo,
-                  **flags) -> None:
-    "Refuse a configuration the manager could not run, naming the argument."
-    if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
-    check_int("block_size", block_size, 1)
-    check_int("num_preallocate_tokens", num_preallocate_tokens)
-    if max_model_len is not None: check_int("max_model_len", max_model_len, 1)
-    for name, flag in flags.items(): check_bool(name, flag)
-    if num_preallocate_tokens and behavior == "vllm_0_33":
-        raise ValueError("num_preallocate_tokens is a design_doc feature; vLLM 0.33 does not preallocate")
-    get_hash_fn_by_name(hash_algo)  # fail early on an unknown algorithm
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #d3772ad0
-def cdiv(a: int, b: int) -> int:
-    "Ceiling division: blocks needed for `a` tokens at `b` tokens per block."
-    if type(a) is not int or type(b) is not int or b < 1:  # one cheap test on the hot path; a bool is not a count
-        if type(a) is not int: raise TypeError(f"cdiv: a must be an int, got {a!r}")
-        check_int("cdiv: b", b, 1)
-    return -(-a // b)
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #766aa1f5
 class KVCacheManager:
@@ -139,6 +119,26 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.live_requests: dict[str, Request] = {}  # the Request object that holds each block table
+
+# %% ../../nbs/04_kv_cache_manager.ipynb #f2a0fcb7
+def _check_config(behavior, block_size, max_model_len, num_preallocate_tokens, hash_algo,
+                  **flags) -> None:
+    "Refuse a configuration the manager could not run, naming the argument."
+    check_choice("behavior", behavior, BEHAVIORS)
+    check_int("block_size", block_size, 1)
+    check_int("num_preallocate_tokens", num_preallocate_tokens)
+    if max_model_len is not None: check_int("max_model_len", max_model_len, 1)
+    for name, flag in flags.items(): check_bool(name, flag)
+    if num_preallocate_tokens and behavior == "vllm_0_33":
+        raise ValueError("num_preallocate_tokens is a design_doc feature; vLLM 0.33 does not preallocate")
+    get_hash_fn_by_name(hash_algo)  # fail early on an unknown algorithm
+
+# %% ../../nbs/04_kv_cache_manager.ipynb #d3772ad0
+def cdiv(a: int, b: int) -> int:
+    "Ceiling division: blocks needed for `a` tokens at `b` tokens per block."
+    if type(a) is not int or type(b) is not int or b < 1:  # one cheap test on the hot path; a bool is not a count
+        check_int("cdiv: a", a, None); check_int("cdiv: b", b, 1)
+    return -(-a // b)
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #f02920b8
 @patch(as_prop=True)
@@ -182,18 +182,29 @@ def _checked_request(self: KVCacheManager, request: Request) -> Request:
     return request
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #fd774a60
+def _request_hash_inputs(request: Request) -> dict:
+    "What besides its ids goes into a request's block hashes, as the hashing chapters take it (items sorted)."
+    items = sorted(request.mm_items, key=lambda item: item.offset) if request.mm_items else ()  # checked when built
+    return dict(lora=request.lora_request, mm_items=items, cache_salt=request.cache_salt)
+
+def _update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
+    "`update_block_hashes` for a checked block size and algorithm; the request's own inputs were checked when built."
+    if len(request.block_hashes) < len(request.all_token_ids) // block_size:
+        request.block_hashes = extend_block_hashes(request.all_token_ids, block_size, hash_algo, request.block_hashes,
+                                                   prompt_pickle=request._prompt_pickle, **_request_hash_inputs(request))
+        request._prompt_pickle = None  # used once
+    return request.block_hashes
+
 def update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
     "The request's hashes every `block_size` tokens, brought up to date (only newly full blocks are hashed)."
-    if len(request.block_hashes) < len(request.all_token_ids) // block_size:
-        request.block_hashes = hash_request_tokens(
-            request.all_token_ids, block_size, hash_algo, cache_salt=request.cache_salt,
-            lora=request.lora_request, mm_items=request.mm_items, known_hashes=request.block_hashes)
-    return request.block_hashes
+    check_instance("request", request, Request); get_hash_fn_by_name(hash_algo)
+    if type(block_size) is not int or block_size < 1: check_int("block_size", block_size, 1)
+    return _update_block_hashes(request, block_size, hash_algo)
 
 @patch
 def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
-    "The request's full-block hashes, brought up to date."
-    return update_block_hashes(request, self.block_size, self.hash_algo)
+    "The request's full-block hashes, brought up to date (block size and algorithm checked when the manager was built)."
+    return _update_block_hashes(request, self.block_size, self.hash_algo)
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #5e7d2c01
 def longest_cache_hit(get_cached: Callable[[bytes], object | None],  # a block hash -> what is cached for it, or None
@@ -228,16 +239,10 @@ def _num_blocks_to_finish(self: KVCacheManager, request: Request, table: Sequenc
 def _full_sequence_refused(self: KVCacheManager, request: Request, table: list[KVCacheBlock], hits: list[KVCacheBlock],
                            full_sequence_must_fit: bool) -> bool:
     "The admission gate: asked for, and the free blocks cannot hold the whole sequence (its evictable hits count against it)."
-    if type(full_sequence_must_fit) is not bool: raise TypeError(f"full_sequence_must_fit must be a bool, got {full_sequence_must_fit!r}")
+    if type(full_sequence_must_fit) is not bool: check_bool("full_sequence_must_fit", full_sequence_must_fit)
     if not full_sequence_must_fit: return False
     needed = self._num_blocks_to_finish(request, table, len(hits)) + [b.ref_cnt for b in hits].count(0)
     return needed > self.block_pool.get_num_free_blocks()
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #9b4b6056
-def _check_load_arguments(delay_cache_blocks: bool, reserved_blocks: int) -> None:
-    "Refuse bad KV-connector arguments: `delay_cache_blocks` (cache nothing: a load will fill the blocks) and `reserved_blocks`."
-    if type(delay_cache_blocks) is not bool: raise TypeError(f"delay_cache_blocks must be a bool, got {delay_cache_blocks!r}")
-    check_int("reserved_blocks", reserved_blocks)
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #7af1a3ce
 @patch
@@ -270,34 +275,11 @@ def allocate_slots(self: KVCacheManager,
     if self.enable_caching and not delay_cache_blocks and num_full_blocks > self.num_cached_block.get(rid, 0): self._cache_blocks(request, num_full_blocks)
     return new_blocks
 
-# %% ../../nbs/04_kv_cache_manager.ipynb #a846d79a
-@patch
-def _num_preallocate(self: KVCacheManager, num_held: int, num_new_blocks: int) -> int:
-    "Design doc only: blocks to take beyond `num_new_blocks`, within the pool and `max_model_len`."
-    if not self.num_preallocate_blocks: return 0
-    extra = min(self.num_preallocate_blocks, self.block_pool.get_num_free_blocks() - num_new_blocks)
-    if self.max_model_len is not None:
-        extra = min(extra, cdiv(self.max_model_len, self.block_size) - num_held - num_new_blocks)
-    return extra
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #3ed5db06
-@patch
-def _cache_blocks(self: KVCacheManager, request: Request, num_full_blocks: int) -> None:
-    "Cache the request's first `num_full_blocks` blocks (all full with known tokens) that are not cached yet."
-    rid, lora_name = request.request_id, request.lora_request.name if request.lora_request else None
-    num_cached = self.num_cached_block.get(rid, 0)
-    keys = self._extra_keys(request, num_cached, num_full_blocks) if self.block_pool.kv_event_queue is not None else None
-    self.block_pool._cache_full_blocks(self.req_to_blocks[rid], self._block_hashes(request), num_cached,
-                                       num_full_blocks, self.block_size, request.all_token_ids, lora_name, keys)
-    self.num_cached_block[rid] = num_full_blocks
-
-@patch
-def _extra_keys(self: KVCacheManager, request: Request, start_block: int, stop_block: int) -> list[tuple | None]:
-    "The hash extra keys of the request's blocks `[start_block, stop_block)`, for the `BlockStored` event."
-    size = self.block_size
-    return _extra_keys_per_block(start_block * size, stop_block * size, size, lora=request.lora_request,
-                                 mm_items=_checked_mm_items(request.mm_items, len(request.all_token_ids)),
-                                 cache_salt=request.cache_salt, prompt_embeds=None)
+# %% ../../nbs/04_kv_cache_manager.ipynb #9b4b6056
+def _check_load_arguments(delay_cache_blocks: bool, reserved_blocks: int) -> None:
+    "Refuse bad KV-connector arguments: `delay_cache_blocks` (cache nothing: a load will fill the blocks) and `reserved_blocks`."
+    check_bool("delay_cache_blocks", delay_cache_blocks)
+    if type(reserved_blocks) is not int or reserved_blocks < 0: check_int("reserved_blocks", reserved_blocks)
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #0e704123
 @patch
@@ -330,7 +312,7 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
     return table
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #50dc695e
-def _check_hits_match(request_id: str, name: str, hits: Sequence[KVCacheBlock], cached: Sequence,
+def check_hits_match(request_id: str, name: str, hits: Sequence[KVCacheBlock], cached: Sequence,
                       of: Callable[[KVCacheBlock], object] = lambda block: block.block_hash  # what is compared
                      ) -> None:
     "Refuse unless `of(hits[i]) == cached[i]` for every hit, in order: hits only from the cache map under the request's own hashes."
@@ -347,114 +329,36 @@ def _check_hits(self: KVCacheManager, request: Request, hits: list[KVCacheBlock]
     rid = request.request_id
     if not self.enable_caching: raise ValueError(f"request {rid!r}: prefix caching is off, so no block can be a hit")
     self.block_pool._checked_own(hits, "new_computed_blocks")
-    _check_hits_match(rid, "new_computed_blocks", hits, self._block_hashes(request))
+    check_hits_match(rid, "new_computed_blocks", hits, self._block_hashes(request))
 
-# %% ../../nbs/04_kv_cache_manager.ipynb #d5e0c1a1
-_allocate_slots_definition = KVCacheManager.allocate_slots  # the definition above; the fast path must agree with it
-
-def _is_decode_step(self: KVCacheManager, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                    num_lookahead_tokens) -> bool:
-    "A live request's step with tokens to compute and nothing else: no hits, no lookahead, every count an int."
-    return (not new_computed_blocks and isinstance(request, Request)
-            and self.live_requests.get(request.request_id) is request
-            and type(num_new_tokens) is type(num_new_computed_tokens) is type(num_lookahead_tokens) is int
-            and num_new_tokens > 0 and num_new_computed_tokens == 0 and num_lookahead_tokens == 0)
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #d5e0c1a2
+# %% ../../nbs/04_kv_cache_manager.ipynb #a846d79a
 @patch
-def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                   new_computed_blocks: Sequence[KVCacheBlock] | None = None, num_lookahead_tokens: int = 0,
-                   full_sequence_must_fit: bool = False, delay_cache_blocks: bool = False, reserved_blocks: int = 0) -> list[KVCacheBlock] | None:
-    "`allocate_slots` as defined above, with a live request's decode step taken directly."
-    args = (request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, full_sequence_must_fit,
-            delay_cache_blocks, reserved_blocks)
-    if (full_sequence_must_fit is not False or delay_cache_blocks is not False or reserved_blocks != 0
-            or not _is_decode_step(self, *args[:5])): return _allocate_slots_definition(self, *args)
-    table, num_computed, size = self.req_to_blocks[request.request_id], request.num_computed_tokens, self.block_size
-    total = num_computed + num_new_tokens if type(num_computed) is int else None
-    if (total is None or not 0 <= num_computed <= len(table) * size or total > len(request.all_token_ids)
-            or (self.max_model_len is not None and total > self.max_model_len)):
-        return _allocate_slots_definition(self, *args)  # refused: the definition names what is wrong
-    if self.enable_caching: self._block_hashes(request)
-    new_blocks, num_new_blocks = [], cdiv(total, size) - len(table)
-    if num_new_blocks > 0:
-        if num_new_blocks > self.block_pool.get_num_free_blocks(): return None
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks + self._num_preallocate(len(table), num_new_blocks))
-        table.extend(new_blocks)
-    if self.enable_caching and total // size > self.num_cached_block.get(request.request_id, 0):
-        self._cache_blocks(request, total // size)
-    return new_blocks
+def _num_preallocate(self: KVCacheManager, num_held: int, num_new_blocks: int) -> int:
+    "Design doc only: blocks to take beyond `num_new_blocks`, within the pool and `max_model_len`."
+    if not self.num_preallocate_blocks: return 0
+    extra = min(self.num_preallocate_blocks, self.block_pool.get_num_free_blocks() - num_new_blocks)
+    if self.max_model_len is not None:
+        extra = min(extra, cdiv(self.max_model_len, self.block_size) - num_held - num_new_blocks)
+    return extra
 
-# %% ../../nbs/04_kv_cache_manager.ipynb #a7c3e902
-_PICKLED_PROMPT_MIN_TOKENS = 512  # shorter: numpy's fixed cost outweighs the passes saved (bench/allocator.md)
-
-def _pickled_prompt(tokens: tuple) -> tuple[bytes, np.ndarray] | None:
-    "`tokens` pickled (protocol 2) and each id's int opcode (0, 1, 2), if every id is an exact int in [0, 2**31)."
-    values = _uint_values(tokens, "I")
-    if values is None: return None  # not all ints in [0, 2**32), or a strange __index__: the definition says what
-    raw, (widths, opcodes) = pickle.dumps(tokens, 2), _PICKLE_INTS
-    size = (values > 255).view(np.int8) + (values > 65535).view(np.int8)
-    if _item_starts(raw, 3, len(raw) - 4, widths.take(size), opcodes.take(size), len(tokens)) is None: return None
-    return raw, size
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #a7c3e904
-_checked_prompt_token_ids_definition = Request._checked_prompt_token_ids  # the fast path must agree with it
+# %% ../../nbs/04_kv_cache_manager.ipynb #3ed5db06
+@patch
+def _cache_blocks(self: KVCacheManager, request: Request, num_full_blocks: int) -> None:
+    "Cache the request's first `num_full_blocks` blocks (all full with known tokens) that are not cached yet."
+    rid, lora_name = request.request_id, request.lora_request.name if request.lora_request else None
+    num_cached = self.num_cached_block.get(rid, 0)
+    keys = self._extra_keys(request, num_cached, num_full_blocks) if self.block_pool.kv_event_queue is not None else None
+    self.block_pool._cache_full_blocks(self.req_to_blocks[rid], self._block_hashes(request), num_cached,
+                                       num_full_blocks, self.block_size, request.all_token_ids, lora_name, keys)
+    self.num_cached_block[rid] = num_full_blocks
 
 @patch
-def _checked_prompt_token_ids(self: Request) -> list[int]:
-    "The definition's list; a long prompt checked by pickling it, the pickle kept for the first hashing."
-    tokens = self.prompt_token_ids
-    if type(tokens) in (list, tuple) and len(tokens) >= _PICKLED_PROMPT_MIN_TOKENS:
-        self._prompt_pickle = _pickled_prompt(tuple(tokens))
-        if self._prompt_pickle is not None: return list(tokens)
-    return _checked_prompt_token_ids_definition(self)
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #a7c3e907
-def _request_hash_inputs(request: Request) -> dict:
-    "What besides its ids goes into a request's block hashes, as the hashing chapter takes it (items sorted)."
-    items = sorted(request.mm_items, key=lambda item: item.offset) if request.mm_items else ()  # checked when built
-    return dict(lora=request.lora_request, mm_items=items, cache_salt=request.cache_salt, prompt_embeds=None)
-
-def _hash_pickled_prompt(request: Request, block_size: int, hash_algo: str) -> list[bytes] | None:
-    "The hashes of the prompt's full blocks, cut from the pickle its check made (used once); None where it does not apply."
-    pickled, request._prompt_pickle = request._prompt_pickle, None
-    num_blocks = len(pickled[1]) // block_size if pickled is not None else 0
-    if num_blocks == 0 or hash_algo != "sha256" or request.block_hashes: return None
-    raw, size = pickled
-    ends = _PICKLE_INTS[0].take(size).cumsum(dtype=np.int32)
-    ends += 3  # the ids follow PROTO 2 and MARK
-    cuts = [3] + ends[block_size - 1:num_blocks * block_size:block_size].tolist()
-    keys = _extra_keys_per_block(0, num_blocks * block_size, block_size, **_request_hash_inputs(request))
-    return _hash_pickled_blocks(init_none_hash(hash_algo), raw, cuts, block_size, keys)
-
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #a7c3e90a
-_update_block_hashes_definition = update_block_hashes  # the fast path must agree with it
-
-def _update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
-    "`update_block_hashes` for a checked block size and algorithm: a long prompt from its pickle, the rest unchecked."
-    if len(request.block_hashes) < len(request.all_token_ids) // block_size:
-        if request._prompt_pickle is not None:
-            request.block_hashes = _hash_pickled_prompt(request, block_size, hash_algo) or request.block_hashes
-        request.block_hashes = _hash_request_blocks(request.all_token_ids, block_size, hash_algo, seed=None,
-                                                    known_hashes=request.block_hashes, ids_checked=True,
-                                                    **_request_hash_inputs(request))
-    return request.block_hashes
-
-
-# %% ../../nbs/04_kv_cache_manager.ipynb #a7c3e90b
-def update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
-    "`update_block_hashes` as defined above, faster: the request's checks trusted, a long prompt cut from its pickle."
-    if not isinstance(request, Request): raise TypeError(f"request must be a Request, got {type(request).__name__}")
-    check_int("block_size", block_size, 1)
-    get_hash_fn_by_name(hash_algo)
-    return _update_block_hashes(request, block_size, hash_algo)
-
-@patch
-def _block_hashes(self: KVCacheManager, request: Request) -> list[bytes]:
-    "The request's full-block hashes, brought up to date (the manager's block size and algorithm checked when built)."
-    return _update_block_hashes(request, self.block_size, self.hash_algo)
-
+def _extra_keys(self: KVCacheManager, request: Request, start_block: int, stop_block: int) -> list[tuple | None]:
+    "The hash extra keys of the request's blocks `[start_block, stop_block)`, for the `BlockStored` event."
+    size = self.block_size
+    return extra_keys_per_block(start_block * size, stop_block * size, size, lora=request.lora_request,
+                                 mm_items=checked_mm_items(request.mm_items, len(request.all_token_ids)),
+                                 cache_salt=request.cache_salt, prompt_embeds=None)
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #5ed6071a
 @patch
@@ -462,7 +366,7 @@ def cache_blocks(self: KVCacheManager, request: Request, num_computed_tokens: in
     "Cache the live request's blocks that `num_computed_tokens` of its known tokens fill (vLLM's `cache_blocks`)."
     rid = self._checked_request(request).request_id
     if self.live_requests.get(rid) is not request: raise ValueError(f"request {rid!r} holds no blocks")
-    check_int(f"request {rid!r}: num_computed_tokens", num_computed_tokens)
+    if type(num_computed_tokens) is not int or num_computed_tokens < 0: check_int(f"request {rid!r}: num_computed_tokens", num_computed_tokens)
     num_full = min(num_computed_tokens, len(request.all_token_ids), len(self.req_to_blocks[rid]) * self.block_size) // self.block_size
     if self.enable_caching and num_full > self.num_cached_block.get(rid, 0): self._cache_blocks(request, num_full)
 

@@ -15,6 +15,7 @@ from fastcore.basics import patch
 from .hashing import LoRARequest
 from ..pictures import EVICTED, FONT_SIZE, HIT, NEW, chart_svg
 from .kv_cache_manager import KVCacheManager, Request
+from .fast_allocator import FastKVCacheManager
 from ..oracle.replay import replay
 from ..guards import check_bool, check_choice, check_instance, check_int, refuse
 from ..oracle.workloads import RequestSpec, Workload
@@ -709,7 +710,7 @@ def _manager_for(workload: Workload, behavior: str) -> KVCacheManager:
     for key in ("num_blocks", "block_size"):
         if key not in c: raise ValueError(f"workload {workload.name!r}: config needs {key}")
     caching = c.get("enable_prefix_caching", c.get("enable_caching", True))
-    return KVCacheManager(c["num_blocks"], c["block_size"], behavior=behavior, enable_caching=caching,
+    return FastKVCacheManager(c["num_blocks"], c["block_size"], behavior=behavior, enable_caching=caching,
                           hash_algo=c.get("hash_algo", "sha256"), max_model_len=c.get("max_model_len"))
 
 # %% ../../nbs/06_scheduler.ipynb #129b7c0b

@@ -11,7 +11,8 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, Sequence
 from fastcore.basics import patch
 from ..core import block_pool
-from ..core.hashing import LoRARequest, MultiModalItem, block_hash_to_int64, hash_request_tokens
+from ..core.hashing import LoRARequest, MultiModalItem, block_hash_to_int64
+from ..core.fast_hashing import hash_request_tokens
 from ..guards import check_choice, check_int
 
 # %% auto #0

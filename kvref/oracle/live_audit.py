@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 from fastcore.basics import patch
 from ..guards import check_choice, check_instance, check_int
-from ..core.hashing import _decoded, hash_block_tokens
+from ..core.hashing import decoded_copy as _decoded, hash_block_tokens
 from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, HASH_FORMS, KVIndex, _short,
                              decode_batch, encode_batch, encode_batch_fast, external_block_hash)
 from .releases import PROFILES, profile_for_version, release_hash_fn, release_none_hash, wire_schema

@@ -14,6 +14,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Iterable, Iterator
 from ..core.kv_cache_manager import KVCacheManager, Request, cdiv
+from ..core.fast_allocator import FastKVCacheManager
 from ..guards import check_instance, check_int, check_ints, refuse
 from ..pictures import FONT_SIZE, chart_svg, progress
 from ..core.scheduler import Scheduler, SchedulerConfig, SchedulerRequest
@@ -228,7 +229,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
     check_int("num_blocks", num_blocks, 1); _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
     _check_hashes(hashes, requests, block_size)
-    kv = KVCacheManager(num_blocks, block_size, max_model_len=max_model_len_for(requests, num_blocks, block_size))
+    kv = FastKVCacheManager(num_blocks, block_size, max_model_len=max_model_len_for(requests, num_blocks, block_size))
     s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
     arrival = (lambda r: 0) if ms_per_step is None else (lambda r: int(r.timestamp // ms_per_step))

@@ -14,11 +14,14 @@ from typing import Any, Callable, Sequence
 from weakref import WeakKeyDictionary
 from fastcore.basics import patch
 from ..core.hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem, sha256, sha256_cbor,
-    get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, hash_request_tokens, block_hash_to_int64,
-    _check_path, _checked_request, _checked_tokens, _chunks, _decoded, _hash_blocks, _lora_from_json, _mm_from_json)
+    get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, block_hash_to_int64,
+    check_path as _check_path, checked_request as _checked_request, checked_token_ids as _checked_tokens,
+    decoded_copy as _decoded, lora_from_json as _lora_from_json, mm_from_json as _mm_from_json)
+from ..core.fast_hashing import hash_request_tokens, chunk_spans as _chunks, hash_blocks as _hash_blocks
 from ..core.block_pool import BlockPool
 from ..guards import check_instance, check_int
 from ..core.kv_cache_manager import KVCacheManager, Request
+from ..core.fast_allocator import FastKVCacheManager
 from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl, _check_ops
 from ..distributed.kv_events import WIRE_SCHEMA, WireSchema
 
@@ -435,7 +438,7 @@ def _free_blocks(self: ReleaseBlockPool, blocks: list, unhashed_first: bool = Fa
     BlockPool._free_blocks(self, blocks if self.last_first else blocks[::-1], unhashed_first=self.unhashed_to_head)
 
 # %% ../../nbs/05a_vllm_releases.ipynb #d4f1d82b
-class ReleaseKVCacheManager(KVCacheManager):
+class ReleaseKVCacheManager(FastKVCacheManager):
     "vLLM 0.33's KV cache manager with a release's hashing, free order and hash lifetime."
     def __init__(self, num_blocks: int, block_size: int, profile: VllmProfile, *, enable_caching: bool = True,
                  hash_algo: str = "sha256", max_model_len: int | None = None, strict: bool = False):

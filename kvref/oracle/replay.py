@@ -15,6 +15,7 @@ import kvref
 from ..core.free_queue import KVCacheBlock, block_ids
 from ..core.hashing import LoRARequest, MultiModalItem
 from ..core.kv_cache_manager import BEHAVIORS, KVCacheManager, Request
+from ..core.fast_allocator import FastKVCacheManager
 from ..core.hybrid import CONFIG_FIELDS, HYBRID_CONFIG_DEFAULTS, HybridKVCacheManager, HybridRequest, spec_from_group
 from ..guards import check_bool
 import kvref.core.mamba  # registers the Mamba group kind (hybrid traces)
@@ -196,7 +197,7 @@ class KVRefAdapter:
     request_cls = Request  # the manager's request class
     def __init__(self, config: dict,  # the trace's config op
                  behavior: str = "vllm_0_33",  # see `BEHAVIORS`
-                 manager_cls: type = KVCacheManager):  # a subclass, to check a modified allocator
+                 manager_cls: type = FastKVCacheManager):  # a subclass, to check a modified allocator
         self.manager = manager_cls.from_config(config, behavior)
         self.requests: dict[str, Request] = {}
         self._hits: dict[str, list[KVCacheBlock]] = {}
@@ -398,7 +399,7 @@ def _reset_prefix_cache(self: TraceDriver, op: dict) -> dict:
 
 # %% ../../nbs/05_replay.ipynb #a1e0f033
 def kvref_factory(behavior: str = "vllm_0_33",  # kvref behaviour, see `BEHAVIORS` (hybrid traces: vllm_0_33 only)
-                  manager_cls: type = KVCacheManager,  # single-group allocator class (a subclass, to check a variant)
+                  manager_cls: type = FastKVCacheManager,  # single-group allocator class (a subclass, to check a variant)
                   enable_kv_cache_events: bool = False,  # a hybrid manager records KV events (`manager.take_events()`)
                  ) -> Callable[[dict], KVRefAdapter]:
     "A factory of kvref's adapters in `behavior`: `KVRefHybridAdapter` for a hybrid config, else `KVRefAdapter`."

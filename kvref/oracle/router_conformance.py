@@ -12,11 +12,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol
 from fastcore.basics import patch
-from ..core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
+from ..core.hashing import LoRARequest, MultiModalItem
+from ..core.fast_hashing import hash_request_tokens
 from ..distributed.kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventBatch, KVIndex, HASH_FORMS,
                              decode_batch, encode_batch, encode_batch_fast, event_to_json, lora_id, wire_events,
                              WIRE_SCHEMA, WireSchema)
 from ..core.kv_cache_manager import KVCacheManager
+from ..core.fast_allocator import FastKVCacheManager
 from ..guards import check_choice, check_int
 from .replay import TraceDriver, kvref_factory, load_trace, validate_op, _check_ops
 
@@ -37,7 +39,7 @@ class OpBatch:
     payload: bytes | None       # the msgpack batch (ts 0.0); None when the op produced none
 
 # %% ../../nbs/07d_router_conformance.ipynb #2db2f90c
-class EventfulKVCacheManager(KVCacheManager):
+class EventfulKVCacheManager(FastKVCacheManager):
     "kvref's allocator with KV events on, as vLLM runs with `--kv-events-config`."
     def __init__(self, *args, **kwargs): super().__init__(*args, enable_kv_cache_events=True, **kwargs)
 
