@@ -40,8 +40,6 @@ KNOWN: set[tuple[str, str]] = {
     ('05c_hybrid_replay', 'first-lesson'),
     ('06_scheduler', 'checks-heading'),
     ('06c_production_traces', 'checks-heading'),
-    ('06d_offload', 'checks-heading'),
-    ('06d_offload', 'first-lesson'),
     ('06e_event_driven_replay', 'first-lesson'),
     ('07_conformance', 'first-lesson'),
     ('07b_sampling_params', 'checks-heading'),
