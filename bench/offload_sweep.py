@@ -1,7 +1,7 @@
 """Hit rate over GPU x CPU sizes (the CPU offload tier, chapter 06d): the cost of `kvref.kv_offload.offload_sweep`.
 
-Run: .venv/bin/python bench/offload_sweep.py [--trace golden/mooncake/synthetic_trace.jsonl] [--block-size 16]
-     [--blocks 12500,25000] [--cpu-blocks 0,25000,50000] [--policy lru,arc] [--jobs 2] [--repeat 3]
+Run: .venv/bin/python bench/offload_sweep.py [--trace golden/mooncake/synthetic-trace-last300.jsonl] [--block-size 16]
+     [--blocks 12500,25000,50000] [--cpu-blocks 0,12500,25000,50000,100000] [--policy lru,arc] [--jobs 2] [--repeat 3]
      [--json bench/offload_sweep.json]
 Prints the grid as a markdown table (under the scheduler and tier settings), the grid's wall time, then the cost of
 one grid point: the median of `--repeat` replays of the point (first GPU size, largest CPU size, first policy), in
@@ -22,10 +22,10 @@ def ints(text: str) -> list[int]: return [int(x) for x in text.split(",")]
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--trace", default="golden/mooncake/synthetic_trace.jsonl")
+    p.add_argument("--trace", default="golden/mooncake/synthetic-trace-last300.jsonl")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--blocks", type=ints, default=ints("12500,25000,50000,100000"))
-    p.add_argument("--cpu-blocks", type=ints, default=ints("0,25000,50000,100000,200000,400000"))
+    p.add_argument("--blocks", type=ints, default=ints("12500,25000,50000"))
+    p.add_argument("--cpu-blocks", type=ints, default=ints("0,12500,25000,50000,100000"))
     p.add_argument("--policy", default="lru,arc")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)

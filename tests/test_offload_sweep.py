@@ -154,3 +154,47 @@ def test_pictures_are_legible_and_hold_every_point(draw):
         assert all(f"{r.hit_rate:.3f}" in svg for r in FAKE) and "LRU: hit rate" in svg and "ARC: hit rate" in svg
     else:
         assert all(f"{p}, CPU {c}" in svg for p in ("LRU", "ARC") for c in ("0", "1k", "2k"))
+
+
+def cli(*argv, tmp_path=None) -> tuple[int, str, str]:
+    "Run `kvref sweep` in this process: exit status, stdout, stderr."
+    import contextlib, io
+    from kvref.cli import sweep_main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): status = sweep_main([str(a) for a in argv])
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "small.jsonl"
+    lines = (ROOT / "golden" / "mooncake" / "synthetic-trace-last300.jsonl").read_text().splitlines(keepends=True)
+    path.write_text("".join(l for l, r in zip(lines, SAMPLE) if r in SMALL))
+    return path
+
+
+def test_cli_grid_prints_the_settings_and_draws_both_pictures(small_trace, tmp_path):
+    status, out, err = cli(small_trace, "--blocks", "900,1800", "--cpu-blocks", "0,600", "--policy", "lru,arc",
+                           "--block-size", "256", "--jobs", "1", "--plot", tmp_path / "grid")
+    assert (status, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].startswith("scheduler: max_num_batched_tokens=8192") and lines[1].startswith("offload: block_size=None")
+    assert len([l for l in lines if l.startswith("| 900 |") or l.startswith("| 1800 |")]) == 8
+    assert "<svg" in (tmp_path / "grid-heatmap.svg").read_text() and "<svg" in (tmp_path / "grid-curves.svg").read_text()
+    status, out, _ = cli(small_trace, "--blocks", "900", "--cpu-blocks", "600", "--block-size", "256", "--format", "json")
+    assert status == 0 and json.loads(out)[0]["eviction_policy"] == "lru"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--cpu-blocks", "0,x"], "--cpu-blocks: invalid int value: 'x'"),
+    (["--cpu-blocks", "-1"], "--cpu-blocks: invalid int value: '-1'"),
+    (["--cpu-blocks", "0", "--policy", "lfu"], "--policy: 'lfu' is not lru, arc or lru,arc"),
+    (["--policy", "arc"], "--policy needs --cpu-blocks"),
+    (["--cpu-blocks", "600", "--async-scheduling"], "async_scheduling must be False with a CPU tier"),
+    (["--cpu-blocks", "600", "--plot", "/nonexistent/dir/x"], "--plot /nonexistent/dir/x: no folder"),
+    (["--blocks", "10,900", "--cpu-blocks", "600"], "--blocks 10: too small")])
+def test_cli_bad_grids_are_exit_2_and_one_line(small_trace, argv, words):
+    args = ["--blocks", "900", "--block-size", "256", "--jobs", "1"]
+    if "--blocks" in argv: args = args[2:]
+    status, out, err = cli(small_trace, *args, *argv)
+    assert status == 2 and out == "" and err.count("\n") == 1 and err.startswith("kvref sweep: error: ") and words in err, err
