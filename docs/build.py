@@ -66,10 +66,16 @@ def execute(force: bool = False) -> Path:
 
 
 def _default_exp(nb) -> str | None:
-    "The module a notebook exports to (`#| default_exp name`)."
+    "The module a notebook exports to (`#| default_exp name`), as imported: `core.hashing`, or `` for the package root."
     for cell in nb.cells:
-        if (m := re.search(r"^#\|\s*default_exp\s+(\S+)", cell.source, re.M)): return m.group(1)
+        if (m := re.search(r"^#\|\s*default_exp\s+(\S+)", cell.source, re.M)):
+            return m.group(1).removesuffix("__init__").rstrip(".")
     return None
+
+
+def _module_name(module: str) -> str:
+    "The full name of a chapter's module: `kvref.core.hashing`, `kvref` for the package root."
+    return f"kvref.{module}" if module else "kvref"
 
 
 def _process_one(src: Path, dest: Path) -> None:
@@ -84,7 +90,7 @@ def _process_one(src: Path, dest: Path) -> None:
     class render_show_docs(Processor):
         "Replace each `show_doc(name)` cell by the markdown `apidoc` renders for `name`."
         def begin(self):
-            self.namespace = vars(importlib.import_module(f"kvref.{module}")) if module else {}
+            self.namespace = vars(importlib.import_module(_module_name(module))) if module is not None else {}
         def __call__(self, cell):
             m = re.search(r"^show_doc\(([\w.]+)\)\s*$", cell.source, re.M) if cell.cell_type == "code" else None
             if not m: return
@@ -199,10 +205,11 @@ def reference_pages() -> dict[str, str]:
              "members. Each chapter explains why; these pages are for looking things up.\n"]
     pages = {}
     for nb_path in sorted(NBS.glob("*.ipynb")):
-        if (module := _default_exp(read_nb(nb_path))):
-            stem = "reference-" + module.replace(".", "-")
-            pages[stem] = apidoc.module_reference(importlib.import_module(f"kvref.{module}"), level=1, all_methods=True)
-            index.append(f"- [`kvref.{module}`]({stem}.md) (chapter [{nb_path.stem}]({nb_path.stem}.ipynb))")
+        if (module := _default_exp(read_nb(nb_path))) is not None:
+            name = _module_name(module)
+            stem = "reference-" + name.replace(".", "-")
+            pages[stem] = apidoc.module_reference(importlib.import_module(name), level=1, all_methods=True)
+            index.append(f"- [`{name}`]({stem}.md) (chapter [{nb_path.stem}]({nb_path.stem}.ipynb))")
     index.append("\n```{toctree}\n:hidden:\n:maxdepth: 1\n\n" + "\n".join(pages) + "\n```")
     return {"reference": "\n".join(index) + "\n", **pages}
 

@@ -1,7 +1,8 @@
 """Check the built site in headless Chromium, the way a reader meets it.
 
 Serves the site on 127.0.0.1 and, for every page: HTTP 200, one H1, no page errors, no nbdev directive or export
-plumbing shown, no code block wider than its box at 1280 px, every internal link (and its #anchor) resolves, no
+plumbing shown, no code block wider than its box at 1280 px, no figure (an inline SVG, or an SVG shown by an <img>) whose
+text renders below 11 CSS px at 1280 px, every internal link (and its #anchor) resolves, no
 link points at a page the site lacks, and no request leaves 127.0.0.1 unless allow-listed; then checks that the search page finds something. Saves a screenshot of the front
 page. Usage: `python docs/check_site.py [--site _site] [--screenshot _build/front-page.png]`.
 """
@@ -21,6 +22,65 @@ PUBLISHED = "https://kvref.github.io/kvref/"  # nbdev's doc links: build.py poin
 # Code blocks wider than their box at 1280 px: [overflow in px, first 60 characters of the widest line].
 OVERFLOWING = """els => els.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => [e.scrollWidth - e.clientWidth,
     e.innerText.split('\\n').reduce((a, b) => b.length > a.length ? b : a, '').slice(0, 60)])"""
+MIN_FIGURE_TEXT_PX = 11  # the smallest text a figure may show at 1280 px (kvref.pictures draws at 11 px and up)
+# Every SVG figure in the article, and the smallest size (CSS px) its text renders at: an inline <svg> is measured in
+# place; an <img> showing an .svg is fetched, laid out off-screen at the size the <img> has, measured and removed.
+# A text's size on screen is its computed font-size times the scale of its screen transform (viewBox and transforms);
+# text that matplotlib drew as glyph paths (its default, svg.fonttype "path") is sized from the glyph group's scale.
+FIGURE_TEXT = """async () => {
+  const measure = svg => {
+    let least = Infinity, sample = '';
+    for (const t of svg.querySelectorAll('text')) {
+      const words = t.textContent.trim();
+      if (!words || getComputedStyle(t).display === 'none') continue;
+      const m = t.getScreenCTM();
+      if (!m) continue;
+      const px = parseFloat(getComputedStyle(t).fontSize) * Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
+      if (px < least) { least = px; sample = words.slice(0, 40); }
+    }
+    for (const g of svg.querySelectorAll('g[id^="text_"]')) {  // matplotlib's text as glyph paths: <use>s in a
+      const glyphs = g.querySelector('use');                     // group scaled by font size / 100
+      const m = glyphs && glyphs.parentElement.getScreenCTM();
+      if (!m) continue;
+      const px = 100 * Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
+      const note = [...g.childNodes].find(n => n.nodeType === Node.COMMENT_NODE);
+      if (px < least) { least = px; sample = note ? note.nodeValue.trim().slice(0, 40) : g.id; }
+    }
+    return [least, sample];
+  };
+  const out = [];
+  const inline = [...document.querySelectorAll('article svg')].filter(s => s.querySelector('text') && !s.parentElement.closest('svg'));
+  inline.forEach((svg, i) => out.push([`inline svg ${i + 1}` + (svg.id ? ` #${svg.id}` : ''), ...measure(svg)]));
+  const images = [...document.querySelectorAll('article img')].filter(im => /\\.svg($|[?#])/i.test(im.getAttribute('src') || ''));
+  for (const [i, im] of images.entries()) {
+    const box = im.getBoundingClientRect();
+    const name = `figure ${i + 1} (${im.getAttribute('src')})`;
+    if (box.width === 0 || box.height === 0) continue;  // not shown at this width
+    const text = await (await fetch(im.src)).text();
+    const svg = new DOMParser().parseFromString(text, 'image/svg+xml').documentElement;
+    if (svg.nodeName !== 'svg') { out.push([name, -1, 'not an SVG document']); continue; }
+    const holder = document.createElement('div');
+    holder.style.cssText = `position:absolute; left:-20000px; top:0; width:${box.width}px; height:${box.height}px`;
+    const placed = document.importNode(svg, true);
+    placed.setAttribute('width', box.width); placed.setAttribute('height', box.height);
+    holder.appendChild(placed); document.body.appendChild(holder);
+    out.push([name, ...measure(placed)]);
+    holder.remove();
+  }
+  return out;
+}"""
+
+
+def small_figure_text(page, least: float = MIN_FIGURE_TEXT_PX) -> list[str]:
+    "The figures on `page` (a loaded Playwright page) whose smallest text renders below `least` CSS px, described."
+    found = []
+    for name, px, sample in page.evaluate(FIGURE_TEXT):
+        if px is not None and px < least:
+            found.append(f"{name}: not an SVG document" if px < 0 else
+                         f"{name} renders text at {px:.1f} px (below {least} px): {sample!r}")
+    return found
+
+
 SKIP_PAGES = {"genindex.html", "search.html", "py-modindex.html"}  # Sphinx's own pages have no chapter H1
 
 
@@ -75,6 +135,7 @@ def check(site: Path, screenshot: Path) -> list[str]:
                 for width, text in wide[:3]:
                     problems.append(f"{name}: a code block overflows the page by {width} px: {text!r}")
                 if len(wide) > 3: problems.append(f"{name}: {len(wide) - 3} more code blocks overflow")
+                problems += [f"{name}: {figure}" for figure in small_figure_text(page)]
             for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
                 if href.startswith(base): links.append((name, href[len(base):]))
                 elif href.startswith(PUBLISHED) or ".html.md" in href:  # a doc link build.py could not place

@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/cli.html.md"""
 
 # %% ../nbs/12_cli.ipynb #d85ddf7f
 from __future__ import annotations
-import argparse, functools, importlib, json, os, re, sys, traceback
+import argparse, functools, importlib, itertools, json, os, re, sys, traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -182,7 +182,7 @@ def _hash_parser() -> CommandParser:
     return parser
 
 # %% ../nbs/12_cli.ipynb #7f20e458
-def _check_one_vector_file(path: str) -> tuple[int, str | None]:
+def _vector_file_result(path: str) -> tuple[int, str | None]:
     "The vectors in one file and the first mismatch described: a release's file by its profile, else vLLM 0.33's."
     data = read_json(path)
     if isinstance(data, dict) and "vllm_version" in data:
@@ -196,7 +196,7 @@ def check_vector_files(paths: Sequence[str]) -> int:
     "`kvref hash --check`: 0 if every vector of every file matches, 1 on the first mismatch; each file must hold one."
     count = 0
     for path in paths:
-        n, mismatch = _check_one_vector_file(path)
+        n, mismatch = _vector_file_result(path)
         if mismatch: print(mismatch); return 1
         if n == 0: raise ValueError(f"{path}: no vectors, nothing to check")
         count += n
@@ -219,22 +219,6 @@ def _release_hashes(args, tokens: list[int]) -> list[int | bytes]:
                                 lora=_parse_lora(args.lora) if args.lora else None, lora_int_id=args.lora_int_id,
                                 mm_items=[_parse_mm(s) for s in args.mm], pythonhashseed=args.pythonhashseed)
 
-# %% ../nbs/12_cli.ipynb #4bcf70fd
-def _check_hash_options(args) -> None:
-    "Refuse `kvref hash` options that do not go together, before anything is hashed."
-    if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
-    if not args.file and not args.tokens: raise ValueError("give token ids, --file, --check or --diagnose")
-    if args.vllm_version is None:
-        if args.pythonhashseed is not None or args.lora_int_id is not None:
-            raise ValueError("--pythonhashseed and --lora-int-id go with --vllm-version")
-        return
-    profile = profile_for_version(args.vllm_version)  # '' is no release
-    if args.seed is not None: raise ValueError("--seed does not go with --vllm-version: a release seeds NONE_HASH "
-                                               "from its engine's PYTHONHASHSEED (--pythonhashseed)")
-    if profile.kv_events is None and args.format != "hex":
-        raise ValueError(f"--format {args.format}: vLLM {args.vllm_version} has no KV events, so no event ids "
-                         f"(--format hex prints its hashes)")
-
 # %% ../nbs/12_cli.ipynb #96993aac
 def _print_hashes(hashes: list[int | bytes], event_ids: list[int], fmt: str) -> None:
     "Print the hashes in `--format` hex, int64 (the KV events' ids) or json (both)."
@@ -252,6 +236,22 @@ def _hashes_and_event_ids(args, tokens: list[int]) -> tuple[list[int | bytes], l
         return hashes, [block_hash_to_int64(h) for h in hashes]
     profile, hashes = profile_for_version(args.vllm_version), _release_hashes(args, tokens)
     return hashes, [] if profile.kv_events is None else release_event_block_hashes(profile, hashes, lora)
+
+# %% ../nbs/12_cli.ipynb #4bcf70fd
+def _check_hash_options(args) -> None:
+    "Refuse `kvref hash` options that do not go together, before anything is hashed."
+    if args.file and args.tokens: raise ValueError("give token ids or --file, not both")
+    if not args.file and not args.tokens: raise ValueError("give token ids, --file, --check or --diagnose")
+    if args.vllm_version is None:
+        if args.pythonhashseed is not None or args.lora_int_id is not None:
+            raise ValueError("--pythonhashseed and --lora-int-id go with --vllm-version")
+        return
+    profile = profile_for_version(args.vllm_version)  # '' is no release
+    if args.seed is not None: raise ValueError("--seed does not go with --vllm-version: a release seeds NONE_HASH "
+                                               "from its engine's PYTHONHASHSEED (--pythonhashseed)")
+    if profile.kv_events is None and args.format != "hex":
+        raise ValueError(f"--format {args.format}: vLLM {args.vllm_version} has no KV events, so no event ids "
+                         f"(--format hex prints its hashes)")
 
 # %% ../nbs/12_cli.ipynb #b5db52d5
 @subcommand("kvref hash")
@@ -339,7 +339,7 @@ def replay_main(argv: list[str] | None = None) -> int:
     return 0
 
 # %% ../nbs/12_cli.ipynb #465bfe11
-def _check_parser() -> CommandParser:
+def _conformance_parser() -> CommandParser:
     "The options of `kvref check`."
     p = CommandParser(prog="kvref check", description="Check an engine's allocator, or recorded decisions, against kvref, op by op.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="allocator traces (JSONL; single-group or hybrid)")
@@ -353,6 +353,24 @@ def _check_parser() -> CommandParser:
     p.add_argument("--free-queue-every", type=int_arg(1), metavar="K", help="compare whole free queues every K ops")
     p.add_argument("--traceback", action="store_true", help="show the traceback of an adapter module that fails to import")
     return p
+
+# %% ../nbs/12_cli.ipynb #6ecf92d5
+def _conform_trace(ns, path: str, expect: str | None, factory, fields: list[str] | None, out: Path | None) -> int:
+    "Check one trace: 0 if it conforms, 1 if it diverged (the minimal trace written); ValueError if it cannot be checked."
+    ops = load_trace_for_cli(path)
+    decisions = load_decisions(expect) if expect else None
+    if decisions == []: raise ValueError(f"{expect}: no decisions, nothing to compare")
+    try: d = (check(factory, ops, ns.behavior, fields, ns.free_queue_every, ns.vllm_version) if decisions is None
+              else check_recorded(decisions, ops, ns.behavior, fields, ns.vllm_version))
+    except ValueError as e: raise ValueError(f"{path}: {e}") from None
+    if d is None: print(f"{path}: conforms ({len(ops)} ops)"); return 0
+    if decisions is not None: print(f"{path}: {d.report()}"); return 1
+    minimal, target = shrink(factory, ops, ns.behavior, fields, ns.vllm_version), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
+    target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
+    own = check(factory, minimal, ns.behavior, fields, ns.free_queue_every, ns.vllm_version)  # what re-checking it shows
+    if own.report().split("\n", 1)[1:] == d.report().split("\n", 1)[1:]: print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}")
+    else: print(f"{path}: {d.report().splitlines()[0]}\nminimal trace ({len(minimal)} ops): {target}\n{target}: {own.report()}")
+    return 1
 
 # %% ../nbs/12_cli.ipynb #17a33675
 def _out_folder(out: str) -> Path:
@@ -378,29 +396,11 @@ def _check_options(ns) -> None:
     if ns.expect and (ns.out or ns.free_queue_every): raise ValueError("--out and --free-queue-every go with --adapter, not --expect")
     if ns.vllm_version is not None: profile_for_version(ns.vllm_version)  # an unknown release ('' too), before any trace
 
-# %% ../nbs/12_cli.ipynb #6ecf92d5
-def _check_one(ns, path: str, expect: str | None, factory, fields: list[str] | None, out: Path | None) -> int:
-    "Check one trace: 0 if it conforms, 1 if it diverged (the minimal trace written); ValueError if it cannot be checked."
-    ops = load_trace_for_cli(path)
-    decisions = load_decisions(expect) if expect else None
-    if decisions == []: raise ValueError(f"{expect}: no decisions, nothing to compare")
-    try: d = (check(factory, ops, ns.behavior, fields, ns.free_queue_every, ns.vllm_version) if decisions is None
-              else check_recorded(decisions, ops, ns.behavior, fields, ns.vllm_version))
-    except ValueError as e: raise ValueError(f"{path}: {e}") from None
-    if d is None: print(f"{path}: conforms ({len(ops)} ops)"); return 0
-    if decisions is not None: print(f"{path}: {d.report()}"); return 1
-    minimal, target = shrink(factory, ops, ns.behavior, fields, ns.vllm_version), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
-    target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
-    own = check(factory, minimal, ns.behavior, fields, ns.free_queue_every, ns.vllm_version)  # what re-checking it shows
-    if own.report().split("\n", 1)[1:] == d.report().split("\n", 1)[1:]: print(f"{path}: {d.report()}\nminimal trace ({len(minimal)} ops): {target}")
-    else: print(f"{path}: {d.report().splitlines()[0]}\nminimal trace ({len(minimal)} ops): {target}\n{target}: {own.report()}")
-    return 1
-
 # %% ../nbs/12_cli.ipynb #d5e6c659
 @subcommand("kvref check")
 def check_main(argv: list[str] | None = None) -> int:
     "`kvref check`: each trace reported; the worst status: 0 all conform, 1 one diverged, 2 one could not be checked."
-    ns = _check_parser().parse_args(argv)
+    ns = _conformance_parser().parse_args(argv)
     fields = _fields_arg(ns.fields)
     _check_options(ns)
     out = _out_folder(ns.out or ".") if ns.adapter else None
@@ -410,7 +410,7 @@ def check_main(argv: list[str] | None = None) -> int:
         raise
     statuses = []
     for path, expect in zip(ns.traces, ns.expect or [None] * len(ns.traces)):
-        try: statuses.append(_check_one(ns, path, expect, factory, fields, out))
+        try: statuses.append(_conform_trace(ns, path, expect, factory, fields, out))
         except ValueError as e:
             print(f"kvref check: error: {_one_line(e)}", file=sys.stderr)
             statuses.append(2)
@@ -564,7 +564,7 @@ def _thinking_budget_parser() -> CommandParser:
     return p
 
 # %% ../nbs/12_cli.ipynb #af1dca1f
-def _check_run_files(paths: list[str], behavior: str) -> int:
+def _replay_run_files(paths: list[str], behavior: str) -> int:
     "`kvref thinking-budget --check`: 0 if every recorded run matches under `behavior`, 1 at the first mismatch."
     total = 0
     for path in paths:
@@ -580,7 +580,7 @@ def thinking_budget_main(argv: list[str] | None = None) -> int:
     "`kvref thinking-budget`: the contract's forcings for one step, or --check recorded runs; returns the exit code."
     from kvref.sample.thinking_budget import ReasoningConfig, contract_forcings  # imports torch
     args = _thinking_budget_parser().parse_args(argv)
-    if args.check: return _check_run_files(args.check, args.behavior)
+    if args.check: return _replay_run_files(args.check, args.behavior)
     start, end = _ints(args.start, "--start"), _ints(args.end, "--end")
     if not start or not end: raise ValueError("give --start and --end token ids, or --check FILE")
     cfg = ReasoningConfig(start, end, _ints(args.natural_end, "--natural-end") or None)
@@ -612,8 +612,9 @@ def convert_main(argv: list[str] | None = None) -> int:
     from kvref.oracle.production_traces import convert_mooncake
     a = _convert_parser().parse_args(argv)
     if a.fmt not in TRACE_FORMATS: raise ValueError(f"--from {a.fmt!r}: unknown format; known: {', '.join(TRACE_FORMATS)}")
-    for op in convert_mooncake(a.trace, a.block_size, a.num_blocks, a.hash_block_size, a.max_live):
-        sys.stdout.write(json.dumps(op) + "\n")
+    ops = convert_mooncake(a.trace, a.block_size, a.num_blocks, a.hash_block_size, a.max_live)
+    head = list(itertools.islice(ops, 2))  # the config op waits for the first request: a bad first line prints nothing
+    for op in itertools.chain(head, ops): sys.stdout.write(json.dumps(op) + "\n")
     return 0
 
 # %% ../nbs/12_cli.ipynb #341b9aeb
@@ -660,10 +661,10 @@ def _sweep_parser() -> CommandParser:
 # %% ../nbs/12_cli.ipynb #2472db27
 def _too_small(requests: list, blocks: list[int], block_size: int) -> dict[int, str]:
     "The sizes in `blocks` that cannot hold the trace's longest request, each with why (the production chapter's check)."
-    from kvref.oracle.production_traces import _check_fits
+    from kvref.oracle.production_traces import max_model_len_for
     found = {}
     for n in blocks:
-        try: _check_fits(requests, n, block_size)
+        try: max_model_len_for(requests, n, block_size)
         except ValueError as e: found[n] = "too small: " + str(e).removeprefix(f"num_blocks={n} ")
     return found
 
@@ -736,13 +737,25 @@ def _first_difference(got: list[dict], want: list[dict]) -> str | None:
         if g != w: return f"step {w.get('step')}: " + "; ".join(f"{k}: kvref {g.get(k)!r}, expected {w.get(k)!r}" for k in w if g.get(k) != w.get(k))
     return None if len(got) == len(want) else f"kvref ran {len(got)} steps, expected {len(want)}"
 
+# %% ../nbs/12_cli.ipynb #d30a27ed
+def _step_records(path: Path) -> list[dict]:
+    "The step records in file `path` (`--expect`), a JSON object a line; ValueError naming the file and the line."
+    records = []
+    for n, line in enumerate(read_text(str(path)).splitlines(), 1):
+        if not line.strip(): continue
+        record = parse_json(line, f"{path}, line {n}")
+        if not isinstance(record, dict): raise ValueError(f"{path}, line {n}: a step record must be a JSON object")
+        records.append(record)
+    return records
+
 # %% ../nbs/12_cli.ipynb #6e19037e
 @subcommand("kvref schedule")
 def schedule_main(argv: list[str] | None = None) -> int:
     "`kvref schedule WORKLOADS.jsonl [--expect DIR] [--only NAME]`; the exit status."
     from kvref.core.scheduler import load_workloads, run_workload
     a = _schedule_parser().parse_args(argv)
-    workloads = [w for w in load_workloads(a.workloads) if a.only in (None, w.name)]
+    try: workloads = [w for w in load_workloads(a.workloads) if a.only in (None, w.name)]
+    except RecursionError: raise ValueError(f"{a.workloads}: JSON nested too deeply") from None
     if not workloads: raise ValueError(f"{a.workloads}: no workload" + (f" named {a.only!r}" if a.only else ""))
     worst = 0
     for w in workloads:
@@ -750,7 +763,7 @@ def schedule_main(argv: list[str] | None = None) -> int:
         if a.expect is None:
             for r in records: print(json.dumps({"workload": w.name, **r}))
             continue
-        want = [json.loads(line) for line in Path(a.expect, f"{w.name}.jsonl").read_text().splitlines() if line.strip()]
+        want = _step_records(Path(a.expect, f"{w.name}.jsonl"))
         diff = _first_difference(records, want)
         print(f"{w.name}: " + (f"{len(records)} steps, identical" if diff is None else diff)); worst |= diff is not None
     return worst
@@ -796,7 +809,7 @@ def events_main(argv: list[str] | None = None) -> int:
     return 0
 
 # %% ../nbs/12_cli.ipynb #55abd94c
-def _check_router_parser() -> CommandParser:
+def _router_parser() -> CommandParser:
     "The options of `kvref check-router`."
     p = CommandParser(prog="kvref check-router", description="Check a router's index against kvref's KVIndex, batch by batch.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="one allocator trace per engine")
@@ -810,7 +823,7 @@ def _check_router_parser() -> CommandParser:
 def check_router_main(argv: list[str] | None = None) -> int:
     "`kvref check-router`: 0 if the router agrees with `KVIndex` on every prompt, 1 on a divergence, 2 on bad input."
     from kvref.oracle.router_conformance import check_router, shrink_router
-    args = _check_router_parser().parse_args(argv)
+    args = _router_parser().parse_args(argv)
     names = [Path(t).name for t in args.traces]  # each engine's stream is named by its file
     twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
     if twice: raise ValueError(f"two traces have the file name {twice!r}: rename one (a stream is named by its file)")
@@ -868,14 +881,15 @@ def audit_main(argv: list[str] | None = None) -> int:
     a = _audit_parser().parse_args(argv)
     if bool(a.file) == bool(a.endpoints): raise ValueError("give either --file streams or live ENDPOINTs, not both or neither")
     sources = a.file or a.endpoints
+    if a.report and not Path(a.report).resolve().parent.is_dir(): raise ValueError(f"--report {a.report}: its folder does not exist")
     configs = _audit_configs(a, sources)
     if a.file: fleet = audit_files(configs, a.file)
     else:
         if not 0 < a.duration <= 86400: raise ValueError(f"--duration must be in (0, 86400] seconds, got {a.duration}")
         fleet = audit_live(configs, a.endpoints, a.replay or None, a.duration, a.max_batches)
     if fleet.exit_status() == 2: raise ValueError(f"no batch to audit in {', '.join(map(str, sources))}: nothing was checked")
-    print(fleet.summary())
     if a.report: Path(a.report).write_text(json.dumps(fleet.report(), indent=1) + "\n", encoding="utf-8")
+    print(fleet.summary())
     return fleet.exit_status()
 
 # %% ../nbs/12_cli.ipynb #8c1c3465

@@ -25,11 +25,9 @@ def refuse(name: str, expected: str, value: Any, error: type[Exception] = ValueE
 # %% ../nbs/00_guards.ipynb #8be51fcf
 def check_int(name: str, value: Any, least: int | None = 0, most: int | None = None) -> int:
     "`value` if it is an int (not a bool) in `[least, most]`; `None` leaves a side open."
+    if type(value) is int and (least is None or value >= least) and (most is None or value <= most): return value
     bounds = " and ".join(f"{op} {b}" for op, b in ((">=", least), ("<=", most)) if b is not None)
-    expected = f"an int {bounds}" if bounds else "an int"
-    if type(value) is not int: refuse(name, expected, value, TypeError)
-    if (least is not None and value < least) or (most is not None and value > most): refuse(name, expected, value)
-    return value
+    refuse(name, f"an int {bounds}" if bounds else "an int", value, ValueError if type(value) is int else TypeError)
 
 # %% ../nbs/00_guards.ipynb #1d2bacbc
 def check_bool(name: str, value: Any) -> bool:

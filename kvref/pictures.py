@@ -10,10 +10,12 @@ import io, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
+from .guards import check_bool, check_choice, check_instance, check_int, refuse
+
 
 # %% auto #0
-__all__ = ['CACHED', 'PLAIN', 'HIT', 'NEW', 'EVICTED', 'FONT_SIZE', 'Step', 'follow', 'rows_svg', 'step_svg', 'progress',
-           'write_svgs']
+__all__ = ['CACHED', 'PLAIN', 'HIT', 'NEW', 'EVICTED', 'FONT_SIZE', 'CHART_KINDS', 'SERIES_COLORS', 'Step', 'follow', 'rows_svg',
+           'step_svg', 'chart_svg', 'progress', 'write_svgs']
 
 # %% ../nbs/01a_pictures.ipynb #ae983f2c
 @dataclass(slots=True)
@@ -62,49 +64,6 @@ def _key(t: _Trace, req: _Req, j: int) -> int:
         k = t.interned.setdefault((req.keys[-1] if i else None, block, req.extra), len(t.interned))
         t.key_tokens.setdefault(k, block); req.keys.append(k)
     return req.keys[j]
-
-# %% ../nbs/01a_pictures.ipynb #c88dfdb3
-_OPS = ("config", "add", "append", "schedule", "preempt", "free", "reset_prefix_cache")
-
-def _count(index: int, obj: dict, name: str, low: int = 0) -> int:
-    "`obj[name]`, an int >= `low` (not a bool), or a ValueError naming op `index` and the field."
-    value = obj.get(name)
-    if type(value) is not int or value < low: raise ValueError(f"op {index}: {name!r} must be an int >= {low}, got {value!r:.40}")
-    return value
-
-# %% ../nbs/01a_pictures.ipynb #f0a69404
-def _ints(index: int, name: str, value, limit: int = 1 << 64) -> list[int]:
-    "Token or block ids: a list of ints in [0, `limit`), or a ValueError naming op `index` and the field."
-    if type(value) is not list or not all(type(v) is int and 0 <= v < limit for v in value):
-        raise ValueError(f"op {index}: {name!r} must be a list of ints in [0, 2**64), got {value!r:.60}")
-    return value
-
-# %% ../nbs/01a_pictures.ipynb #9b114a3f
-def _check_op(t: _Trace, index: int, op, dec) -> None:
-    "Refuse an op and decision `follow` cannot read, naming op `index`; change nothing."
-    if not isinstance(op, dict) or not isinstance(dec, dict):
-        raise TypeError(f"op {index}: ops and decisions must be dicts, got {type(op).__name__} and {type(dec).__name__}")
-    kind = op.get("op")
-    if dec.get("op") != kind: raise ValueError(f"op {index}: trace has {kind!r} but the decision is for {dec.get('op')!r}")
-    if kind not in _OPS: raise ValueError(f"op {index}: unknown op {kind!r:.40}")
-    if kind == "config": _count(index, op, "block_size", 1); return
-    if t.block_size is None: raise ValueError(f"op {index}: the trace must start with a config op, got {kind!r}")
-    if kind == "reset_prefix_cache": return
-    rid = op.get("id")
-    if type(rid) is not str: raise ValueError(f"op {index}: 'id' must be a string, got {rid!r:.40}")
-    if kind in ("add", "append"): _ints(index, "prompt" if kind == "add" else "tokens", op.get("prompt", op.get("tokens")))
-    if kind in ("append", "schedule") and rid not in t.reqs: raise ValueError(f"op {index}: request {rid!r} is not live")
-    if kind == "schedule": _check_schedule(t, index, rid, dec)
-
-# %% ../nbs/01a_pictures.ipynb #c3421b9d
-def _check_schedule(t: _Trace, index: int, rid: str, dec: dict) -> None:
-    "A schedule decision lists the request's whole table: the blocks it held, then its hits, then new ones."
-    if dec.get("allocated") not in (True, False): raise ValueError(f"op {index}: 'allocated' must be true or false")
-    if not dec["allocated"]: return
-    ids, old = _ints(index, "block_ids", dec.get("block_ids")), len(t.tables.get(rid, ()))
-    hit, _ = _count(index, dec, "hit_tokens"), _count(index, dec, "num_new_tokens")
-    if (hit % t.block_size or len(ids) < old + hit // t.block_size or ids[:old] != t.tables.get(rid, [])):
-        raise ValueError(f"op {index}: block_ids {ids!r:.60} do not extend request {rid!r}'s table by {hit} hit tokens")
 
 # %% ../nbs/01a_pictures.ipynb #86854df2
 def _evict(t: _Trace, new: list[int]) -> list[int]:
@@ -165,6 +124,48 @@ def follow(ops: Iterable[dict],  # trace ops, `config` first
         tables, cached, cache_map = _copies(t) if snapshot else (t.tables, t.cached, t.cache_map)
         yield Step(index, op, dec, tables, list(queue), cached, cache_map, t.key_tokens, hit, new, evicted)
 
+# %% ../nbs/01a_pictures.ipynb #c88dfdb3
+_OPS = ("config", "add", "append", "schedule", "preempt", "free", "reset_prefix_cache")
+
+def _count(index: int, obj: dict, name: str, low: int = 0) -> int:
+    "`obj[name]`, an int >= `low` (not a bool), or an error naming op `index` and the field."
+    return check_int(f"op {index}: {name!r}", obj.get(name), low)
+
+# %% ../nbs/01a_pictures.ipynb #f0a69404
+def _ints(index: int, name: str, value, limit: int = 1 << 64) -> list[int]:
+    "Token or block ids: a list of ints in [0, `limit`), or an error naming op `index` and the field."
+    if type(value) is not list or not all(type(v) is int and 0 <= v < limit for v in value):  # one pass; the kind on failure
+        ints = type(value) is list and all(type(v) is int for v in value)
+        refuse(f"op {index}: {name!r}", "a list of ints in [0, 2**64)", value, ValueError if ints else TypeError)
+    return value
+
+# %% ../nbs/01a_pictures.ipynb #9b114a3f
+def _check_op(t: _Trace, index: int, op, dec) -> None:
+    "Refuse an op and decision `follow` cannot read, naming op `index`; change nothing."
+    if not isinstance(op, dict) or not isinstance(dec, dict):
+        raise TypeError(f"op {index}: ops and decisions must be dicts, got {type(op).__name__} and {type(dec).__name__}")
+    kind = op.get("op")
+    if dec.get("op") != kind: raise ValueError(f"op {index}: trace has {kind!r} but the decision is for {dec.get('op')!r}")
+    if kind not in _OPS: raise ValueError(f"op {index}: unknown op {kind!r:.40}")
+    if kind == "config": _count(index, op, "block_size", 1); return
+    if t.block_size is None: raise ValueError(f"op {index}: the trace must start with a config op, got {kind!r}")
+    if kind == "reset_prefix_cache": return
+    rid = op.get("id")
+    check_instance(f"op {index}: 'id'", rid, str, "a string")
+    if kind in ("add", "append"): _ints(index, "prompt" if kind == "add" else "tokens", op.get("prompt", op.get("tokens")))
+    if kind in ("append", "schedule") and rid not in t.reqs: raise ValueError(f"op {index}: request {rid!r} is not live")
+    if kind == "schedule": _check_schedule(t, index, rid, dec)
+
+# %% ../nbs/01a_pictures.ipynb #c3421b9d
+def _check_schedule(t: _Trace, index: int, rid: str, dec: dict) -> None:
+    "A schedule decision lists the request's whole table: the blocks it held, then its hits, then new ones."
+    check_bool(f"op {index}: 'allocated'", dec.get("allocated"))
+    if not dec["allocated"]: return
+    ids, old = _ints(index, "block_ids", dec.get("block_ids")), len(t.tables.get(rid, ()))
+    hit, _ = _count(index, dec, "hit_tokens"), _count(index, dec, "num_new_tokens")
+    if (hit % t.block_size or len(ids) < old + hit // t.block_size or ids[:old] != t.tables.get(rid, [])):
+        raise ValueError(f"op {index}: block_ids {ids!r:.60} do not extend request {rid!r}'s table by {hit} hit tokens")
+
 # %% ../nbs/01a_pictures.ipynb #b64e1e21
 CACHED, PLAIN, HIT, NEW, EVICTED = "#ffe680", "#ffffff", "#2e9e44", "#2f6fd6", "#d62f2f"
 FONT_SIZE = 11  # px in the SVG: the smallest text of any picture
@@ -186,15 +187,19 @@ def _canvas(title: str):
     return fig, ax
 
 # %% ../nbs/01a_pictures.ipynb #f8865e7b
-def _svg(fig, ax, y: float) -> str:
-    "The figure, sized to what was drawn down to `y`, as an SVG document (deterministic: no date, fixed ids)."
+def _svg_text(fig) -> str:
+    "`fig` as an SVG document, the same bytes on every run (no date, fixed ids, text kept as text)."
     import matplotlib
-    height = 1.5 - y
-    ax.set_xlim(0, 4 + _ROW_BLOCKS * 1.1); ax.set_ylim(-height, 1.5); fig.set_size_inches(9.5, 0.26 * height + 0.6)
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": "kvref", "svg.fonttype": "none"}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
     return buf.getvalue()
+
+def _svg(fig, ax, y: float) -> str:
+    "The figure, sized to what was drawn down to `y`, as an SVG document."
+    height = 1.5 - y
+    ax.set_xlim(0, 4 + _ROW_BLOCKS * 1.1); ax.set_ylim(-height, 1.5); fig.set_size_inches(9.5, 0.26 * height + 0.6)
+    return _svg_text(fig)
 
 # %% ../nbs/01a_pictures.ipynb #40a0541b
 def _blocks_row(ax, y: float, label: str, ids: list[int], cached: set[int], outline: dict[int, str]) -> float:
@@ -273,6 +278,77 @@ def step_svg(step: Step,  # one step from `follow`
     gone = ", ".join(f"block {b}" for b in step.evicted) or "none"
     ax.text(0, y - 0.5, f"evicted: {gone}", fontsize=FONT_SIZE, color=EVICTED if step.evicted else "#444444", va="center")
     return _svg(fig, ax, _legend(ax, y - 1.2))
+
+# %% ../nbs/01a_pictures.ipynb #15aa346b
+CHART_KINDS = ("line", "step", "bars", "stacked")
+SERIES_COLORS = (NEW, HIT, EVICTED, "#e08a00", "#7a4fbf", "#444444")  # series in order, unless `colors` names one
+
+# %% ../nbs/01a_pictures.ipynb #d39102df
+def _chart_canvas(title: str, xlabel: str, ylabel: str):
+    "A figure 9.5 inches wide with one set of axes, every text at least FONT_SIZE (matplotlib imported only here)."
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(9.5, 3.6))
+    ax = fig.add_axes((0.09, 0.22, 0.89, 0.66))
+    ax.set_title(title, fontsize=FONT_SIZE + 2, fontweight="bold", loc="left")
+    ax.set_xlabel(xlabel, fontsize=FONT_SIZE); ax.set_ylabel(ylabel, fontsize=FONT_SIZE)
+    ax.tick_params(labelsize=FONT_SIZE)
+    for side in ("top", "right"): ax.spines[side].set_visible(False)
+    return fig, ax
+
+# %% ../nbs/01a_pictures.ipynb #2a766d23
+def _x_positions(ax, x: list, kind: str, logx: bool) -> list[float]:
+    "Where to draw each point: numbers on a line or step chart stand for themselves; else 0, 1, 2 labelled with `x`."
+    numbers, every = kind in ("line", "step") and all(type(v) in (int, float) for v in x), -(-len(x) // 16)
+    at = list(x) if numbers else list(range(len(x)))
+    if logx and numbers: ax.set_xscale("log"); ax.minorticks_off()
+    if logx or not numbers: ax.set_xticks(at[::every], [str(v) for v in x[::every]])  # at most 16 labels: 512, not 5.12e2
+    return at
+
+# %% ../nbs/01a_pictures.ipynb #8afc210f
+def _plot(ax, at: list[float], series: dict[str, list[float]], kind: str, colors: dict[str, str]) -> None:
+    "Draw every series against the positions `at` as `kind` says."
+    width, base = 0.8 / (len(series) if kind == "bars" else 1), [0.0] * len(at)
+    for n, (label, ys) in enumerate(series.items()):
+        color = colors.get(label, SERIES_COLORS[n % len(SERIES_COLORS)])
+        if kind == "line": ax.plot(at, ys, label=label, color=color, linewidth=2, marker="o" if len(ys) <= 30 else None)
+        elif kind == "step":  # value i holds from at[i] to at[i + 1]; the last for one more unit
+            ax.stairs(ys, at + [at[-1] + (at[-1] - at[-2] if len(at) > 1 else 1)], label=label, color=color,
+                      linewidth=2, baseline=None)
+        elif kind == "bars": ax.bar([a - 0.4 + width * (n + 0.5) for a in at], ys, width, label=label, color=color)
+        else: ax.bar(at, ys, 0.8, bottom=base, label=label, color=color); base = [b + y for b, y in zip(base, ys)]
+
+# %% ../nbs/01a_pictures.ipynb #77524efe
+def _mark(ax, label: str, x: float) -> None:
+    "A dashed vertical line at `x`, labelled at the top on the side with room."
+    ax.axvline(x, color="#444444", linestyle="--", linewidth=1)
+    left, right = ax.get_xlim()
+    ha, dx = ("right", -4) if x > (left + right) / 2 else ("left", 4)
+    ax.annotate(label, (x, 1), xycoords=("data", "axes fraction"), xytext=(dx, -2), textcoords="offset points",
+                fontsize=FONT_SIZE, ha=ha, va="top",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+
+# %% ../nbs/01a_pictures.ipynb #91476e77
+def chart_svg(series: dict[str, list[float]],  # legend label -> y values, one per x
+              x: Iterable | None = None,  # the shared x values (numbers or labels); default 0, 1, 2, ...
+              title: str = "", xlabel: str = "", ylabel: str = "",  # bold title on top; axis labels
+              kind: str = "line",  # "line", "step" (a value holds until the next x), "bars" (grouped) or "stacked"
+              marks: dict[str, float] | None = None,  # label -> x: a dashed vertical line, e.g. where an eviction happened
+              colors: dict[str, str] | None = None,  # series label -> colour (default SERIES_COLORS in order)
+              logx: bool = False,  # a log-scale x axis, ticked at the x values (cache sizes that double)
+              ) -> str:
+    "Named series of numbers against one x, as a line, step, grouped-bar or stacked-bar chart: an SVG document."
+    check_instance("series", series, dict, "a dict of label -> values"); check_choice("kind", kind, CHART_KINDS)
+    n = len(next(iter(series.values()), []))
+    if n == 0 or any(len(v) != n for v in series.values()): refuse("series", "lists of one length, not empty", series)
+    x = list(range(n)) if x is None else list(x)
+    if len(x) != n: refuse("x", f"{n} values, one per point", x)
+    fig, ax = _chart_canvas(title, xlabel, ylabel)
+    _plot(ax, _x_positions(ax, x, kind, logx), series, kind, colors or {})
+    if marks: ax.margins(y=0.2)  # headroom for the marks' labels
+    if all(y >= 0 for ys in series.values() for y in ys): ax.set_ylim(bottom=0)
+    for label, where in (marks or {}).items(): _mark(ax, label, where)
+    ax.legend(fontsize=FONT_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(0, -0.16), ncols=min(len(series), 4))
+    return _svg_text(fig)
 
 # %% ../nbs/01a_pictures.ipynb #da0311b2
 def progress(items: Iterable, total: int, label: str, stream=None) -> Iterator:

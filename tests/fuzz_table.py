@@ -163,6 +163,8 @@ CONTRACT_ENTRIES = [
           ("seq",), owner=CONTRACT, skip={(0, "None"): "None compares every field of the trace's format"}),
     Entry("NanoAdapter.allocate", nano_adapter, lambda a, r, n, h: a.allocate(r, n, h), ("a", 5, 0),
           ("any", "count", "count"), owner=CONTRACT),
+    Entry("NanoAdapter.add", nano_adapter, lambda a, r, p: a.add(r, p), ("b", [1, 2]), ("str", "tokens"),
+          owner=CONTRACT, cases=((0, ["b"], "refuse"), (0, {"b": 1}, "refuse"))),  # request ids: str, named when not
     Entry("NanoAdapter.append", nano_adapter, lambda a, r, t: a.append(r, t), ("a", [7]), ("any", "tokens"),
           owner=CONTRACT),
     Entry("NanoBlockManager", nothing, lambda _, n, bs: nano.NanoBlockManager(n, bs), (8, 4), ("positive", "positive"),

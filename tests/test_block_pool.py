@@ -123,7 +123,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"num_blocks must be an int >= 1, got 0"):
         BlockPool(0)
     assert BlockPool(1).get_num_free_blocks() == 0      # vLLM accepts one block: the null block, nothing to give
-    with pytest.raises(ValueError, match="got 2.5"):
+    with pytest.raises(TypeError, match="got 2.5"):  # the wrong kind of value
         BlockPool(2.5)
     pool = BlockPool(3)
     with pytest.raises(ValueError, match="cannot get 3 free blocks from the pool: only 2 are free"):

@@ -27,6 +27,7 @@ def notebooks(package: Path = PACKAGE) -> dict[str, str]:
     out = {}
     for path in package.rglob("*.py"):
         if m := HEADER.search(path.read_text(encoding="utf-8")): out[module_name(path, package)] = m.group(1)
+    out.pop(package.name, None)  # the package root: Python imports it before any submodule, so it orders nothing
     return out
 
 

@@ -25,43 +25,11 @@ SPEED = re.compile(r"speed|fast path", re.I)
 # (notebook stem, rule) pairs still being fixed by the book's third edition; rules: "first-lesson", "checks-heading".
 KNOWN: set[tuple[str, str]] = {
     ('01_hashing', 'checks-heading'),
-    ('01a_pictures', 'checks-heading'),
-    ('02_free_queue', 'checks-heading'),
-    ('03_block_pool', 'checks-heading'),
-    ('03a_kv_events', 'checks-heading'),
     ('04_kv_cache_manager', 'checks-heading'),
     ('04_kv_cache_manager', 'first-lesson'),
-    ('04a_hybrid', 'checks-heading'),
-    ('05_replay', 'checks-heading'),
-    ('05_replay', 'first-lesson'),
-    ('05a_vllm_releases', 'checks-heading'),
-    ('05b_workloads', 'checks-heading'),
-    ('05c_hybrid_replay', 'checks-heading'),
-    ('05c_hybrid_replay', 'first-lesson'),
-    ('06_scheduler', 'checks-heading'),
-    ('06c_production_traces', 'checks-heading'),
-    ('06e_event_driven_replay', 'first-lesson'),
-    ('07_conformance', 'first-lesson'),
-    ('07b_sampling_params', 'checks-heading'),
-    ('07e_live_audit', 'checks-heading'),
-    ('07e_live_audit', 'first-lesson'),
-    ('08_logits_processors', 'checks-heading'),
-    ('08_logits_processors', 'first-lesson'),
-    ('09_thinking_budget', 'checks-heading'),
-    ('09_thinking_budget', 'first-lesson'),
-    ('10_cudagraph', 'checks-heading'),
-    ('11_paged_attention', 'checks-heading'),
-    ('11_paged_attention', 'first-lesson'),
-    ('11a_triton_kernels', 'checks-heading'),
-    ('11a_triton_kernels', 'first-lesson'),
-    ('12_cli', 'checks-heading'),
 }
 # Module names still defining a name twice: (module, name).
 KNOWN_TWICE: set[tuple[str, str]] = {
-    ('kvref.core.hybrid', 'HybridKVCacheCoordinator.cache_blocks'),
-    ('kvref.core.hybrid', 'HybridKVCacheManager._checked_step'),
-    ('kvref.core.hybrid', 'SingleTypeKVCacheManager.remove_skipped_blocks'),
-    ('kvref.core.hybrid', 'find_longest_cache_hit'),
     ('kvref.core.kv_cache_manager', 'KVCacheManager._block_hashes'),
     ('kvref.core.kv_cache_manager', 'KVCacheManager.allocate_slots'),
     ('kvref.core.kv_cache_manager', 'update_block_hashes'),
@@ -123,7 +91,9 @@ def defined_twice(path: Path) -> set[str]:
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): continue
         name = node.name
-        patched = any(isinstance(d, ast.Name) and d.id == "patch" for d in getattr(node, "decorator_list", []))
+        patched = any(isinstance(d, ast.Name) and d.id == "patch"  # `@patch`, or `@patch(cls_method=True)`
+                      or isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "patch"
+                      for d in getattr(node, "decorator_list", []))
         if patched and node.args.args and (ann := node.args.args[0].annotation) is not None:
             name = f"{ast.unparse(ann)}.{node.name}"
         (twice if name in seen else seen).add(name)
@@ -151,6 +121,11 @@ def test_a_planted_redefinition_and_an_early_guard_are_caught(tmp_path):
     "A module defining `f` twice, and a chapter whose first exported cell is a check, both fail."
     (tmp_path / "m.py").write_text("def f(): pass\ndef f(): pass\n")
     assert defined_twice(tmp_path / "m.py") == {"f"}
+    classmethods = "@patch(cls_method=True)\ndef g(cls: A): pass\n@patch(cls_method=True)\ndef g(cls: B): pass\n"
+    (tmp_path / "c.py").write_text(classmethods)  # one `g` per class: not a redefinition
+    assert defined_twice(tmp_path / "c.py") == set()
+    (tmp_path / "c.py").write_text(classmethods.replace("cls: B", "cls: A"))
+    assert defined_twice(tmp_path / "c.py") == {"A.g"}
     nb = {"cells": [{"cell_type": "code", "source": ["#| export\n", "def _check_x(v): pass\n"]},
                     {"cell_type": "code", "source": ["#| export\n", "def lesson(): pass\n"]}]}
     (tmp_path / "nb.ipynb").write_text(json.dumps(nb))

@@ -30,6 +30,9 @@ CONFIG = '{"op": "config", "num_blocks": 8, "block_size": 4}\n'
 HYBRID = str(ROOT / "golden" / "hybrid" / "hybrid-gpt-oss-11-1.jsonl")
 HYBRID_DECISIONS = str(ROOT / "golden" / "hybrid" / "hybrid-gpt-oss-11-1.vllm.jsonl")
 HYBRID_ADAPTER = "kvref.oracle.hybrid_replay:KVRefHybridAdapter"
+ENGINE_A = str(ROOT / "golden" / "events" / "audit" / "engine-a.jsonl")
+AUDIT_STATED = ["--vllm-version", "0.33.0", "--hash-algo", "sha256", "--block-size", "4"]
+WORKLOADS = str(ROOT / "golden" / "scheduler" / "workloads.jsonl")
 
 
 def _hybrid(*ops: dict, **groups) -> str:
@@ -200,6 +203,51 @@ BAD = [  # (files, argv, piece of the stderr line)
     ({}, ["hash", "1", "2", "--vllm-version", "0.9.2", "--seed", "7"], "--seed does not go with --vllm-version"),
     ({}, ["hash", "1", "2", "--vllm-version", "0.8.5", "--format", "int64"], "--format int64: vLLM 0.8.5 has no KV events"),
     ({}, ["hash", "1", "2", "--pythonhashseed", ""], "--pythonhashseed and --lora-int-id go with --vllm-version"),
+    # issue 32: audit, schedule, vectors and convert
+    ({"s.jsonl": ""}, ["audit", "--file", "{f}/s.jsonl", *AUDIT_STATED], "s.jsonl: nothing was checked"),
+    ({"s.jsonl": "[1]\n"}, ["audit", "--file", "{f}/s.jsonl", *AUDIT_STATED], "s.jsonl, line 1: seq must be an int >= 0, got None"),
+    ({"s.jsonl": '{"seq": -1, "payload_b64": "AA=="}\n'}, ["audit", "--file", "{f}/s.jsonl", *AUDIT_STATED], "seq must be an int >= 0, got -1"),
+    ({"s.jsonl": '{"seq": 0, "payload_b64": "!!"}\n'}, ["audit", "--file", "{f}/s.jsonl", *AUDIT_STATED], "s.jsonl, line 1: payload_b64 is not base64"),
+    ({"s.jsonl": "{\n"}, ["audit", "--file", "{f}/s.jsonl", *AUDIT_STATED], "s.jsonl, line 1: not JSON"),
+    ({"s.jsonl": DEEP + "\n"}, ["audit", "--file", "{f}/s.jsonl", *AUDIT_STATED], "s.jsonl, line 1: JSON nested too deeply"),
+    ({}, ["audit", "--file", "{f}/missing.jsonl", *AUDIT_STATED], "missing.jsonl"),
+    ({}, ["audit", "--file", ENGINE_A, *AUDIT_STATED[:-1], "0"], "argument --block-size: invalid int value: '0'"),
+    ({}, ["audit", "--file", ENGINE_A, "--vllm-version", "0.8.5", *AUDIT_STATED[2:]], "vLLM 0.8.5 has no KV events"),
+    ({}, ["audit", "--file", ENGINE_A, "--vllm-version", "", *AUDIT_STATED[2:]], "'' is not a vLLM release number"),
+    ({}, ["audit", "--file", ENGINE_A, "--vllm-version", "0.33.0", "--hash-algo", "builtin", "--block-size", "4"],
+     "engine 'engine-a': vLLM 0.33.0 offers hash algorithms"),
+    ({}, ["audit", "--file", ENGINE_A, *AUDIT_STATED, "--hash-form", "hex"], "argument --hash-form: invalid choice: 'hex'"),
+    ({}, ["audit", "--file", ENGINE_A, *AUDIT_STATED, "--engine", "a", "--engine", "b"], "--engine given 2 times for 1 engines"),
+    ({}, ["audit", "--file", ENGINE_A, *AUDIT_STATED, "--vllm-version", "0.33.0"], "--vllm-version given 2 times for 1 engines"),
+    ({}, ["audit", "--file", ENGINE_A, "--file", ENGINE_A, *AUDIT_STATED], "two engines share a name"),
+    ({}, ["audit", *AUDIT_STATED], "give either --file streams or live ENDPOINTs, not both or neither"),
+    ({}, ["audit", "tcp://127.0.0.1:1", *AUDIT_STATED, "--duration", "nan"], "--duration must be in (0, 86400] seconds, got nan"),
+    ({}, ["audit", "tcp://127.0.0.1:1", *AUDIT_STATED, "--max-batches", "0"], "argument --max-batches: invalid int value: '0'"),
+    ({}, ["audit", "--file", ENGINE_A, *AUDIT_STATED, "--report", "/proc/nope/r.json"], "--report /proc/nope/r.json: its folder does not exist"),
+    ({"w.jsonl": ""}, ["schedule", "{f}/w.jsonl"], "w.jsonl: no workload"),
+    ({"w.jsonl": '{"name": "w", "requests": 5}\n'}, ["schedule", "{f}/w.jsonl"], "w.jsonl: line 1: expected an object with a 'requests' list"),
+    ({"w.jsonl": '{"name": "w", "requests": [{"id": "a", "prompt": [1, 2], "max_tokens": 0}]}\n'}, ["schedule", "{f}/w.jsonl"],
+     "line 1: request 'a': max_tokens must be"),
+    ({"w.jsonl": DEEP + "\n"}, ["schedule", "{f}/w.jsonl"], "w.jsonl: JSON nested too deeply"),
+    ({}, ["schedule", "{f}/missing.jsonl"], "missing.jsonl"),
+    ({}, ["schedule", WORKLOADS, "--only", "nope"], "no workload named 'nope'"),
+    ({}, ["schedule", WORKLOADS, "--only", "min_control", "--expect", "/proc/nope"], "/proc/nope/min_control.jsonl: cannot read"),
+    ({"min_control.jsonl": '{"step": \n'}, ["schedule", WORKLOADS, "--only", "min_control", "--expect", "{f}"],
+     "min_control.jsonl, line 1 is not JSON"),
+    ({"min_control.jsonl": "[1]\n"}, ["schedule", WORKLOADS, "--only", "min_control", "--expect", "{f}"],
+     "min_control.jsonl, line 1: a step record must be a JSON object"),
+    ({"min_control.jsonl": DEEP + "\n"}, ["schedule", WORKLOADS, "--only", "min_control", "--expect", "{f}"], "JSON nested too deeply"),
+    ({}, ["vectors", "nope/nothing"], "no shipped vector 'nope/nothing'"),
+    ({}, ["vectors", "../../etc/passwd"], "no shipped vector '../../etc/passwd'"),
+    ({}, ["vectors", "rules/nope/"], "no shipped vector file matches rules/nope/"),
+    ({}, ["vectors", "--kind", "nope"], "argument --kind: invalid choice: 'nope'"),
+    ({}, ["vectors", "--kind", "trace", "--vllm", "0.7"], "no shipped vector file matches --kind trace --vllm 0.7"),
+    ({}, ["vectors", "traces/trace-11-0.vllm", "--paths"], "NAME takes no other option"),
+    ({"m.jsonl": "[1]\n"}, ["convert", "{f}/m.jsonl", "--from", "mooncake"], "m.jsonl: line 1: expected a JSON object, got list"),
+    ({"m.jsonl": DEEP + "\n"}, ["convert", "{f}/m.jsonl", "--from", "mooncake"], "m.jsonl: line 1: JSON nested too deeply"),
+    ({}, ["convert", "{f}/missing.jsonl", "--from", "mooncake"], "missing.jsonl"),
+    ({}, ["convert", TRACE, "--from", "csv"], "--from 'csv': unknown format; known: mooncake"),
+    ({}, ["convert", TRACE, "--from", "mooncake", "--max-live", "0"], "argument --max-live: invalid int value: '0'"),
     # the front door
     ({}, ["--frobnicate"], "kvref: error: unknown option '--frobnicate'"),
     ({}, [], "kvref: error: give a command"),

@@ -272,17 +272,24 @@ def nano_state(a):
 
 @pytest.mark.parametrize("call, error, message", [
     (lambda a: a.allocate("ghost", 4, 0), ValueError, "request 'ghost' is not known: add it first"),
-    (lambda a: a.allocate("a", True, 0), ValueError, "num_new_tokens must be an int >= 0, got True"),
+    (lambda a: a.allocate("a", True, 0), TypeError, "num_new_tokens must be an int >= 0, got True"),
     (lambda a: a.allocate("a", -1, 0), ValueError, "num_new_tokens must be an int >= 0, got -1"),
-    (lambda a: a.allocate("a", 5, True), ValueError, "num_hit_tokens must be an int >= 0, got True"),
+    (lambda a: a.allocate("a", 5, True), TypeError, "num_hit_tokens must be an int >= 0, got True"),
     (lambda a: a.allocate("a", 5, -4), ValueError, "num_hit_tokens must be an int >= 0, got -4"),
-    (lambda a: a.allocate("a", 5.0, 0), ValueError, "num_new_tokens must be an int >= 0, got 5.0"),
+    (lambda a: a.allocate("a", 5.0, 0), TypeError, "num_new_tokens must be an int >= 0, got 5.0"),
     (lambda a: a.append("ghost", [7]), ValueError, "request 'ghost' is not known: add it first"),
     (lambda a: a.append("a", "abc"), TypeError, "tokens must be a list of ints, got str"),
     (lambda a: a.append("a", [1.0]), TypeError, "token_ids[0] is 1.0 (float)"),
     (lambda a: a.append("a", [7, -1]), ValueError, "token_ids[1] is -1"),
     (lambda a: a.append("a", [True]), TypeError, "token_ids[0] is True (bool)"),
     (lambda a: a.lookup("ghost"), ValueError, "request 'ghost' is not known"),
+    (lambda a: a.add(["r"], [1, 2]), TypeError, "request_id must be a str, got ['r']"),  # not "unhashable type: 'list'"
+    (lambda a: a.add("b", 5), TypeError, "prompt must be a list of ints, got int"),
+    (lambda a: a.lookup(["a"]), TypeError, "request_id must be a str, got ['a']"),
+    (lambda a: a.allocate({"a": 1}, 4, 0), TypeError, "request_id must be a str, got {'a': 1}"),
+    (lambda a: a.free(["a"]), TypeError, "request_id must be a str, got ['a']"),
+    (lambda a: a.preempt("ghost"), ValueError, "request 'ghost' is not known"),
+    (lambda a: a.block_ids("ghost"), ValueError, "request 'ghost' is not known"),
 ])
 def test_nano_adapter_refuses_by_name_and_changes_nothing(call, error, message):
     a = nano_with_a()
@@ -292,13 +299,29 @@ def test_nano_adapter_refuses_by_name_and_changes_nothing(call, error, message):
     assert message in str(got.value)
     assert nano_state(a) == before
 
-@pytest.mark.parametrize("num_blocks, block_size, message", [
-    (True, 4, "num_blocks must be an int >= 1, got True"), (8, 3.0, "block_size must be an int >= 1, got 3.0"),
-    (0, 4, "num_blocks must be an int >= 1, got 0"), (8, "4", "block_size must be an int >= 1, got '4'"),
-    (None, 4, "num_blocks must be an int >= 1, got None"),
+@pytest.mark.parametrize("num_blocks, block_size, error, message", [
+    (True, 4, TypeError, "num_blocks must be an int >= 1, got True"), (8, 3.0, TypeError, "block_size must be an int >= 1, got 3.0"),
+    (0, 4, ValueError, "num_blocks must be an int >= 1, got 0"), (8, "4", TypeError, "block_size must be an int >= 1, got '4'"),
+    (None, 4, TypeError, "num_blocks must be an int >= 1, got None"),
 ])
-def test_nano_block_manager_refuses_bad_sizes(num_blocks, block_size, message):
+def test_nano_block_manager_refuses_bad_sizes(num_blocks, block_size, error, message):
     from kvref.adapters.nano import NanoBlockManager
-    with pytest.raises(ValueError) as got:
+    with pytest.raises(error) as got:
         NanoBlockManager(num_blocks, block_size)
     assert str(got.value) == message
+
+
+@pytest.mark.parametrize("fields, error, message", [
+    (3, TypeError, "fields must be a list of decision field names, got 3"),  # not "'int' object is not iterable"
+    ("num_free", TypeError, "fields must be a list of decision field names, got 'num_free'"),
+    ([["num_free"]], TypeError, "fields[0] must be a str, got ['num_free']"),  # not "unhashable type: 'list'"
+    ([1], TypeError, "fields[0] must be a str, got 1"),
+    (["blocks"], ValueError, "unknown fields ['blocks']"),
+])
+def test_fields_are_refused_by_name(fields, error, message):
+    from kvref.oracle.conformance import conformance_machine, shrink
+    trace = [{"op": "config", "num_blocks": 8, "block_size": 4}]
+    for call in (lambda: check(kvref_factory(), trace, fields=fields), lambda: shrink(kvref_factory(), trace, fields=fields),
+                 lambda: conformance_machine(kvref_factory(), fields=fields)):
+        with pytest.raises(error) as got: call()
+        assert message in str(got.value)

@@ -405,10 +405,10 @@ def test_lora_keys_and_rounding_of_active_adapters():
 def test_dispatcher_bad_input():
     with pytest.raises(ValueError, match="strictly ascending"):
         CudagraphDispatcher([2, 2], 4)
-    with pytest.raises(ValueError, match="max_num_seqs must be an integer >= 1"):
+    with pytest.raises(ValueError, match="max_num_seqs must be an int >= 1"):
         CudagraphDispatcher([2], 0)
     d = make("FULL_AND_PIECEWISE", [2, 4], 4, q=2, lora=LoRASettings(2))
-    with pytest.raises(ValueError, match="num_tokens must be an integer >= 1"):
+    with pytest.raises(ValueError, match="num_tokens must be an int >= 1"):
         d.dispatch(0)
     with pytest.raises(ValueError, match="multiple of 2 tokens, at most 8"):
         d.dispatch(3, uniform_decode=True)
@@ -475,7 +475,7 @@ def test_cli(capsys):
                             "--max-capture-size", "8"], "disagrees"),
                           (["--mode", "WHOLE"], "unknown cudagraph_mode 'WHOLE'"),
                           (["--capture-sizes", "1,a"], "--capture-sizes takes comma-separated integers like 1,2,4,8; got 'a'"),
-                          (["--num-speculative-tokens", "-1"], "num_speculative_tokens must be an integer >= 0, got -1"),
+                          (["--num-speculative-tokens", "-1"], "num_speculative_tokens must be an int >= 0, got -1"),
                           (["--max-num-seqs", "many"], "argument --max-num-seqs: invalid int value: 'many'")]:
         assert cudagraph_main(argv) == 2
         err = capsys.readouterr().err

@@ -34,7 +34,7 @@ def test_padded_size_names_its_limits():
     assert [d.padded_size(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 4]
     with pytest.raises(ValueError, match="num_tokens=5 exceeds the largest capture size 4"):
         d.padded_size(5)
-    with pytest.raises(ValueError, match="num_tokens must be an integer >= 1"):
+    with pytest.raises(ValueError, match="num_tokens must be an int >= 1"):
         d.padded_size(0)
     with pytest.raises(ValueError, match="no capture sizes"):
         CudagraphDispatcher([], 4).padded_size(1)
@@ -69,16 +69,16 @@ def test_named_errors_for_wrong_types():
         (lambda: CudagraphDispatcher([1, 2], 4, attention_split="no"), TypeError, "attention_split must be a bool"),
         (lambda: d.dispatch(2, uniform_decode="yes"), TypeError, "uniform_decode must be a bool"),
         (lambda: d.dispatch(2, has_lora=1, num_active_loras=1), TypeError, "has_lora must be a bool"),
-        (lambda: d.dispatch(True), ValueError, "num_tokens must be an integer >= 1"),
-        (lambda: d.initialize_cudagraph_keys(FAP, True), ValueError, "uniform_decode_query_len must be an integer"),
+        (lambda: d.dispatch(True), TypeError, "num_tokens must be an int >= 1"),
+        (lambda: d.initialize_cudagraph_keys(FAP, True), TypeError, "uniform_decode_query_len must be an int"),
         (lambda: LoRASettings(2).effective_count(3), ValueError, "num_active_loras=3 exceeds max_loras=2"),
         (lambda: LoRASettings(2, specialize="no"), TypeError, "specialize must be a bool"),
         (lambda: min_cg_support(None), TypeError, "backends must be a list of attention backend names"),
         (lambda: min_cg_support("FlashInfer"), TypeError, "backends must be a list of attention backend names"),
         (lambda: resolve_cudagraph_mode(FAP, attention_split="no"), TypeError, "attention_split must be a bool"),
         (lambda: derive_capture_sizes(4, 64, capture_sizes=8), TypeError, "cudagraph_capture_sizes must be a list"),
-        (lambda: round_capture_sizes_for_spec_decode([1, "2"], 4, 2), ValueError, "each capture size"),
-        (lambda: round_capture_sizes_for_spec_decode([1, 2], True, 2), ValueError, "max_capture_size"),
+        (lambda: round_capture_sizes_for_spec_decode([1, "2"], 4, 2), TypeError, "each capture size must be an int >= 1"),
+        (lambda: round_capture_sizes_for_spec_decode([1, 2], True, 2), TypeError, "max_capture_size"),
         (lambda: CUDAGraphWrapper(123, FULL, "cpu"), TypeError, "runnable must be callable"),
         (lambda: capture_cudagraphs(123, d), TypeError, "dummy_run must be callable"),
         (lambda: capture_cudagraphs(lambda key: None, "d"), TypeError, "dispatcher must be a CudagraphDispatcher"),

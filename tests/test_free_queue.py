@@ -134,7 +134,8 @@ def test_block_repr_does_not_walk_links():
 
 @pytest.mark.parametrize("block_id", [None, "3", 3.0, True, -1, [3]])
 def test_block_refuses_an_id_that_is_not_a_non_negative_int(block_id):
-    with pytest.raises(ValueError, match=re.escape(f"block_id must be an int >= 0, got {block_id!r}")):
+    "A negative int is out of range (ValueError); anything but an int, a bool included, is the wrong kind (TypeError)."
+    with pytest.raises(ValueError if type(block_id) is int else TypeError, match=re.escape(f"block_id must be an int >= 0, got {block_id!r}")):
         KVCacheBlock(block_id)
 
 

@@ -72,7 +72,8 @@ def test_a_requests_bad_field_is_refused_before_any_block_is_taken(kind, field, 
     refused(m, lambda: m.allocate_slots(r, 16), f"request 'r': {field} must be an int >= 0")
 
 
-@pytest.mark.parametrize("value", ["4", -1, 4.0, None, True])
-def test_hybrid_request_checks_the_field_it_adds(value):
-    with pytest.raises(ValueError, match="request 'r': shared_prefix_boundary must be an int >= 0"):
+@pytest.mark.parametrize("value, error", [("4", TypeError), (-1, ValueError), (4.0, TypeError), (None, TypeError), (True, TypeError)])
+def test_hybrid_request_checks_the_field_it_adds(value, error):
+    "A value of the wrong kind is a TypeError, an int out of range a ValueError (kvref.guards), both naming the field."
+    with pytest.raises(error, match="request 'r': shared_prefix_boundary must be an int >= 0"):
         HybridRequest("r", [1, 2, 3], shared_prefix_boundary=value)

@@ -160,7 +160,7 @@ def test_reshape_and_cache_writes_exactly_the_named_slots(num_tokens, block_size
     (lambda b: unified_attention(**b, block_m=8), ValueError, "block_m must be a power of two >= 16"),
     (lambda b: unified_attention(**b, out=torch.empty(3, 8, 32)), ValueError, "out must be"),
     (lambda b: unified_attention(**{**b, "block_table": b["block_table"] + 1000}), ValueError, "outside the cache"),
-    (lambda b: unified_attention(**b, sliding_window=0), ValueError, "sliding_window must be None or an int >= 1"),
+    (lambda b: unified_attention(**b, sliding_window=0), ValueError, "sliding_window must be an int >= 1"),
     (lambda b: paged_decode_attention(**decode_inputs(b)), ValueError, "one query token per sequence"),
     (lambda b: paged_decode_attention(query=b["query"][:2], key_cache=b["key_cache"], value_cache=b["value_cache"],
                                       seq_lens=torch.tensor([0, 3], dtype=torch.int32), block_table=b["block_table"]),

@@ -3,6 +3,7 @@
 Nothing here imports Triton: these tests hold the oracle itself to account.
 """
 import math
+import re
 import subprocess
 import sys
 
@@ -10,8 +11,9 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from kvref.kernels import (PAD_SLOT_ID, assert_attention_close, compute_slot_mapping, gather_kv, kv_cache_shape,
-                           page_kv, paged_attention_ref, random_paged_batch, reshape_and_cache_ref, split_kv_cache)
+from kvref.kernels import (PAD_SLOT_ID, assert_attention_close, block_table_svg, compute_slot_mapping, dense_attention,
+                           gather_kv, kv_cache_shape, page_kv, paged_attention_ref, random_paged_batch,
+                           reshape_and_cache_ref, split_kv_cache)
 
 
 def naive_attention(query, keys, values, query_pos, scale, sliding_window=None, softcap=None):
@@ -110,8 +112,10 @@ def test_layouts_are_views_of_one_tensor():
         assert kv.sum() == 0 and (kv == 7).sum() == 1
     assert kv_cache_shape(5, 4, 2, 8, "flash") == (2, 5, 4, 2, 8)
     assert kv_cache_shape(5, 4, 2, 8, "triton") == (5, 2, 4, 2, 8)
-    with pytest.raises(ValueError, match="layout must be one of"):
+    with pytest.raises(ValueError, match="layout must be one of 'flash', 'triton', got 'paged'"):
         kv_cache_shape(5, 4, 2, 8, "paged")
+    with pytest.raises(TypeError, match="layout must be one of"):
+        split_kv_cache(torch.zeros(2, 5, 4, 2, 8), None)
     with pytest.raises(ValueError, match="a 'triton' KV cache has shape"):
         split_kv_cache(torch.zeros(2, 5, 4, 2, 8), "triton")
 
@@ -158,16 +162,18 @@ def test_bad_inputs_are_named(change, error, match):
         paged_attention_ref(**batch)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(scale=0.0), "scale must be a positive finite number"),
-    (dict(sliding_window=0), "sliding_window must be None or an int >= 1"),
-    (dict(softcap=-1.0), "softcap must be None or a finite number >= 0"),
-    (dict(sliding_window=True), "sliding_window must be None or an int >= 1, got True"),
-    (dict(scale=True), "scale must be a positive finite number, got True"),
-    (dict(softcap=True), "softcap must be None or a finite number >= 0, got True"),
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(scale=0.0), ValueError, "scale must be a positive finite number"),
+    (dict(sliding_window=0), ValueError, "sliding_window must be an int >= 1"),
+    (dict(softcap=-1.0), ValueError, "softcap must be None or a finite number >= 0"),
+    (dict(sliding_window=True), TypeError, "sliding_window must be an int >= 1 and <= 2147483647, got True"),
+    (dict(scale=True), TypeError, "scale must be a positive finite number, got True"),
+    (dict(softcap=True), TypeError, "softcap must be None or a finite number >= 0, got True"),
+    (dict(scale=float("nan")), ValueError, "scale must be a positive finite number, got nan"),
+    (dict(softcap="3"), TypeError, "softcap must be None or a finite number >= 0, got '3'"),
 ])
-def test_bad_options_are_named(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_options_are_named(kwargs, error, match):
+    with pytest.raises(error, match=match):
         paged_attention_ref(**_good(), **kwargs)
 
 
@@ -216,3 +222,27 @@ def test_package_imports_without_triton():
     assert result.returncode == 0, result.stderr
     assert "triton" not in result.stderr
     assert "ImportError: kvref.kernels.unified_attention needs Triton" in result.stdout, result.stdout
+
+
+def test_block_table_picture_names_every_entry_and_block():
+    "The chapter's picture: one `table[j] = b` label per block the sequence uses, every cache block drawn, text >= 11 px."
+    svg = block_table_svg([3, 1, 0], seq_len=3, block_size=2, num_blocks=4)
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    assert "table[0] = 3" in svg and "table[1] = 1" in svg and "table[2]" not in svg  # entry 2 lies past seq_len
+    assert all(f"block {b}" in svg for b in range(4))
+    sizes = [float(x) for x in re.findall(r"font-size: ?([\d.]+)px", svg)] or [float(x) for x in re.findall(r"font: [^;]*?([\d.]+)px", svg)]
+    assert sizes and min(sizes) >= 11
+    assert block_table_svg([3, 1], 3, 2, 4) == block_table_svg([3, 1], 3, 2, 4)  # deterministic
+
+
+def test_paged_attention_is_dense_attention_over_the_gathered_blocks():
+    "The chapter's opening claim, on a random batch: each sequence's rows equal `dense_attention` over `gather_kv`."
+    batch = random_paged_batch([7, 12], [3, 1], 4, 2, 8, 4, dtype=torch.float64, seed=5)
+    out = paged_attention_ref(**batch)
+    starts = batch["query_start_loc"].tolist()
+    for s, seq_len in enumerate(batch["seq_lens"].tolist()):
+        q = batch["query"][starts[s]:starts[s + 1]].transpose(0, 1)
+        k, v = (gather_kv(batch[c], batch["block_table"][s], seq_len).repeat_interleave(2, 1).transpose(0, 1)
+                for c in ("key_cache", "value_cache"))
+        dense = dense_attention(q, k, v, torch.arange(seq_len - q.shape[1], seq_len), 1 / 8 ** 0.5).transpose(0, 1)
+        torch.testing.assert_close(out[starts[s]:starts[s + 1]], dense, rtol=0, atol=1e-12)

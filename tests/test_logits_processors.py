@@ -178,6 +178,32 @@ TestPersistentBatch = PersistentBatchMachine.TestCase
 TestPersistentBatch.settings = settings(stateful_step_count=30)
 
 
+class _Pick:
+    "Stands in for hypothesis' `data` in a replayed rule: `draw` returns the request id chosen by hand."
+    def __init__(self, rid): self.rid = rid
+    def draw(self, _strategy): return self.rid
+
+
+def test_condense_twice_in_a_step_is_a_no_op():
+    """Regression (found by a random hypothesis seed): the machine's `step` follows vLLM's model runner (condense,
+    reorder, then refresh, which condenses again). A step that moves a request and also leaves tail holes used to
+    make the second condense count its last slot as `num_reqs + len(removed) - 1`, one past the trimmed list:
+    IndexError. Slots: r4 r2 r3 r5 r6; r2, r3, r6 finish; r5 moves 3 -> 1; holes 4 and 2 stay in `removed`."""
+    m = PersistentBatchMachine()
+    plain = dict(min_p=0.0, min_tokens=0, max_tokens=32, stop_token_ids=[], logit_bias=None, top_k=0)
+    arrive = lambda: m.arrive(SamplingParams(**plain), [])
+    finish = lambda rid: m.finish(_Pick(rid))
+    arrive(); m.step([]); finish("r0"); m.step([])
+    arrive(); arrive(); arrive(); m.step([])
+    finish("r1"); arrive(); arrive(); arrive(); m.step([])
+    for rid in ("r2", "r3", "r6"): finish(rid)
+    m.batch.condense()
+    assert m.batch.req_ids == ["r4", "r5"] and m.batch.batch_update_builder.removed == [4, 2]
+    m.step([])  # condenses again inside `refresh`, then checks every row against the reference
+    assert m.batch.req_ids == ["r4", "r5"] and m.batch.req_id_to_index == {"r4": 0, "r5": 1}
+    m.minp_count_matches_live_prefix(); m.no_state_for_freed_slots()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The builder's protocol.
 # ---------------------------------------------------------------------------------------------------------------

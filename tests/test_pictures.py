@@ -93,11 +93,11 @@ def test_design_doc_behaviour_time_6_and_7_pictures():
 
 
 def test_pictures_import_no_other_chapter():
-    "Pictures come before the allocator chapters (issue 14): importing them loads no other kvref module."
+    "Pictures come before the allocator chapters (issue 14): importing them loads only the shared guards (chapter 00)."
     import subprocess, sys
     code = "import sys, kvref.pictures; print(sorted(m for m in sys.modules if m.startswith('kvref.')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['kvref.pictures']"
+    assert out.strip() == "['kvref.guards', 'kvref.pictures']"
 
 
 def test_text_is_at_least_11px_and_every_legend_item_is_drawn():
@@ -108,3 +108,43 @@ def test_text_is_at_least_11px_and_every_legend_item_is_drawn():
         sizes = [float(s) for s in re.findall(r"font-size: ([0-9.]+)px", svg)]
         assert sizes and min(sizes) >= FONT_SIZE == 11
         assert all(label in svg for label in ("hit", "new", "evicted", "holds a hash"))
+
+
+# chart_svg: the chart primitive other chapters draw their numbers with.
+import re as _re
+
+from kvref.pictures import CHART_KINDS, FONT_SIZE, chart_svg
+
+
+def _font_sizes(svg):
+    return [float(s) for s in _re.findall(r"font-size: ?([0-9.]+)px", svg) + _re.findall(r"font: [a-z ]*([0-9.]+)px", svg)]
+
+
+@pytest.mark.parametrize("kind", CHART_KINDS)
+def test_every_chart_kind_draws_its_labels_legibly(kind):
+    svg = chart_svg({"hits": [1, 3, 2], "misses": [2, 0, 1]}, x=["op 2", "op 5", "op 9"], title="per op",
+                    xlabel="op", ylabel="blocks", kind=kind, marks={"eviction": 1})
+    root = ET.fromstring(svg)
+    assert root.tag.endswith("svg") and root.get("width") == "684pt"  # 9.5 in: the block pictures' frame
+    for text in ("per op", "hits", "misses", "blocks", "eviction"): assert text in svg
+    assert _re.findall(r">([^<>]+)</text>", svg)[:3] == ["op 2", "op 5", "op 9"]  # labels as x: one tick per value
+    sizes = _font_sizes(svg)
+    assert sizes and min(sizes) >= FONT_SIZE
+
+
+def test_chart_is_deterministic_and_numbers_stand_for_themselves():
+    args = ({"lru": [0.1, 0.4, 0.6], "ideal": [0.7, 0.7, 0.7]},)
+    kw = dict(x=[256, 512, 1024], logx=True, xlabel="cache blocks", ylabel="hit rate")
+    svg = chart_svg(*args, **kw)
+    assert svg == chart_svg(*args, **kw)
+    texts = _re.findall(r">([^<>]+)</text>", svg)
+    assert texts[:3] == ["256", "512", "1024"]  # ticks at the x values, not 2.56e2
+
+
+def test_chart_inputs_are_refused_by_name():
+    with pytest.raises(TypeError, match="series must be a dict"): chart_svg([1, 2])
+    with pytest.raises(ValueError, match="kind must be one of 'line'"): chart_svg({"a": [1]}, kind="pie")
+    with pytest.raises(TypeError, match="kind must be one of"): chart_svg({"a": [1]}, kind=3)
+    with pytest.raises(ValueError, match="series must be lists of one length"): chart_svg({"a": [1, 2], "b": [1]})
+    with pytest.raises(ValueError, match="series must be lists of one length"): chart_svg({})
+    with pytest.raises(ValueError, match="x must be 2 values"): chart_svg({"a": [1, 2]}, x=[1, 2, 3])

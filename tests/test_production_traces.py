@@ -177,3 +177,31 @@ def test_the_sweep_defaults_are_a_default_vllm_and_the_table_says_so(capsys):
     out = capsys.readouterr().out
     assert out.startswith("scheduler: max_num_batched_tokens=8192, max_num_seqs=256, policy=fcfs") and "| 68 |" in out
     assert main(["sweep", str(SAMPLE), "--blocks", "12500", "--scheduling-policy", "lifo"]) == 2
+
+
+def test_sweep_svg_draws_the_hit_rates_and_the_ceiling():
+    "The chapter's curve: one hit rate per size on a log x axis, the infinite-cache rate as a flat line, text >= 11 px."
+    pytest.importorskip("matplotlib")
+    import re
+    from kvref.oracle.production_traces import sweep_svg
+    from kvref.pictures import chart_svg
+    hand = [MooncakeRequest(0, 14, 2, [1, 2], 1), MooncakeRequest(0, 12, 2, [1, 3], 2), MooncakeRequest(1, 14, 2, [1, 2], 3)]
+    results = sweep(hand, [6, 64], block_size=4, max_num_batched_tokens=32, hash_block_size=8, jobs=1)
+    svg = sweep_svg(results, 0.5, "hand")
+    assert svg == chart_svg({"hit rate": [r.hit_rate for r in results], "infinite cache": [0.5, 0.5]}, [6, 64], title="hand",
+                            xlabel="cache size (blocks)", ylabel="prefix-cache hit rate", logx=True)
+    texts = re.findall(r"<text[^>]*>([^<]*)", svg)
+    assert {"6", "64", "hit rate", "infinite cache", "hand", "cache size (blocks)"} <= set(texts)
+    assert min(float(px) for px in re.findall(r"font-size: ([\d.]+)px", svg)) >= 11
+
+
+def test_plot_sweep_writes_png_and_svg_and_leaves_matplotlib_settings_alone(tmp_path):
+    "`kvref sweep --plot OUT`'s files; its larger text is set for its own figure only."
+    matplotlib = pytest.importorskip("matplotlib")
+    from kvref.oracle.production_traces import plot_sweep
+    hand = [MooncakeRequest(0, 14, 2, [1, 2], 1), MooncakeRequest(0, 12, 2, [1, 3], 2)]
+    results = sweep(hand, [6, 64], block_size=4, max_num_batched_tokens=32, hash_block_size=8, jobs=1)
+    before = matplotlib.rcParams["font.size"]
+    paths = plot_sweep(results, 0.5, tmp_path / "curve", "hand")
+    assert [p.name for p in paths] == ["curve.png", "curve.svg"] and all(p.stat().st_size > 1000 for p in paths)
+    assert matplotlib.rcParams["font.size"] == before

@@ -49,10 +49,10 @@ def _named_refusals():
         (lambda: releases.release_block_hashes(None, [1, 2], 2), TypeError, "profile must be a VllmProfile"),
         # the rest, found by calling the newer chapters' entry points with wrong types (crash: a KeyError or
         # AttributeError or ZeroDivisionError before)
-        (lambda: manager.get_block_ids([[1]]), TypeError, "request_id must be a str, got list"),
-        (lambda: hybrid.resolve_block_sizes(["x"]), ValueError, "block_sizes[0] must be an int >= 1, got 'x'"),
+        (lambda: manager.get_block_ids([[1]]), TypeError, "request_id must be a str, got [[1]]"),
+        (lambda: hybrid.resolve_block_sizes(["x"]), TypeError, "block_sizes[0] must be an int >= 1, got 'x'"),
         (lambda: hybrid.resolve_block_sizes([0]), ValueError, "block_sizes[0] must be an int >= 1, got 0"),  # crash
-        (lambda: hybrid.group_block_hashes(None, 4, 8), TypeError, "block_hashes must be a list of block hashes, got NoneType"),
+        (lambda: hybrid.group_block_hashes(None, 4, 8), TypeError, "block_hashes must be a list of block hashes, got None"),
         (lambda: hybrid.hash_with_group_id(None, 1), TypeError, "block_hash must be bytes, got NoneType"),
         (lambda: manager.allocate_slots(hybrid.HybridRequest("b", [1, 2]), 2, 0, 5), TypeError,
          "request 'b': new_computed_blocks must be one list of blocks per group, got 5"),
@@ -74,7 +74,7 @@ def _named_refusals():
         (lambda: router_conformance.reference_router({}), TypeError, "config must be a dict of block_size"),
         (lambda: kv_events.wire_events(None), TypeError, "events must be a list of block pool events, got NoneType"),
         (lambda: production_traces.format_results(None), TypeError, "results must be a list of CacheSizeResult"),
-        (lambda: production_traces.replay_mooncake([mooncake], None, 4, hash_block_size=16), ValueError,
+        (lambda: production_traces.replay_mooncake([mooncake], None, 4, hash_block_size=16), TypeError,
          "num_blocks must be an int >= 1, got None"),
     ]
 

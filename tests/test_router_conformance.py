@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from kvref.core.hashing import hash_request_tokens
 from kvref.distributed.kv_events import KVIndex, external_block_hash
 from kvref.oracle.replay import TraceReplayer, load_trace
-from kvref.oracle.router_conformance import (DropAllCopiesRouter, ExampleRouter, FirstBytesRouter, SaltBlindRouter,
+from kvref.oracle.router_conformance import (ClearBlindRouter, DropAllCopiesRouter, ExampleRouter, FirstBytesRouter, SaltBlindRouter,
                                       check_router, event_records, op_batches, reference_router, shrink_router,
                                       trace_prompts)
 
@@ -104,6 +104,17 @@ def test_buggy_routers_caught_and_shrunk(router):
     small = shrink_router(router, found)
     assert small is not None and small.prompt == found.prompt
     assert sum(map(len, small.traces.values())) <= 10
+    assert check_router(ExampleRouter, small.traces, prompts=[small.prompt]) is None  # the bug, not the trace
+
+
+def test_a_router_blind_to_resets_is_caught_and_shrunk():
+    "The planted bug of a router that ignores `AllBlocksCleared`: caught after trace-11-1's reset, shrunk to it."
+    engines = {n: trace(n) for n in ("trace-11-0", "trace-11-1")}
+    assert check_router(ExampleRouter, engines) is None
+    found = check_router(ClearBlindRouter, engines)
+    assert found is not None and found.expected == {} and found.got  # stale: claims blocks the engine no longer has
+    small = shrink_router(ClearBlindRouter, found)
+    assert [op["op"] for t in small.traces.values() for op in t] == ["config", "add", "schedule", "free", "reset_prefix_cache"]
     assert check_router(ExampleRouter, small.traces, prompts=[small.prompt]) is None  # the bug, not the trace
 
 

@@ -153,7 +153,7 @@ def test_bad_inputs():
     s = Scheduler(kv)
     s.add_request(RequestSpec("a", [1], [2]))
     with pytest.raises(ValueError, match="'a' was already added"): s.add_request(RequestSpec("a", [1], [2]))
-    with pytest.raises(ValueError, match="max_tokens must be >= 1"): s.add_request(RequestSpec("b", [1], []))
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 1"): s.add_request(RequestSpec("b", [1], []))
     with pytest.raises(ValueError, match="did not finish in 20 steps"):
         run_workload(Workload("big", [RequestSpec("x", list(range(64)), [1])], {"num_blocks": 3, "block_size": 4}),
                      max_steps=20)
@@ -202,10 +202,10 @@ bad_specs = [  # (RequestSpec fields, max_tokens, error, message)
     (dict(id=""), None, TypeError, "id must be a non-empty str"),
     (dict(priority=True), None, TypeError, "priority must be an int"),
     (dict(after=5), None, TypeError, "after must be a str or None"),
-    (dict(output=[]), 0, ValueError, "max_tokens must be >= 1, got 0"),
-    (dict(output=[]), True, TypeError, "max_tokens must be an int, got True"),
-    (dict(output=[]), "3", TypeError, "max_tokens must be an int, got '3'"),
-    (dict(output=[]), None, ValueError, "max_tokens must be >= 1, got 0"),
+    (dict(output=[]), 0, ValueError, "max_tokens must be an int >= 1, got 0"),
+    (dict(output=[]), True, TypeError, "max_tokens must be an int >= 1, got True"),
+    (dict(output=[]), "3", TypeError, "max_tokens must be an int >= 1, got '3'"),
+    (dict(output=[]), None, ValueError, "max_tokens must be an int >= 1, got 0"),
 ]
 
 
@@ -241,7 +241,7 @@ def test_a_spec_spoiled_after_it_was_built_is_refused_too(field, value, message)
 @pytest.mark.parametrize("spec", ["a", None, ("a", [1], [2])])
 def test_add_request_takes_a_request_spec(spec):
     s = make([], 16, 4, 8, 4)
-    with pytest.raises(TypeError, match="add_request takes a RequestSpec"): s.add_request(spec, max_tokens=3)
+    with pytest.raises(TypeError, match="spec must be a RequestSpec"): s.add_request(spec, max_tokens=3)
     assert state(s) == state(make([], 16, 4, 8, 4))
 
 
@@ -298,10 +298,11 @@ def test_fuzz_scheduler_constructor():
     kv = KVCacheManager(8, 4)
     for kwargs, error, message in [
             (dict(kv_cache_manager="kv"), TypeError, "kv_cache_manager must be a KVCacheManager"),
-            (dict(kv_cache_manager=kv, max_num_batched_tokens=True), ValueError, "max_num_batched_tokens must be an int >= 1"),
-            (dict(kv_cache_manager=kv, max_num_seqs=2.0), ValueError, "max_num_seqs must be an int >= 1"),
-            (dict(kv_cache_manager=kv, model=object()), TypeError, "model must have a next_token"),
-            (dict(kv_cache_manager=kv, policy=None), ValueError, "policy must be"),
+            (dict(kv_cache_manager=kv, max_num_batched_tokens=True), TypeError, "max_num_batched_tokens must be an int >= 1"),
+            (dict(kv_cache_manager=kv, max_num_seqs=2.0), TypeError, "max_num_seqs must be an int >= 1"),
+            (dict(kv_cache_manager=kv, model=object()), TypeError, "model must be an object with a next_token"),
+            (dict(kv_cache_manager=kv, policy=None), TypeError, "policy must be"),
+            (dict(kv_cache_manager=kv, policy="lifo"), ValueError, "policy must be one of 'fcfs', 'priority', got 'lifo'"),
             (dict(kv_cache_manager=kv, record_decisions="yes"), TypeError, "record_decisions must be a bool")]:
         with pytest.raises(error, match=message): Scheduler(**kwargs)
     for kwargs, message in [(dict(seed="x"), "seed must be an int"), (dict(vocab_size=0), "vocab_size must be an int >= 1"),
@@ -316,7 +317,7 @@ def test_fuzz_run_workload():
             ((Workload("x", [RequestSpec("a", [1], [2])], {"block_size": 4}),), {}, ValueError, "config needs num_blocks"),
             ((Workload("x", [RequestSpec("a", [1], [2])], {"num_blocks": 4}),), {}, ValueError, "config needs block_size"),
             ((w,), dict(behavior="vllm"), ValueError, "behavior must be one of"),
-            ((w,), dict(max_steps=True), ValueError, "max_steps must be an int >= 1"),
+            ((w,), dict(max_steps=True), TypeError, "max_steps must be an int >= 1"),
             ((w,), dict(max_steps=0), ValueError, "max_steps must be an int >= 1"),
             ((w,), dict(max_num_seqs=0), ValueError, "max_num_seqs must be an int >= 1"),
             ((w,), dict(max_num_batched_tokens=-1), ValueError, "max_num_batched_tokens must be an int >= 1")]:
@@ -360,3 +361,28 @@ def test_prefix_cache_stats_once_per_admission_preempted_apart():
     st_ = s.prefix_cache_stats
     assert (st_.requests, st_.queries, st_.hits) == (2, 16, 0)
     assert st_.preempted_requests == 1 and st_.preempted_queries > 8 and tries > 3
+
+
+# ---- the chapter's opening picture
+
+OPENING = Workload("chunked_prefill", [RequestSpec("A", list(range(1, 7)), [], max_tokens=6),
+                                       RequestSpec("B", list(range(100, 120)), [], arrival=1, max_tokens=2),
+                                       RequestSpec("C", list(range(200, 205)), [], arrival=2, max_tokens=3)],
+                   {"num_blocks": 32, "block_size": 4, "max_num_batched_tokens": 8, "max_num_seqs": 4, "max_model_len": 32})
+
+
+def test_tokens_per_step_svg_holds_every_bar_and_the_budget_used():
+    "Chapter 06's opening chart: each request's tokens per step as one series of grouped bars, each step's tokens of the budget."
+    pytest.importorskip("matplotlib")
+    from kvref.core.scheduler import tokens_per_step_svg
+    from kvref.pictures import chart_svg
+    records = run_workload(OPENING).records
+    svg = tokens_per_step_svg(records, budget=8, title="Chunked prefill")
+    used = ["6 of 8", "8 of 8", "8 of 8", "8 of 8", "6 of 8", "2 of 8", "1 of 8"]
+    bars = {"A": [6, 1, 1, 1, 1, 1, 0], "B": [0, 7, 7, 6, 1, 0, 0], "C": [0, 0, 0, 1, 4, 1, 1]}
+    assert svg == chart_svg(bars, [f"step {i}\n{u}" for i, u in enumerate(used)], title="Chunked prefill", ylabel="tokens", kind="bars")
+    texts = re.findall(r"<text[^>]*>([^<]*)", svg)
+    assert [t for t in texts if t.endswith(" of 8")] == used and {"A", "B", "C", "Chunked prefill"} <= set(texts)
+    assert min(float(px) for px in re.findall(r"font-size: ([\d.]+)px", svg)) >= 11
+    assert float(re.search(r'<svg [^>]*width="([\d.]+)pt"', svg).group(1)) * 4 / 3 <= 1280  # CSS px
+    assert not any(t.endswith(" of 8") for t in re.findall(r"<text[^>]*>([^<]*)", tokens_per_step_svg(records)))  # no budget, no "of"

@@ -26,3 +26,13 @@ def test_random_workload_step_exact(seed, asynchronous):
     want, got = run(w, VLLM), kvref_records(w)
     first = next((i for i, (g, e) in enumerate(zip(got, want)) if g != e), None)
     assert first is None and len(got) == len(want), (w["config"], first, got[first:first + 1], want[first:first + 1])
+
+
+def test_the_chapters_opening_example_is_vllms_schedule():
+    "Chapter 06 opens with kvref's run of three requests under a budget of 8 tokens: vLLM's own scheduler makes the same steps."
+    from test_scheduler import OPENING
+    config = {"enable_chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs", "enable_prefix_caching": True,
+              "scheduler_reserve_full_isl": True, "hash_algo": "sha256", "model_seed": 0, **OPENING.config}
+    requests = [{"id": r.id, "prompt": r.prompt, "output": None, "max_tokens": r.max_tokens, "arrival": r.arrival} for r in OPENING.requests]
+    w = {"name": OPENING.name, "config": config, "requests": requests}
+    assert kvref_records(w) == run(w, VLLM) == run_workload(OPENING).records

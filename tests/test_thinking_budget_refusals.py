@@ -99,7 +99,7 @@ def test_named_errors_for_wrong_types():
     h.sync_batch(add((0, [100])))
     for call, exc, msg in [
         (lambda: ThinkingBudgetStateHolder("S=100", 2), TypeError, "reasoning_config must be a ReasoningConfig"),
-        (lambda: ThinkingBudgetStateHolder(CFG1, True), ValueError, "max_num_seqs must be an int >= 1"),
+        (lambda: ThinkingBudgetStateHolder(CFG1, True), TypeError, "max_num_seqs must be an int >= 1"),
         (lambda: h.sync_batch("add row 0"), TypeError, "batch_update must be a BatchUpdate"),
         (lambda: h.sync_batch(add((7, []))), ValueError, "batch row 7 is outside the holder's 2 rows"),
         (lambda: h.sync_batch(BatchUpdate(1, [], [], [(0, 1, "swap")])), TypeError, "MoveDirectionality"),

@@ -93,9 +93,9 @@ def test_to_trace_with_random_chains(shape, max_live):
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="num_users must be >= 1"): shared_system_prompts(num_users=0)
+    with pytest.raises(ValueError, match="num_users must be an int >= 1"): shared_system_prompts(num_users=0)
     with pytest.raises(TypeError, match="max_live must be an int"): to_trace(shared_system_prompts(), max_live=None)
-    with pytest.raises(ValueError, match="block_size must be >= 1"): lora_mix(block_size=0)
+    with pytest.raises(ValueError, match="block_size must be an int >= 1"): lora_mix(block_size=0)
     loop = [RequestSpec("a", [1], [2], after="b"), RequestSpec("b", [1], [2], after="a")]
     with pytest.raises(ValueError, match="waits for"): to_trace(Workload("loop", loop))
 
@@ -138,7 +138,7 @@ def test_stats_on_scheduler_runs_match_the_run():
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(seed="x"), TypeError, "seed must be an int"), (dict(seed=1.5), TypeError, "seed must be an int"),
-    (dict(block_size=True), TypeError, "block_size must be an int"), (dict(num_blocks=0), ValueError, "num_blocks must be >= 1"),
+    (dict(block_size=True), TypeError, "block_size must be an int"), (dict(num_blocks=0), ValueError, "num_blocks must be an int >= 1"),
     (dict(block_size=None), TypeError, "block_size must be an int")])
 def test_generators_refuse_bad_arguments_by_name(name, kwargs, error, message):
     with pytest.raises(error, match=message): WORKLOADS[name](**kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from fastcore.basics import patch
-from ..core.free_queue import _check_count
+from ..guards import check_instance, check_int
 from ..core.kv_cache_manager import _checked_token_ids
 
 # %% auto #0
@@ -32,7 +32,7 @@ def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
 class NanoBlockManager:
     "Blocks handed out from a deque of free ids; full blocks found again through `hash_to_block_id`."
     def __init__(self, num_blocks: int, block_size: int):
-        _check_count("num_blocks", num_blocks, 1); _check_count("block_size", block_size, 1)  # kvref's checks, not nano's
+        check_int("num_blocks", num_blocks, 1); check_int("block_size", block_size, 1)  # kvref's checks, not nano's
         self.block_size = block_size
         self.blocks = [NanoBlock(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
@@ -92,12 +92,13 @@ class NanoAdapter:
 @patch
 def _known(self: NanoAdapter, request_id: str) -> str:
     "`request_id`, after checking that `add` gave it (kvref's check, not nano's)."
-    if request_id not in self.tokens: raise ValueError(f"request {request_id!r} is not known: add it first")
+    if check_instance("request_id", request_id, str) not in self.tokens: raise ValueError(f"request {request_id!r} is not known: add it first")
     return request_id
 
 @patch
 def add(self: NanoAdapter, request_id, prompt, cache_salt=None, lora=None):
-    self.tokens[request_id], self.tables[request_id], self.computed[request_id] = list(prompt), [], 0
+    prompt = _checked_token_ids(prompt, "prompt")
+    self.tokens[check_instance("request_id", request_id, str)], self.tables[request_id], self.computed[request_id] = prompt, [], 0
 
 @patch
 def lookup(self: NanoAdapter, request_id):
@@ -109,7 +110,7 @@ def lookup(self: NanoAdapter, request_id):
 # %% ../../nbs/07a_nano.ipynb #d227cea9
 @patch
 def allocate(self: NanoAdapter, request_id: str, num_new_tokens: int, num_hit_tokens: int) -> bool:
-    self._known(request_id); _check_count("num_new_tokens", num_new_tokens); _check_count("num_hit_tokens", num_hit_tokens)
+    self._known(request_id); check_int("num_new_tokens", num_new_tokens); check_int("num_hit_tokens", num_hit_tokens)
     m, tokens, table = self.manager, self.tokens[request_id], self.tables[request_id]
     total = self.computed[request_id] + num_hit_tokens + num_new_tokens
     need = -(-total // m.block_size) - len(table)
@@ -136,7 +137,7 @@ def _hash_full(self: NanoAdapter, request_id: str, num_full: int) -> None:
 # %% ../../nbs/07a_nano.ipynb #ce3c3fda
 @patch
 def _release(self: NanoAdapter, request_id: str) -> None:
-    self.manager.deallocate(self.tables[request_id]); self.computed[request_id] = 0; self.hashed.pop(request_id, None)
+    self.manager.deallocate(self.tables[self._known(request_id)]); self.computed[request_id] = 0; self.hashed.pop(request_id, None)
 
 @patch
 def preempt(self: NanoAdapter, request_id: str) -> None: self._release(request_id)
@@ -161,7 +162,7 @@ def reset_prefix_cache(self: NanoAdapter) -> bool:
 
 # %% ../../nbs/07a_nano.ipynb #be9362c9
 @patch
-def block_ids(self: NanoAdapter, request_id: str) -> list[int]: return list(self.tables[request_id])
+def block_ids(self: NanoAdapter, request_id: str) -> list[int]: return list(self.tables[self._known(request_id)])
 
 @patch
 def num_free(self: NanoAdapter) -> int: return len(self.manager.free_block_ids)

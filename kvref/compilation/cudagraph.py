@@ -9,18 +9,21 @@ from __future__ import annotations
 import bisect, enum
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from html import escape
 from itertools import product
 from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from fastcore.basics import patch
 
+from ..guards import check_bool, check_int
+
 # %% auto #0
-__all__ = ['RUNTIME_MODES', 'ATTENTION_CG_SUPPORT', 'MAX_DEFAULT_CAPTURE_SIZE', 'RESOLUTION_STEPS', 'CUDAGraphMode', 'as_mode',
-           'AttentionCGSupport', 'min_cg_support', 'default_capture_sizes', 'derive_capture_sizes',
-           'round_capture_sizes_for_spec_decode', 'Downgrade', 'ModeResolution', 'resolve_cudagraph_mode',
-           'resolve_cudagraph_mode_and_sizes', 'BatchDescriptor', 'LoRASettings', 'CudagraphDispatcher',
-           'ForwardContext', 'set_forward_context', 'get_forward_context', 'StandInGraph', 'CUDAGraphEntry',
-           'CUDAGraphWrapper', 'capture_cudagraphs']
+__all__ = ['RUNTIME_MODES', 'ATTENTION_CG_SUPPORT', 'MAX_DEFAULT_CAPTURE_SIZE', 'RESOLUTION_STEPS', 'MODE_COLOURS',
+           'CUDAGraphMode', 'as_mode', 'AttentionCGSupport', 'min_cg_support', 'default_capture_sizes',
+           'derive_capture_sizes', 'round_capture_sizes_for_spec_decode', 'Downgrade', 'ModeResolution',
+           'resolve_cudagraph_mode', 'resolve_cudagraph_mode_and_sizes', 'BatchDescriptor', 'LoRASettings',
+           'CudagraphDispatcher', 'dispatch_table', 'dispatch_table_svg', 'ForwardContext', 'set_forward_context',
+           'get_forward_context', 'StandInGraph', 'CUDAGraphEntry', 'CUDAGraphWrapper', 'capture_cudagraphs']
 
 # %% ../../nbs/10_cudagraph.ipynb #d00d9380
 class CUDAGraphMode(enum.Enum):
@@ -118,21 +121,13 @@ def min_cg_support(backends: Iterable[str], # the attention backends the model u
         if table[backend] < weakest: weakest, name = table[backend], backend
     return weakest, name
 
-# %% ../../nbs/10_cudagraph.ipynb #ba63afb6
-def _check_count(name: str, value: Any, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-
-def _check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool): raise TypeError(f"{name} must be a bool, got {value!r}")
-
 # %% ../../nbs/10_cudagraph.ipynb #8a6f8321
 MAX_DEFAULT_CAPTURE_SIZE = 1 << 17  # kvref builds the default ladder up to here (8211 sizes); vLLM has no cap
 
 def default_capture_sizes(max_capture_size: int, # the largest size to capture
                          ) -> list[int]:
     "vLLM's default capture sizes up to `max_capture_size`: 1, 2, 4, then steps of 8 below 256, then steps of 16."
-    _check_count("max_cudagraph_capture_size", max_capture_size, 0)
+    check_int("max_cudagraph_capture_size", max_capture_size, 0)
     if max_capture_size > MAX_DEFAULT_CAPTURE_SIZE:
         raise ValueError(f"max_cudagraph_capture_size={max_capture_size} would make a default ladder of about "
                          f"{max_capture_size // 16:,} capture sizes, one CUDA graph each; kvref builds the ladder only "
@@ -148,7 +143,7 @@ def _user_capture_sizes(capture_sizes: Sequence[int], max_num_batched_tokens: in
     if isinstance(capture_sizes, (str, bytes)) or not isinstance(capture_sizes, Sequence):
         raise TypeError(f"cudagraph_capture_sizes must be a list of ints or None, got {capture_sizes!r}")
     if len(capture_sizes) == 0: raise ValueError("cudagraph_capture_sizes is empty; give at least one size, or None for the default ladder")
-    for s in capture_sizes: _check_count("each capture size", s, 1)
+    for s in capture_sizes: check_int("each capture size", s, 1)
     return sorted({s for s in capture_sizes if s <= max_num_batched_tokens})
 
 # %% ../../nbs/10_cudagraph.ipynb #bb11cb5a
@@ -159,10 +154,10 @@ def derive_capture_sizes(max_num_seqs: int,             # SchedulerConfig.max_nu
                          max_capture_size: int | None = None,    # CompilationConfig.max_cudagraph_capture_size
                         ) -> tuple[list[int], int]:
     "The capture sizes (ascending) and the largest one, as vLLM 0.33 derives them for a mode other than NONE."
-    _check_count("max_num_seqs", max_num_seqs, 1)
-    _check_count("max_num_batched_tokens", max_num_batched_tokens, 1)
-    _check_count("num_speculative_tokens", num_speculative_tokens, 0)
-    if max_capture_size is not None: _check_count("max_cudagraph_capture_size", max_capture_size, 1)
+    check_int("max_num_seqs", max_num_seqs, 1)
+    check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+    check_int("num_speculative_tokens", num_speculative_tokens, 0)
+    if max_capture_size is not None: check_int("max_cudagraph_capture_size", max_capture_size, 1)
     ceiling = max_capture_size if max_capture_size is not None else min(max_num_seqs * (1 + num_speculative_tokens) * 2, 512)
     ceiling = min(ceiling, max_num_batched_tokens)
     user = capture_sizes is not None
@@ -180,9 +175,9 @@ def round_capture_sizes_for_spec_decode(sizes: Sequence[int],       # the captur
                                        ) -> tuple[list[int], int]:
     "Sizes rounded up to multiples of the uniform decode query length, those above the ceiling dropped; and the new ceiling."
     q = uniform_decode_query_len
-    _check_count("uniform_decode_query_len", q, 1)
-    _check_count("max_capture_size", max_capture_size, 0)
-    for s in sizes: _check_count("each capture size", s, 1)
+    check_int("uniform_decode_query_len", q, 1)
+    check_int("max_capture_size", max_capture_size, 0)
+    for s in sizes: check_int("each capture size", s, 1)
     if not sizes or q == 1: return list(sizes), max_capture_size
     rounded = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= max_capture_size})
     if not rounded and q <= max_capture_size: rounded = [q]
@@ -258,9 +253,9 @@ RESOLUTION_STEPS = (_needs_compilation, _one_piece, _mixed_needs_always, _decode
 def _model(min_support, backend, attention_split, piecewise_compilation, uniform_decode_query_len) -> _Model:
     "The checked facts resolution needs."
     if not isinstance(min_support, AttentionCGSupport): raise TypeError(f"min_support must be an AttentionCGSupport, got {min_support!r}")
-    _check_count("uniform_decode_query_len", uniform_decode_query_len, 1)
-    _check_flag("attention_split", attention_split)
-    _check_flag("piecewise_compilation", piecewise_compilation)
+    check_int("uniform_decode_query_len", uniform_decode_query_len, 1)
+    check_bool("attention_split", attention_split)
+    check_bool("piecewise_compilation", piecewise_compilation)
     if attention_split and not piecewise_compilation:
         raise ValueError("attention_split=True needs piecewise_compilation=True: split points exist only in piecewise compilation")
     supports = f"attention backend {backend} supports" if backend else "the attention backends support"
@@ -296,7 +291,7 @@ def resolve_cudagraph_mode_and_sizes(requested: CUDAGraphMode | str, # Compilati
                                      piecewise_compilation: bool = True, # compilation mode is VLLM_COMPILE
                                     ) -> tuple[ModeResolution, list[int], int]:
     "The resolved mode, the capture sizes and the largest one; no sizes when nothing will be captured."
-    _check_count("num_speculative_tokens", num_speculative_tokens, 0)
+    check_int("num_speculative_tokens", num_speculative_tokens, 0)
     q = 1 + num_speculative_tokens
     resolution = resolve_cudagraph_mode(requested, min_support, backend, attention_split, piecewise_compilation, q)
     sizes, top = derive_capture_sizes(max_num_seqs, max_num_batched_tokens, num_speculative_tokens, capture_sizes, max_capture_size)
@@ -317,8 +312,8 @@ class BatchDescriptor:
 
     def __post_init__(self):  # a key that can never match is a bug at the caller: refuse it by name
         for name in ("num_tokens", "num_active_loras") + (("num_reqs",) if self.num_reqs is not None else ()):
-            _check_count(f"BatchDescriptor.{name}", getattr(self, name), 0)
-        _check_flag("BatchDescriptor.uniform", self.uniform); _check_flag("BatchDescriptor.has_lora", self.has_lora)
+            check_int(f"BatchDescriptor.{name}", getattr(self, name), 0)
+        check_bool("BatchDescriptor.uniform", self.uniform); check_bool("BatchDescriptor.has_lora", self.has_lora)
 
     def relax_for_mixed_batch_cudagraphs(self) -> BatchDescriptor:
         "The key a piecewise graph is stored under: no request count, not uniform."
@@ -333,9 +328,9 @@ class LoRASettings:
     specialize_active_loras: bool = False  # LoRAConfig.specialize_active_lora: graphs per active-adapter count
 
     def __post_init__(self):
-        _check_count("max_loras", self.max_loras, 1)
-        _check_flag("specialize", self.specialize)
-        _check_flag("specialize_active_loras", self.specialize_active_loras)
+        check_int("max_loras", self.max_loras, 1)
+        check_bool("specialize", self.specialize)
+        check_bool("specialize_active_loras", self.specialize_active_loras)
 
 # %% ../../nbs/10_cudagraph.ipynb #970ed88c
 @patch
@@ -349,7 +344,7 @@ def cases(self: LoRASettings) -> list[int]:
 @patch
 def effective_count(self: LoRASettings, num_active_loras: int) -> int:
     "The captured count a batch with `num_active_loras` adapters dispatches to."
-    _check_count("num_active_loras", num_active_loras, 0)
+    check_int("num_active_loras", num_active_loras, 0)
     if num_active_loras > self.max_loras:
         raise ValueError(f"num_active_loras={num_active_loras} exceeds max_loras={self.max_loras}")
     if num_active_loras == 0: return 0
@@ -369,11 +364,11 @@ class CudagraphDispatcher:
         if isinstance(capture_sizes, (str, bytes)) or not isinstance(capture_sizes, Sequence):
             raise TypeError(f"capture_sizes must be a list of ints, got {capture_sizes!r}")
         if lora is not None and not isinstance(lora, LoRASettings): raise TypeError(f"lora must be a LoRASettings or None, got {lora!r}")
-        _check_flag("attention_split", attention_split)
+        check_bool("attention_split", attention_split)
         sizes = list(capture_sizes)
-        for s in sizes: _check_count("each capture size", s, 1)
+        for s in sizes: check_int("each capture size", s, 1)
         if sizes != sorted(set(sizes)): raise ValueError(f"capture sizes must be strictly ascending, got {sizes}")
-        _check_count("max_num_seqs", max_num_seqs, 1)
+        check_int("max_num_seqs", max_num_seqs, 1)
         self.capture_sizes, self.max_num_seqs, self.lora, self.attention_split = sizes, max_num_seqs, lora, attention_split
         self.max_capture_size = sizes[-1] if sizes else 0
         self.cudagraph_mode, self.uniform_decode_query_len = CUDAGraphMode.NONE, 1
@@ -384,7 +379,7 @@ class CudagraphDispatcher:
 @patch
 def padded_size(self: CudagraphDispatcher, num_tokens: int) -> int:
     "The smallest capture size that holds `num_tokens` (which must not exceed the largest)."
-    _check_count("num_tokens", num_tokens, 1)
+    check_int("num_tokens", num_tokens, 1)
     if not self.capture_sizes: raise ValueError("this dispatcher has no capture sizes to pad to")
     if num_tokens > self.max_capture_size:
         raise ValueError(f"num_tokens={num_tokens} exceeds the largest capture size {self.max_capture_size}")
@@ -429,7 +424,7 @@ def initialize_cudagraph_keys(self: CudagraphDispatcher,
                              ) -> None:
     "Build every key a graph will be captured for; called once the mode is resolved."
     mode, q = as_mode(cudagraph_mode), uniform_decode_query_len
-    _check_count("uniform_decode_query_len", q, 1)
+    check_int("uniform_decode_query_len", q, 1)
     if mode.requires_piecewise_compilation() and not self.attention_split:
         raise ValueError(f"cudagraph_mode={mode.name} has piecewise graphs, but attention is not a split point; "
                          "resolve the mode first (resolve_cudagraph_mode)")
@@ -478,10 +473,10 @@ def _allowed_modes(self: CudagraphDispatcher, valid_modes, invalid_modes) -> fro
 # %% ../../nbs/10_cudagraph.ipynb #e2e4f1c3
 @patch
 def _check_batch(self: CudagraphDispatcher, num_tokens, uniform_decode, has_lora, num_active_loras) -> None:
-    _check_count("num_tokens", num_tokens, 1)
-    _check_count("num_active_loras", num_active_loras, 0)
-    _check_flag("uniform_decode", uniform_decode)
-    _check_flag("has_lora", has_lora)
+    check_int("num_tokens", num_tokens, 1)
+    check_int("num_active_loras", num_active_loras, 0)
+    check_bool("uniform_decode", uniform_decode)
+    check_bool("has_lora", has_lora)
     q = self.uniform_decode_query_len
     if uniform_decode and (num_tokens % q or num_tokens > q * self.max_num_seqs):
         raise ValueError(f"a uniform decode batch has a multiple of {q} tokens, at most {q * self.max_num_seqs} "
@@ -491,6 +486,48 @@ def _check_batch(self: CudagraphDispatcher, num_tokens, uniform_decode, has_lora
     if has_lora and self.lora is None: raise ValueError("the batch has LoRA adapters, but this dispatcher has no LoRASettings")
     if has_lora and num_active_loras > self.lora.max_loras:
         raise ValueError(f"num_active_loras={num_active_loras} exceeds max_loras={self.lora.max_loras}")
+
+# %% ../../nbs/10_cudagraph.ipynb #d460e403
+def dispatch_table(dispatcher: CudagraphDispatcher,  # keys initialized
+                   batches: Iterable[tuple[int, bool]],  # (num_tokens, uniform decode) per batch
+                  ) -> list[tuple[int, bool, str, BatchDescriptor]]:
+    "(num_tokens, uniform, runtime mode name, the key of the graph that runs it) for each batch."
+    return [(n, uniform, *_named(dispatcher.dispatch(n, uniform_decode=uniform))) for n, uniform in batches]
+
+def _named(decision: tuple[CUDAGraphMode, BatchDescriptor]) -> tuple[str, BatchDescriptor]:
+    return decision[0].name, decision[1]
+
+# %% ../../nbs/10_cudagraph.ipynb #14380102
+MODE_COLOURS = {"FULL": "#cfe3ff", "PIECEWISE": "#ffe4a8", "NONE": "#e4e4e4"}  # the dispatch picture's box fills
+
+def _svg_text(x: float, y: float, text, anchor: str = "start", bold: bool = False) -> str:
+    weight = ' font-weight="bold"' if bold else ""
+    return f'<text x="{x:g}" y="{y:g}" text-anchor="{anchor}"{weight}>{escape(str(text))}</text>'
+
+def _graph_key(mode: str, key: BatchDescriptor) -> str:
+    "The key in words: what a reader checks against the capture sizes."
+    if mode == "NONE": return f"eager, {key.num_tokens} tokens unpadded"
+    if mode == "PIECEWISE": return f"({key.num_tokens} tokens), attention eager"
+    return f"({key.num_tokens} tokens, {key.num_reqs} requests{', uniform' if key.uniform else ''})"
+
+# %% ../../nbs/10_cudagraph.ipynb #f004a3a5
+def dispatch_table_svg(dispatcher: CudagraphDispatcher,  # keys initialized
+                       batches: Iterable[tuple[int, bool]]) -> str:  # (num_tokens, uniform decode) per batch
+    "The dispatcher's decision for each batch as an SVG table: batch -> runtime mode -> the graph's key."
+    rows = dispatch_table(dispatcher, batches)
+    height = 84 + 34 * len(rows)
+    title = (f"cudagraph_mode={dispatcher.cudagraph_mode.name}, capture sizes {dispatcher.capture_sizes}, "
+             f"max_num_seqs={dispatcher.max_num_seqs}")
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{height}" font-family="sans-serif" font-size="13">',
+           _svg_text(8, 22, title, bold=True)]
+    out += [_svg_text(x, 52, head, bold=True) for x, head in ((8, "batch"), (290, "runtime mode"), (440, "graph key (padded)"))]
+    for n, (num_tokens, uniform, mode, key) in enumerate(rows):
+        y = 84 + 34 * n
+        out += [_svg_text(8, y, f"{num_tokens} tokens, {'uniform decode' if uniform else 'mixed / prefill'}"),
+                _svg_text(250, y, "\u2192", "middle"),
+                f'<rect x="286" y="{y - 18}" width="120" height="26" rx="4" fill="{MODE_COLOURS[mode]}" stroke="#555"/>',
+                _svg_text(346, y, mode, "middle", bold=True), _svg_text(440, y, _graph_key(mode, key))]
+    return "\n".join(out + ["</svg>"])
 
 # %% ../../nbs/10_cudagraph.ipynb #359bdf99
 @patch
@@ -522,7 +559,7 @@ def set_forward_context(cudagraph_runtime_mode: CUDAGraphMode | str = CUDAGraphM
     mode = as_mode(cudagraph_runtime_mode)
     if batch_descriptor is not None and not isinstance(batch_descriptor, BatchDescriptor):
         raise TypeError(f"batch_descriptor must be a BatchDescriptor or None, got {batch_descriptor!r}")
-    _check_flag("capturing", capturing)
+    check_bool("capturing", capturing)
     if mode not in RUNTIME_MODES: raise ValueError(f"the forward context takes a runtime mode (NONE, PIECEWISE, FULL), not {mode.name}; dispatch first")
     if mode != CUDAGraphMode.NONE and batch_descriptor is None: raise ValueError(f"runtime mode {mode.name} needs a batch descriptor")
     outer, _forward_context = _forward_context, ForwardContext(mode, batch_descriptor, capturing)
@@ -642,7 +679,7 @@ def capture_cudagraphs(dummy_run: Callable[[BatchDescriptor], Any], # runs the m
     "Capture a graph for every key in `dispatcher.get_capture_descs()` order, each after warm-up; the number captured."
     if not callable(dummy_run): raise TypeError(f"dummy_run must be callable, got {dummy_run!r}")
     if not isinstance(dispatcher, CudagraphDispatcher): raise TypeError(f"dispatcher must be a CudagraphDispatcher, got {dispatcher!r}")
-    _check_count("num_warmups", num_warmups, 0)
+    check_int("num_warmups", num_warmups, 0)
     captured = 0
     for mode, keys in dispatcher.get_capture_descs():
         for key in keys:

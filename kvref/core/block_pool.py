@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 from fastcore.basics import patch
-from .free_queue import KVCacheBlock, FreeKVCacheBlockQueue, block_ids, _check_bool, _check_count, _checked_blocks
+from .free_queue import KVCacheBlock, FreeKVCacheBlockQueue, block_ids, _checked_blocks
+from ..guards import check_bool, check_instance, check_int
 
 # %% auto #0
 __all__ = ['KVCacheEvent', 'MAX_NUM_BLOCKS', 'BlockHashToBlockMap', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared',
@@ -113,11 +114,11 @@ class BlockPool:
                  null_block: bool = True,              # reserve block 0 as vLLM's null block
                  enable_kv_cache_events: bool = False  # record BlockStored/BlockRemoved/AllBlocksCleared
                 ):
-        _check_count("num_blocks", num_blocks, 1)
+        check_int("num_blocks", num_blocks, 1)
         if num_blocks > MAX_NUM_BLOCKS:
             raise ValueError(f"num_blocks {num_blocks} is above MAX_NUM_BLOCKS={MAX_NUM_BLOCKS}: kvref builds every block up front")
         for name, flag in (("enable_caching", enable_caching), ("null_block", null_block),
-                           ("enable_kv_cache_events", enable_kv_cache_events)): _check_bool(name, flag)
+                           ("enable_kv_cache_events", enable_kv_cache_events)): check_bool(name, flag)
         self.num_blocks, self.enable_caching = num_blocks, enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
@@ -155,6 +156,39 @@ def _checked_own(self: BlockPool, blocks: Iterable[KVCacheBlock], name: str) -> 
                 raise ValueError(f"{name}: block {bid} is not a block of this pool")
     return blocks
 
+# %% ../../nbs/03_block_pool.ipynb #9841b473
+@patch
+def _checked_cache_args(self: BlockPool, blocks, block_hashes, num_cached_blocks, num_full_blocks, block_size,
+                        lora_name) -> tuple[list[KVCacheBlock], list[bytes]]:
+    "The blocks `cache_full_blocks` caches and their hashes, after checking every argument."
+    for name, value, low in (("num_cached_blocks", num_cached_blocks, 0), ("num_full_blocks", num_full_blocks, 0),
+                             ("block_size", block_size, 1)): check_int(name, value, low)
+    check_instance("lora_name", lora_name, (str, type(None)), "a str or None")
+    for name, seq in (("blocks", blocks), ("block_hashes", block_hashes)): check_instance(name, seq, Sequence, "a list")
+    if num_full_blocks <= num_cached_blocks: return [], []
+    if len(block_hashes) < num_full_blocks or len(blocks) < num_full_blocks:
+        raise ValueError(f"cannot cache {num_full_blocks} full blocks with {len(blocks)} blocks "
+                         f"and {len(block_hashes)} block hashes")
+    new_blocks = self._checked_own(blocks[num_cached_blocks:num_full_blocks], "cache_full_blocks")
+    new_hashes = list(block_hashes[num_cached_blocks:num_full_blocks])
+    if not (set(map(type, new_hashes)) <= {bytes} and all(new_hashes)  # one pass each; the culprit only on failure
+            and all(b.block_hash is None and b.ref_cnt > 0 and not b.is_null for b in new_blocks)):
+        self._refuse_cache_args(new_blocks, new_hashes, num_cached_blocks)
+    if len(set(new_blocks)) < len(new_blocks):
+        twice = next(b for i, b in enumerate(new_blocks) if b in new_blocks[:i])
+        raise ValueError(f"block {twice.block_id} appears twice in the blocks to cache")
+    return new_blocks, new_hashes
+
+# %% ../../nbs/03_block_pool.ipynb #b7c1a006
+@patch
+def _refuse_cache_args(self: BlockPool, new_blocks: list[KVCacheBlock], new_hashes: list, first: int) -> None:
+    "Raise the error naming the first new block or hash that cannot be cached (`first`: the index of the first)."
+    for i, (block, block_hash) in enumerate(zip(new_blocks, new_hashes), first):
+        if type(block_hash) is not bytes or not block_hash:
+            raise TypeError(f"block_hashes[{i}] must be non-empty bytes, got {block_hash!r:.40}")
+        if block.block_hash is not None: raise ValueError(f"block {block.block_id} is already cached")
+        if block.ref_cnt <= 0 or block.is_null: raise ValueError(f"block {block.block_id} is not held: only held blocks are cached")
+
 # %% ../../nbs/03_block_pool.ipynb #450defbb
 @patch
 def _maybe_evict_cached_block(self: BlockPool, block: KVCacheBlock) -> bool:
@@ -170,7 +204,7 @@ def _maybe_evict_cached_block(self: BlockPool, block: KVCacheBlock) -> bool:
 @patch
 def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
     "Take `num_blocks` blocks from the head of the free queue, evicting cached ones, each with count 1."
-    _check_count("num_blocks", num_blocks)
+    check_int("num_blocks", num_blocks)
     if num_blocks > self.get_num_free_blocks():
         raise ValueError(f"cannot get {num_blocks} free blocks from the pool: only {self.get_num_free_blocks()} are free")
     blocks = self.free_block_queue.popleft_n(num_blocks)
@@ -220,41 +254,6 @@ def _cache_full_blocks(self: BlockPool, blocks, block_hashes, num_cached_blocks:
         tokens = list(token_ids[num_cached_blocks * block_size:num_full_blocks * block_size])
         keys = None if extra_keys is None else list(extra_keys)
         self.kv_event_queue.append(BlockStored(list(new_hashes), parent, tokens, block_size, lora_name, keys))
-
-# %% ../../nbs/03_block_pool.ipynb #9841b473
-@patch
-def _checked_cache_args(self: BlockPool, blocks, block_hashes, num_cached_blocks, num_full_blocks, block_size,
-                        lora_name) -> tuple[list[KVCacheBlock], list[bytes]]:
-    "The blocks `cache_full_blocks` caches and their hashes, after checking every argument."
-    for name, value, low in (("num_cached_blocks", num_cached_blocks, 0), ("num_full_blocks", num_full_blocks, 0),
-                             ("block_size", block_size, 1)): _check_count(name, value, low)
-    if lora_name is not None and not isinstance(lora_name, str):
-        raise TypeError(f"lora_name must be a str or None, got {type(lora_name).__name__}")
-    for name, seq in (("blocks", blocks), ("block_hashes", block_hashes)):
-        if not isinstance(seq, Sequence): raise TypeError(f"{name} must be a list, got {type(seq).__name__}")
-    if num_full_blocks <= num_cached_blocks: return [], []
-    if len(block_hashes) < num_full_blocks or len(blocks) < num_full_blocks:
-        raise ValueError(f"cannot cache {num_full_blocks} full blocks with {len(blocks)} blocks "
-                         f"and {len(block_hashes)} block hashes")
-    new_blocks = self._checked_own(blocks[num_cached_blocks:num_full_blocks], "cache_full_blocks")
-    new_hashes = list(block_hashes[num_cached_blocks:num_full_blocks])
-    if not (set(map(type, new_hashes)) <= {bytes} and all(new_hashes)  # one pass each; the culprit only on failure
-            and all(b.block_hash is None and b.ref_cnt > 0 and not b.is_null for b in new_blocks)):
-        self._refuse_cache_args(new_blocks, new_hashes, num_cached_blocks)
-    if len(set(new_blocks)) < len(new_blocks):
-        twice = next(b for i, b in enumerate(new_blocks) if b in new_blocks[:i])
-        raise ValueError(f"block {twice.block_id} appears twice in the blocks to cache")
-    return new_blocks, new_hashes
-
-# %% ../../nbs/03_block_pool.ipynb #b7c1a006
-@patch
-def _refuse_cache_args(self: BlockPool, new_blocks: list[KVCacheBlock], new_hashes: list, first: int) -> None:
-    "Raise the error naming the first new block or hash that cannot be cached (`first`: the index of the first)."
-    for i, (block, block_hash) in enumerate(zip(new_blocks, new_hashes), first):
-        if type(block_hash) is not bytes or not block_hash:
-            raise TypeError(f"block_hashes[{i}] must be non-empty bytes, got {block_hash!r:.40}")
-        if block.block_hash is not None: raise ValueError(f"block {block.block_id} is already cached")
-        if block.ref_cnt <= 0 or block.is_null: raise ValueError(f"block {block.block_id} is not held: only held blocks are cached")
 
 # %% ../../nbs/03_block_pool.ipynb #275de75c
 @patch

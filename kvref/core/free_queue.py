@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 from fastcore.basics import patch
+from ..guards import check_int, refuse
 
 # %% auto #0
 __all__ = ['KVCacheBlock', 'block_ids', 'FreeKVCacheBlockQueue']
@@ -26,8 +27,7 @@ class KVCacheBlock:
     free_queue: FreeKVCacheBlockQueue | None = None  # the queue linking it, if any (the queue's business only)
 
     def __post_init__(self) -> None:
-        if type(self.block_id) is not int or self.block_id < 0:  # a bool is not an id
-            raise ValueError(f"block_id must be an int >= 0, got {self.block_id!r}")
+        check_int("block_id", self.block_id)  # a bool is not an id
 
     @classmethod
     def sentinel(cls) -> KVCacheBlock:
@@ -45,16 +45,6 @@ def block_ids(blocks: Iterable[KVCacheBlock]) -> list[int]:
     "The ids of `blocks`, in order: how block tables and queues are shown everywhere in kvref."
     return [b.block_id for b in blocks]
 
-# %% ../../nbs/02_free_queue.ipynb #4fa9085a
-def _check_count(name: str, value, low: int = 0) -> None:
-    "Refuse `value` unless it is an int >= `low`; a bool is not a count."
-    if type(value) is not int or value < low: raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-
-# %% ../../nbs/02_free_queue.ipynb #1bb8d8c7
-def _check_bool(name: str, value) -> None:
-    "Refuse `value` unless it is True or False."
-    if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
-
 # %% ../../nbs/02_free_queue.ipynb #4b97d46b
 def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> list[KVCacheBlock]:
     "`blocks` as a list, refusing anything but KVCacheBlocks with a TypeError that names `name`."
@@ -63,7 +53,7 @@ def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> lis
     blocks = list(blocks)
     if not set(map(type, blocks)) <= {KVCacheBlock}:  # one C-speed pass; find the culprit only on failure
         bad = next(b for b in blocks if type(b) is not KVCacheBlock)
-        raise TypeError(f"{name} must be KVCacheBlocks, got {type(bad).__name__}")
+        raise TypeError(f"{name} must be KVCacheBlocks, got {type(bad).__name__}")  # a type name reads best in a list
     return blocks
 
 # %% ../../nbs/02_free_queue.ipynb #b59fb963
@@ -118,7 +108,7 @@ def get_all_free_blocks(self: FreeKVCacheBlockQueue) -> list[KVCacheBlock]:
 @patch
 def remove(self: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
     "Unlink `block` from wherever it sits in the queue, in O(1)."
-    if type(block) is not KVCacheBlock: raise TypeError(f"block must be a KVCacheBlock, got {type(block).__name__}")
+    if type(block) is not KVCacheBlock: refuse("block", "a KVCacheBlock", block, TypeError)
     if block.free_queue is not self: raise ValueError(f"block {block.block_id} is not in the free queue")
     prev, nxt = block.prev_free_block, block.next_free_block
     prev.next_free_block, nxt.prev_free_block = nxt, prev
@@ -138,7 +128,7 @@ def popleft(self: FreeKVCacheBlockQueue) -> KVCacheBlock:
 @patch
 def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
     "Take the first `n` blocks, head first, unlinking them in one walk."
-    _check_count("n", n)
+    check_int("n", n)
     if n > self.num_free_blocks:
         raise ValueError(f"asked for {n} free blocks but only {self.num_free_blocks} are free")
     out, block = [], self.fake_head.next_free_block

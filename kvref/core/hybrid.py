@@ -12,19 +12,63 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
-from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count
+from ..guards import check_bool, check_instance, check_int, refuse
+from .free_queue import KVCacheBlock, block_ids
 from .block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import get_hash_fn_by_name, _checked_mm_items, _extra_keys_per_block
 from .kv_cache_manager import (KVCacheManager, Request, cdiv, longest_cache_hit, update_block_hashes,
-                                    _check_hits_match, _check_request_id, _naming_request)
+                                    _check_hits_match)
 
 # %% auto #0
-__all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'HYBRID_CONFIG_DEFAULTS', 'FullAttentionSpec', 'SlidingWindowSpec',
-           'ChunkedLocalAttentionSpec', 'resolve_block_sizes', 'group_block_hashes', 'hash_with_group_id',
-           'get_cached_blocks', 'HybridBlockPool', 'HybridRequest', 'SingleTypeKVCacheManager', 'FullAttentionManager',
-           'SlidingWindowManager', 'ChunkedLocalAttentionManager', 'SpecGroup', 'split_spec_groups',
-           'max_admission_blocks_per_request', 'partial_hash_hits_enabled', 'HybridKVCacheCoordinator',
-           'HybridKVCacheManager', 'spec_from_group', 'group_tables_svg']
+__all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'HYBRID_CONFIG_DEFAULTS', 'table_rows_svg', 'recorded_steps',
+           'recorded_rows', 'FullAttentionSpec', 'SlidingWindowSpec', 'ChunkedLocalAttentionSpec',
+           'resolve_block_sizes', 'group_block_hashes', 'hash_with_group_id', 'get_cached_blocks', 'HybridBlockPool',
+           'HybridRequest', 'SingleTypeKVCacheManager', 'FullAttentionManager', 'SlidingWindowManager',
+           'ChunkedLocalAttentionManager', 'SpecGroup', 'split_spec_groups', 'max_admission_blocks_per_request',
+           'partial_hash_hits_enabled', 'HybridKVCacheCoordinator', 'HybridKVCacheManager', 'group_tables_svg',
+           'spec_from_group']
+
+# %% ../../nbs/04a_hybrid.ipynb #1237a4e1
+def table_rows_svg(rows: Sequence[tuple],  # (label, block ids, ids to outline green, ids named in red after the row)
+                   box: int = 30) -> str:
+    "Labelled rows of block ids as SVG, the null block 0 grey; new blocks outlined green, freed ones named in red."
+    longest = max([len(ids) for _, ids, *_ in rows] + [1])
+    width, height = 190 + box * longest + (150 if any(r[3:] and r[3] for r in rows) else 0), 8 + 30 * len(rows)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" font-size="12">']
+    for y, (label, ids, *marks) in zip(range(8, height, 30), rows):
+        new, freed = (list(marks) + [(), ()])[:2]
+        out.append(f'<text x="4" y="{y + 16}">{escape(label)}</text>')  # request ids may hold < or &
+        for x, b in zip(range(186, width, box), ids):
+            fill, stroke = "#ddd" if b == 0 else "#cfe3ff", '#1a7f37" stroke-width="3' if b and b in new else "#555"
+            out.append(f'<rect x="{x}" y="{y}" width="{box - 2}" height="22" fill="{fill}" stroke="{stroke}"/>'
+                       f'<text x="{x + box // 2 - 1}" y="{y + 16}" text-anchor="middle">{b}</text>')
+        if freed: out.append(f'<text x="{194 + box * longest}" y="{y + 16}" fill="#b42318">freed {" ".join(map(str, freed))}</text>')
+    return "\n".join(out + ["</svg>"])
+
+# %% ../../nbs/04a_hybrid.ipynb #ad41ca35
+def recorded_steps(ops: Sequence[dict],        # a hybrid trace's ops
+                   decisions: Sequence[dict],  # the decision recorded for each op (a `.vllm.jsonl` file)
+                   request_id: str) -> list[tuple[int, list[list[int]]]]:
+    "(tokens computed, block ids per group) after each step that allocated for `request_id`."
+    steps, computed = [], 0
+    for op, decision in zip(ops, decisions):
+        if op.get("id") != request_id: continue
+        if op["op"] == "preempt": computed = 0
+        elif op["op"] == "schedule" and decision.get("allocated"):
+            computed += decision["hit_tokens"] + decision["num_new_tokens"]
+            steps.append((computed, decision["block_ids"]))
+    return steps
+
+def recorded_rows(steps: Sequence[tuple[int, list[list[int]]]], group_names: Sequence[str]) -> list[tuple]:
+    "`table_rows_svg` rows for `recorded_steps`: per step and group, the table, its new blocks and the blocks it gave back."
+    rows, before = [], [[] for _ in group_names]
+    for computed, tables in steps:
+        for name, ids, old in zip(group_names, tables, before):
+            new = [b for i, b in enumerate(ids) if b and (i >= len(old) or old[i] != b)]
+            freed = [b for i, b in enumerate(old) if b and i < len(ids) and ids[i] == 0]
+            rows.append((f"{computed} tokens · {name}", ids, new, freed))
+        before = tables
+    return rows
 
 # %% ../../nbs/04a_hybrid.ipynb #ff1337a6
 @dataclass(frozen=True, slots=True)
@@ -32,7 +76,7 @@ class FullAttentionSpec:
     "Layers that attend to every earlier token: they hold every block until the request ends."
     kv_cache_spec_kind: ClassVar[str] = "full_attention"  # the group kind its KV events name
     block_size: int  # tokens per block
-    def __post_init__(self): _check_count("block_size", self.block_size, 1)
+    def __post_init__(self): check_int("block_size", self.block_size, 1)
 
 # %% ../../nbs/04a_hybrid.ipynb #65904d34
 @dataclass(frozen=True, slots=True)
@@ -42,7 +86,7 @@ class SlidingWindowSpec:
     block_size: int      # tokens per block
     sliding_window: int  # tokens each query sees
     def __post_init__(self):
-        _check_count("block_size", self.block_size, 1); _check_count("sliding_window", self.sliding_window, 1)
+        check_int("block_size", self.block_size, 1); check_int("sliding_window", self.sliding_window, 1)
 
 # %% ../../nbs/04a_hybrid.ipynb #6c29eca2
 @dataclass(frozen=True, slots=True)
@@ -52,7 +96,7 @@ class ChunkedLocalAttentionSpec:
     block_size: int            # tokens per block
     attention_chunk_size: int  # tokens per chunk
     def __post_init__(self):
-        _check_count("block_size", self.block_size, 1); _check_count("attention_chunk_size", self.attention_chunk_size, 1)
+        check_int("block_size", self.block_size, 1); check_int("attention_chunk_size", self.attention_chunk_size, 1)
 
 # %% ../../nbs/04a_hybrid.ipynb #8e1ded06
 def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block size
@@ -61,8 +105,8 @@ def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block siz
                        ) -> tuple[int, int]:
     "(scheduler_block_size, hash_block_size): the lcm of the block sizes and the hashing granularity."
     if isinstance(block_sizes, (str, bytes)) or not isinstance(block_sizes, Sequence) or not block_sizes:
-        raise TypeError(f"block_sizes must be a non-empty list of ints, got {block_sizes!r:.60}")
-    for g, bs in enumerate(block_sizes): _check_count(f"block_sizes[{g}]", bs, 1)
+        refuse("block_sizes", "a non-empty list of ints", block_sizes, TypeError)
+    for g, bs in enumerate(block_sizes): check_int(f"block_sizes[{g}]", bs, 1)
     scheduler_block_size = math.lcm(*block_sizes)
     if not enable_caching: return scheduler_block_size, scheduler_block_size
     hash_block_size = prefix_match_unit or math.gcd(*block_sizes)
@@ -74,8 +118,9 @@ def resolve_block_sizes(block_sizes: Sequence[int],     # each group's block siz
 def group_block_hashes(block_hashes: Sequence[bytes], hash_block_size: int, block_size: int) -> Sequence[bytes]:
     "The request's hashes as one group sees them: the fine hash that ends each of its blocks (vLLM's `BlockHashListWithBlockSize`)."
     if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence):
-        raise TypeError(f"block_hashes must be a list of block hashes, got {type(block_hashes).__name__}")
-    _check_count("hash_block_size", hash_block_size, 1); _check_count("block_size", block_size, 1)
+        refuse("block_hashes", "a list of block hashes", block_hashes, TypeError)
+    if not (type(hash_block_size) is type(block_size) is int and hash_block_size >= 1 and block_size >= 1):  # every lookup: guards only on failure
+        check_int("hash_block_size", hash_block_size, 1); check_int("block_size", block_size, 1)
     if block_size % hash_block_size: raise ValueError(f"block_size {block_size} is not a multiple of hash_block_size {hash_block_size}")
     k = block_size // hash_block_size
     return block_hashes if k == 1 else block_hashes[k - 1::k]
@@ -83,7 +128,7 @@ def group_block_hashes(block_hashes: Sequence[bytes], hash_block_size: int, bloc
 # %% ../../nbs/04a_hybrid.ipynb #5167a351
 def hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     "The cache key of one group's block: its hash, then the group id in 4 big-endian bytes."
-    if type(group_id) is not int or not 0 <= group_id < 1 << 32: raise ValueError(f"group_id must be an int in [0, 2**32), got {group_id!r}")
+    if type(group_id) is not int or not 0 <= group_id < 1 << 32: check_int("group_id", group_id, 0, (1 << 32) - 1)
     try: return block_hash + group_id.to_bytes(4, "big")  # the hot path: checked only when it fails
     except TypeError: raise TypeError(f"block_hash must be bytes, got {type(block_hash).__name__}") from None
 
@@ -101,7 +146,7 @@ def get_cached_blocks(block_pool: BlockPool, block_hash: bytes, group_ids: Seque
 class HybridBlockPool(BlockPool):
     "The block pool, where a block may be cached under further keys beside its `block_hash` (vLLM's `cached_block_hashes_by_block`)."
     def __init__(self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False):
-        _check_bool("enable_kv_cache_events", enable_kv_cache_events)
+        check_bool("enable_kv_cache_events", enable_kv_cache_events)
         super().__init__(num_blocks, enable_caching)  # the plain pool records no events: its keys carry group ids
         self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}  # block id -> its keys besides `block_hash`
         self.group_event_queue: list[KVCacheEvent] | None = [] if enable_kv_cache_events else None  # each with its group
@@ -112,7 +157,7 @@ def insert_block_hash(self: HybridBlockPool, block: KVCacheBlock, key: bytes, bl
     "Cache the held `block` under `key` too: as its `block_hash` if it has none, else beside it (vLLM's `BlockPool._insert_block_hash`)."
     if block.block_hash is None: return self.cache_full_blocks([block], [key], 0, 1, block_size)
     (block,) = self._checked_own([block], "insert_block_hash")
-    if type(key) is not bytes or not key: raise TypeError(f"key must be non-empty bytes, got {key!r:.40}")
+    if type(key) is not bytes or not key: refuse("key", "non-empty bytes", key, TypeError)
     if block.ref_cnt <= 0 or block.is_null: raise ValueError(f"block {block.block_id} is not held: only held blocks are cached")
     if block.block_hash == key or key in self.cached_block_hashes_by_block.get(block.block_id, ()): return
     self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
@@ -155,7 +200,8 @@ class HybridRequest(Request):
 
     def __post_init__(self):
         Request.__post_init__(self)
-        with _naming_request(self.request_id): _check_count("shared_prefix_boundary", self.shared_prefix_boundary)
+        if type(self.shared_prefix_boundary) is not int or self.shared_prefix_boundary < 0:
+            check_int(f"request {self.request_id!r}: shared_prefix_boundary", self.shared_prefix_boundary)
 
     @property
     def num_prompt_tokens(self) -> int: return len(self.prompt_token_ids)
@@ -287,14 +333,14 @@ def stored_event(self: SingleTypeKVCacheManager, request: HybridRequest, block_h
 @patch
 def remove_skipped_blocks(self: SingleTypeKVCacheManager, request_id: str, num_computed_tokens: int) -> None:
     "Replace the blocks no later token attends to by the null block, and free them."
-    num_skipped = self.get_num_skipped_tokens(num_computed_tokens)
     table = self.req_to_blocks.get(request_id)
-    if num_skipped <= 0 or not table: return
+    num_skipped_blocks = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+    if not table or num_skipped_blocks <= 0 or table[min(num_skipped_blocks, len(table)) - 1].is_null: return  # nothing newly skipped
     removed, null = [], self.block_pool.null_block
-    for i in range(min(num_skipped // self.block_size, len(table)) - 1, -1, -1):
+    for i in range(min(num_skipped_blocks, len(table)) - 1, -1, -1):
         if table[i].is_null: break
         removed.append(table[i]); table[i] = null
-    if removed: self.block_pool.free_blocks(removed, unhashed_first=True)
+    self.block_pool.free_blocks(removed, unhashed_first=True)
 
 # %% ../../nbs/04a_hybrid.ipynb #2b98bc98
 @patch
@@ -423,11 +469,55 @@ MANAGER_FOR_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
 # %% ../../nbs/04a_hybrid.ipynb #2ac54dc4
 def _check_specs(specs) -> None:
     "Refuse anything but a non-empty list of known KV cache specs, naming the bad one."
-    if not isinstance(specs, Sequence) or isinstance(specs, str) or not specs:
-        raise ValueError(f"specs must be a non-empty list of KV cache specs, got {specs!r}")
+    if not isinstance(specs, Sequence) or isinstance(specs, str) or not specs: refuse("specs", "a non-empty list of KV cache specs", specs)
     for i, spec in enumerate(specs):
-        if type(spec) not in MANAGER_FOR_SPEC:
-            raise TypeError(f"specs[{i}] must be one of {', '.join(t.__name__ for t in MANAGER_FOR_SPEC)}, got {type(spec).__name__}")
+        if type(spec) not in MANAGER_FOR_SPEC: refuse(f"specs[{i}]", "one of " + ", ".join(t.__name__ for t in MANAGER_FOR_SPEC), spec, TypeError)
+
+# %% ../../nbs/04a_hybrid.ipynb #dbedfd40
+def _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_len, retention_interval,
+                        max_in_flight_tokens, prefix_match_unit) -> None:
+    "Refuse a configuration the coordinator could not run, naming the argument."
+    _check_specs(specs)
+    check_int("num_blocks", num_blocks, 2); check_int("max_model_len", max_model_len, 1)
+    check_bool("enable_caching", enable_caching); get_hash_fn_by_name(hash_algo)
+    for name, value, low in (("max_in_flight_tokens", max_in_flight_tokens, 1), ("prefix_match_unit", prefix_match_unit, 1),
+                             ("retention_interval", retention_interval, 0)):
+        if value is not None: check_int(name, value, low)
+    scheduler_block_size, _ = resolve_block_sizes([s.block_size for s in specs], enable_caching, prefix_match_unit)
+    if scheduler_block_size > max_model_len:
+        raise ValueError(f"the block sizes {[s.block_size for s in specs]} have lcm {scheduler_block_size} "
+                         f"(the scheduler block size) but max_model_len is {max_model_len}")
+    _check_retention(specs, retention_interval, scheduler_block_size)
+    for i, spec in enumerate(specs):
+        if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != scheduler_block_size and len(specs) > 1:
+            raise ValueError(f"specs[{i}]: a chunked local attention group needs block_size = the lcm of all block "
+                             f"sizes ({scheduler_block_size}), got {spec.block_size} (vLLM asserts this at lookup)")
+
+# %% ../../nbs/04a_hybrid.ipynb #2c9b8f64
+def _check_retention(specs, retention_interval, scheduler_block_size) -> None:
+    "A positive retention interval must be a multiple of the scheduler block size, on a model it can affect."
+    if not retention_interval: return
+    if not any(isinstance(s, SlidingWindowSpec) for s in specs) and not any(type(s).__name__ == "MambaSpec" for s in specs):
+        raise ValueError(f"retention_interval={retention_interval} only affects sliding-window and Mamba groups; this model has none")
+    if retention_interval % scheduler_block_size:
+        raise ValueError(f"retention_interval={retention_interval} must be a multiple of the scheduler block size {scheduler_block_size}")
+
+# %% ../../nbs/04a_hybrid.ipynb #fe11343f
+def _check_request(request) -> None:
+    "Refuse anything but a HybridRequest, and the counts a scheduler sets on it after it is built, naming the field."
+    check_instance("request", request, HybridRequest)
+    for name in ("num_computed_tokens", "shared_prefix_boundary"):  # every prefill and free: the guard only on failure
+        if type(value := getattr(request, name)) is not int or value < 0: check_int(f"request {request.request_id!r}: {name}", value)
+
+# %% ../../nbs/04a_hybrid.ipynb #763f2309
+def _hit_lists(rid: str, new_computed_blocks, num_groups: int) -> list[list[KVCacheBlock]]:
+    "The hit blocks as one list per group (none given: no hits), refusing any other shape by name."
+    if new_computed_blocks is None: return [[] for _ in range(num_groups)]
+    if not isinstance(new_computed_blocks, Sequence) or not all(isinstance(h, Sequence) for h in new_computed_blocks):
+        refuse(f"request {rid!r}: new_computed_blocks", "one list of blocks per group", new_computed_blocks, TypeError)
+    if len(new_computed_blocks) != num_groups:
+        raise ValueError(f"request {rid!r}: new_computed_blocks needs one list per group ({num_groups}), got {len(new_computed_blocks)}")
+    return [list(h) for h in new_computed_blocks]
 
 # %% ../../nbs/04a_hybrid.ipynb #d0c86a1e
 @dataclass(slots=True)
@@ -451,7 +541,7 @@ def split_spec_groups(specs: Sequence) -> list[SpecGroup]:
 # %% ../../nbs/04a_hybrid.ipynb #26f899c8
 def max_admission_blocks_per_request(spec, max_in_flight_tokens: int, max_model_len: int) -> int | None:
     "Most blocks a request of this spec holds at once, for the admission gate; None: no cap (full attention)."
-    _check_count("max_in_flight_tokens", max_in_flight_tokens, 1); _check_count("max_model_len", max_model_len, 1)
+    check_int("max_in_flight_tokens", max_in_flight_tokens, 1); check_int("max_model_len", max_model_len, 1)
     if isinstance(spec, SlidingWindowSpec):
         return cdiv(min(spec.sliding_window - 1 + max_in_flight_tokens, max_model_len), spec.block_size) + 1
     if isinstance(spec, ChunkedLocalAttentionSpec):
@@ -537,52 +627,17 @@ def free(self: HybridKVCacheCoordinator, request_id: str) -> None:
     "Free the request's table in every group, group by group."
     for m in self.single_type_managers: m.free(request_id)
 
-# %% ../../nbs/04a_hybrid.ipynb #dbedfd40
-def _check_manager_args(specs, num_blocks, enable_caching, hash_algo, max_model_len, retention_interval,
-                        max_in_flight_tokens, prefix_match_unit) -> None:
-    "Refuse a configuration the coordinator could not run, naming the argument."
-    _check_specs(specs)
-    _check_count("num_blocks", num_blocks, 2); _check_count("max_model_len", max_model_len, 1)
-    _check_bool("enable_caching", enable_caching); get_hash_fn_by_name(hash_algo)
-    for name, value, low in (("max_in_flight_tokens", max_in_flight_tokens, 1), ("prefix_match_unit", prefix_match_unit, 1),
-                             ("retention_interval", retention_interval, 0)):
-        if value is not None: _check_count(name, value, low)
-    scheduler_block_size, _ = resolve_block_sizes([s.block_size for s in specs], enable_caching, prefix_match_unit)
-    if scheduler_block_size > max_model_len:
-        raise ValueError(f"the block sizes {[s.block_size for s in specs]} have lcm {scheduler_block_size} "
-                         f"(the scheduler block size) but max_model_len is {max_model_len}")
-    _check_retention(specs, retention_interval, scheduler_block_size)
-    for i, spec in enumerate(specs):
-        if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != scheduler_block_size and len(specs) > 1:
-            raise ValueError(f"specs[{i}]: a chunked local attention group needs block_size = the lcm of all block "
-                             f"sizes ({scheduler_block_size}), got {spec.block_size} (vLLM asserts this at lookup)")
-
-# %% ../../nbs/04a_hybrid.ipynb #2c9b8f64
-def _check_retention(specs, retention_interval, scheduler_block_size) -> None:
-    "A positive retention interval must be a multiple of the scheduler block size, on a model it can affect."
-    if not retention_interval: return
-    if not any(isinstance(s, SlidingWindowSpec) for s in specs) and not any(type(s).__name__ == "MambaSpec" for s in specs):
-        raise ValueError(f"retention_interval={retention_interval} only affects sliding-window and Mamba groups; this model has none")
-    if retention_interval % scheduler_block_size:
-        raise ValueError(f"retention_interval={retention_interval} must be a multiple of the scheduler block size {scheduler_block_size}")
-
-# %% ../../nbs/04a_hybrid.ipynb #fe11343f
-def _check_request(request) -> None:
-    "Refuse anything but a HybridRequest, and the counts a scheduler sets on it after it is built, naming the field."
-    if not isinstance(request, HybridRequest): raise TypeError(f"request must be a HybridRequest, got {type(request).__name__}")
-    for name in ("num_computed_tokens", "shared_prefix_boundary"):
-        _check_count(f"request {request.request_id!r}: {name}", getattr(request, name))
-
-# %% ../../nbs/04a_hybrid.ipynb #763f2309
-def _hit_lists(rid: str, new_computed_blocks, num_groups: int) -> list[list[KVCacheBlock]]:
-    "The hit blocks as one list per group (none given: no hits), refusing any other shape by name."
-    if new_computed_blocks is None: return [[] for _ in range(num_groups)]
-    if not isinstance(new_computed_blocks, Sequence) or not all(isinstance(h, Sequence) for h in new_computed_blocks):
-        raise TypeError(f"request {rid!r}: new_computed_blocks must be one list of blocks per group, "
-                        f"got {new_computed_blocks!r:.60}")
-    if len(new_computed_blocks) != num_groups:
-        raise ValueError(f"request {rid!r}: new_computed_blocks needs one list per group ({num_groups}), got {len(new_computed_blocks)}")
-    return [list(h) for h in new_computed_blocks]
+# %% ../../nbs/04a_hybrid.ipynb #5e7d2c27
+@patch
+def cache_blocks_fast(self: HybridKVCacheCoordinator, request: HybridRequest, num_tokens: int) -> None:
+    "`cache_blocks`, returning at once when no group has a newly full block (and none keys a prompt tail)."
+    aligned, rid = num_tokens // self.alignment_tokens * self.alignment_tokens, request.request_id
+    if not self.partial_hash_hits:
+        for m in self.single_type_managers:
+            if aligned // m.block_size > m.num_cached_block.get(rid, 0): break  # a block newly full here
+            if isinstance(m, FullAttentionManager) and m.block_size > self.hash_block_size: break  # a tail, any step
+        else: return
+    self.cache_blocks(request, num_tokens)
 
 # %% ../../nbs/04a_hybrid.ipynb #aa7e0a64
 class HybridKVCacheManager:
@@ -615,7 +670,7 @@ class HybridKVCacheManager:
 @patch
 def get_block_ids(self: HybridKVCacheManager, request_id: str) -> list[list[int]]:
     "The request's block table in each group (0: the null block)."
-    _check_request_id(request_id)
+    check_instance("request_id", request_id, str)
     return [block_ids(m.req_to_blocks.get(request_id, ())) for m in self.coordinator.single_type_managers]
 
 # %% ../../nbs/04a_hybrid.ipynb #6bdc923e
@@ -646,9 +701,10 @@ def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_c
                   full_sequence_must_fit) -> list[list[KVCacheBlock]]:
     "Validate one `allocate_slots` call; the hit blocks, one list per group."
     _check_request(request); KVCacheManager._checked_request(self, request); rid = request.request_id
-    _check_count(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
-    _check_count(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
-    _check_bool("full_sequence_must_fit", full_sequence_must_fit)
+    if not (type(num_new_tokens) is type(num_new_computed_tokens) is int and num_new_tokens >= 1 and num_new_computed_tokens >= 0):
+        check_int(f"request {rid!r}: num_new_tokens", num_new_tokens, 1)
+        check_int(f"request {rid!r}: num_new_computed_tokens", num_new_computed_tokens)
+    check_bool("full_sequence_must_fit", full_sequence_must_fit)
     hits = _hit_lists(rid, new_computed_blocks, self.num_groups)
     for g, group_hits in enumerate(hits): self.block_pool._checked_own(group_hits, f"new_computed_blocks[{g}]")
     held = any(rid in m.req_to_blocks and m.req_to_blocks[rid] for m in self.coordinator.single_type_managers)
@@ -676,6 +732,20 @@ def _check_hits(self: HybridKVCacheManager, request: HybridRequest, hits: list[l
         raise ValueError(f"request {rid!r}: num_new_computed_tokens={num_new_computed_tokens} but the cache holds a "
                          f"hit of {hit_length} tokens for it")
 
+# %% ../../nbs/04a_hybrid.ipynb #5e7d2c21
+@patch
+def _checked_step_fast(self: HybridKVCacheManager, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                       full_sequence_must_fit) -> Sequence[Sequence[KVCacheBlock]]:
+    "`_checked_step`, a step that adopts no hits and fits the request and the model passed in one test."
+    if (new_computed_blocks is None and type(num_new_tokens) is type(num_new_computed_tokens) is int
+            and num_new_tokens >= 1 and num_new_computed_tokens == 0 and type(full_sequence_must_fit) is bool
+            and isinstance(request, HybridRequest) and type(request.num_computed_tokens) is int
+            and 0 <= request.num_computed_tokens and type(request.shared_prefix_boundary) is int
+            and request.shared_prefix_boundary >= 0 and self.live_requests.get(request.request_id, request) is request
+            and request.num_computed_tokens + num_new_tokens <= min(len(request.all_token_ids), self.max_model_len)):
+        return ((),) * self.num_groups  # no hit in any group
+    return self._checked_step(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, full_sequence_must_fit)
+
 # %% ../../nbs/04a_hybrid.ipynb #82a7e4cf
 @patch
 def allocate_slots(self: HybridKVCacheManager, request: HybridRequest,
@@ -685,7 +755,7 @@ def allocate_slots(self: HybridKVCacheManager, request: HybridRequest,
                    full_sequence_must_fit: bool = False,     # admission gate: the whole sequence must fit
                   ) -> list[list[KVCacheBlock]] | None:
     "Grow every group's table for this step; the new blocks per group, or None if they do not fit."
-    hits = self._checked_step(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, full_sequence_must_fit)
+    hits = self._checked_step_fast(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, full_sequence_must_fit)
     coordinator, rid, free = self.coordinator, request.request_id, self.block_pool.get_num_free_blocks
     total_computed = request.num_computed_tokens + num_new_computed_tokens
     if full_sequence_must_fit and coordinator.get_num_blocks_to_allocate(
@@ -701,7 +771,7 @@ def allocate_slots(self: HybridKVCacheManager, request: HybridRequest,
     for m in coordinator.single_type_managers: new_blocks.append(m.allocate_new_blocks(rid, num_tokens))
     if self.enable_caching:
         self._block_hashes(request)
-        coordinator.cache_blocks(request, num_tokens)
+        coordinator.cache_blocks_fast(request, num_tokens)
     return new_blocks
 
 # %% ../../nbs/04a_hybrid.ipynb #78271ff9
@@ -710,7 +780,7 @@ def free(self: HybridKVCacheManager, request: HybridRequest | str) -> None:
     "Release the request's blocks in every group, group by group, each last block first."
     if isinstance(request, Request): _check_request(request); rid = KVCacheManager._checked_request(self, request).request_id
     elif isinstance(request, str): rid = request
-    else: raise TypeError(f"request must be a HybridRequest or a request id (str), got {type(request).__name__}")
+    else: refuse("request", "a HybridRequest or a request id (str)", request, TypeError)
     self.live_requests.pop(rid, None)
     self.coordinator.free(rid)
 
@@ -745,46 +815,11 @@ def take_kv_cache_block_copies(self: HybridKVCacheManager) -> list[tuple[KVCache
     for m in self.coordinator.single_type_managers: m.pending_copies = []
     return copies
 
-# %% ../../nbs/04a_hybrid.ipynb #5e7d2c21
-_checked_step_plain = HybridKVCacheManager._checked_step  # the definition above
-
-@patch
-def _checked_step(self: HybridKVCacheManager, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                  full_sequence_must_fit) -> Sequence[Sequence[KVCacheBlock]]:
-    "Shortcut: a step that adopts no hits and fits the request and the model passes in one test; any other, as above."
-    if (new_computed_blocks is None and type(num_new_tokens) is type(num_new_computed_tokens) is int
-            and num_new_tokens >= 1 and num_new_computed_tokens == 0 and type(full_sequence_must_fit) is bool
-            and isinstance(request, HybridRequest) and type(request.num_computed_tokens) is int
-            and 0 <= request.num_computed_tokens and type(request.shared_prefix_boundary) is int
-            and request.shared_prefix_boundary >= 0 and self.live_requests.get(request.request_id, request) is request
-            and request.num_computed_tokens + num_new_tokens <= min(len(request.all_token_ids), self.max_model_len)):
-        return ((),) * self.num_groups  # no hit in any group
-    return _checked_step_plain(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, full_sequence_must_fit)
-
-# %% ../../nbs/04a_hybrid.ipynb #5e7d2c24
-_remove_skipped_blocks_plain = SingleTypeKVCacheManager.remove_skipped_blocks  # the definition above
-
-@patch
-def remove_skipped_blocks(self: SingleTypeKVCacheManager, request_id: str, num_computed_tokens: int) -> None:
-    "Shortcut: no skipped position, or the last one already null (the walk back would stop at once): nothing to free."
-    table = self.req_to_blocks.get(request_id)
-    num_skipped_blocks = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
-    if not table or num_skipped_blocks <= 0 or table[min(num_skipped_blocks, len(table)) - 1].is_null: return
-    _remove_skipped_blocks_plain(self, request_id, num_computed_tokens)
-
-# %% ../../nbs/04a_hybrid.ipynb #5e7d2c27
-_coordinator_cache_blocks_plain = HybridKVCacheCoordinator.cache_blocks  # the definition above
-
-@patch
-def cache_blocks(self: HybridKVCacheCoordinator, request: HybridRequest, num_tokens: int) -> None:
-    "Shortcut: no group has a newly full block (and no prompt tail to key): nothing to cache; otherwise as above."
-    aligned, rid = num_tokens // self.alignment_tokens * self.alignment_tokens, request.request_id
-    if not self.partial_hash_hits:
-        for m in self.single_type_managers:
-            if aligned // m.block_size > m.num_cached_block.get(rid, 0): break  # a block newly full here
-            if isinstance(m, FullAttentionManager) and m.block_size > self.hash_block_size: break  # a tail, any step
-        else: return
-    _coordinator_cache_blocks_plain(self, request, num_tokens)
+# %% ../../nbs/04a_hybrid.ipynb #fd00b291
+def group_tables_svg(manager: HybridKVCacheManager, request_ids: Sequence[str], box: int = 30) -> str:
+    "Each request's block table in every group, one row per group; the null block grey."
+    names = [f"{type(s).__name__.removesuffix('Spec')} {i}" for i, s in enumerate(manager.coordinator.specs)]
+    return table_rows_svg([(f"{rid} · {names[g]}", ids) for rid in request_ids for g, ids in enumerate(manager.get_block_ids(rid))], box)
 
 # %% ../../nbs/04a_hybrid.ipynb #2f862ca9
 GROUP_KINDS = {"full": (FullAttentionSpec, ()), "sliding_window": (SlidingWindowSpec, ("sliding_window",)),
@@ -807,7 +842,7 @@ def spec_from_group(group: dict, index: int):
     unknown = set(group) - {"kind", "block_size", "num_layers", *extra}
     if unknown: raise ValueError(f"{where} has unknown field {sorted(unknown)[0]!r} for kind {group['kind']!r}")
     try: return cls(group.get("block_size"), *(group.get(k) for k in extra))
-    except ValueError as e: raise ValueError(f"{where}.{e}") from None
+    except (TypeError, ValueError) as e: raise ValueError(f"{where}.{e}") from None
 
 # %% ../../nbs/04a_hybrid.ipynb #75f311b6
 @patch(cls_method=True)
@@ -824,18 +859,3 @@ def from_config(cls: HybridKVCacheManager, config: dict,
                enable_caching=c["enable_caching"], hash_algo=c["hash_algo"], max_model_len=c["max_model_len"],
                retention_interval=c["retention_interval"], max_in_flight_tokens=c["max_in_flight_tokens"],
                prefix_match_unit=c["prefix_match_unit"], enable_kv_cache_events=enable_kv_cache_events)
-
-# %% ../../nbs/04a_hybrid.ipynb #fd00b291
-def group_tables_svg(manager: HybridKVCacheManager, request_ids: Sequence[str], box: int = 30) -> str:
-    "Each request's block table in every group, one row per group; the null block grey."
-    names = [f"{type(s).__name__.removesuffix('Spec')} {i}" for i, s in enumerate(manager.coordinator.specs)]
-    rows = [(f"{rid} · {names[g]}", ids) for rid in request_ids for g, ids in enumerate(manager.get_block_ids(rid))]
-    width, height = 190 + box * max([len(ids) for _, ids in rows] + [1]), 8 + 30 * len(rows)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" font-size="12">']
-    for y, (label, ids) in zip(range(8, height, 30), rows):
-        out.append(f'<text x="4" y="{y + 16}">{escape(label)}</text>')  # request ids may hold < or &
-        for x, b in zip(range(186, width, box), ids):
-            fill = "#ddd" if b == 0 else "#cfe3ff"
-            out.append(f'<rect x="{x}" y="{y}" width="{box - 2}" height="22" fill="{fill}" stroke="#555"/>'
-                       f'<text x="{x + box // 2 - 1}" y="{y + 16}" text-anchor="middle">{b}</text>')
-    return "\n".join(out + ["</svg>"])

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 import numpy as np
 from fastcore.basics import patch
-from .free_queue import KVCacheBlock, block_ids, _check_bool, _check_count, _checked_blocks
+from .free_queue import KVCacheBlock, block_ids, _checked_blocks
+from ..guards import check_bool, check_int
 from .block_pool import BlockPool, KVCacheEvent
 from .hashing import (LoRARequest, MultiModalItem, get_hash_fn_by_name, hash_request_tokens, init_none_hash,
                            _checked_mm_items, _checked_tokens, _extra_keys_per_block, _hash_pickled_blocks,
@@ -39,8 +40,8 @@ def _checked_token_ids(token_ids: Sequence[int], name: str) -> list[int]:
 def _check_request_fields(request: Request) -> None:
     "Refuse an empty prompt, a computed count outside it, and a salt, adapter or items that could not be hashed."
     if not request.all_token_ids: raise ValueError("empty prompt: a request needs at least one token")
-    _check_count("num_computed_tokens", request.num_computed_tokens)
-    _check_count("num_output_placeholders", request.num_output_placeholders)
+    check_int("num_computed_tokens", request.num_computed_tokens)
+    check_int("num_output_placeholders", request.num_output_placeholders)
     if request.num_computed_tokens > len(request.all_token_ids):
         raise ValueError(f"num_computed_tokens={request.num_computed_tokens} but the prompt has {len(request.all_token_ids)} tokens")
     if request.cache_salt is not None and not isinstance(request.cache_salt, str):
@@ -97,10 +98,10 @@ def _check_config(behavior, block_size, max_model_len, num_preallocate_tokens, h
                   **flags) -> None:
     "Refuse a configuration the manager could not run, naming the argument."
     if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
-    _check_count("block_size", block_size, 1)
-    _check_count("num_preallocate_tokens", num_preallocate_tokens)
-    if max_model_len is not None: _check_count("max_model_len", max_model_len, 1)
-    for name, flag in flags.items(): _check_bool(name, flag)
+    check_int("block_size", block_size, 1)
+    check_int("num_preallocate_tokens", num_preallocate_tokens)
+    if max_model_len is not None: check_int("max_model_len", max_model_len, 1)
+    for name, flag in flags.items(): check_bool(name, flag)
     if num_preallocate_tokens and behavior == "vllm_0_33":
         raise ValueError("num_preallocate_tokens is a design_doc feature; vLLM 0.33 does not preallocate")
     get_hash_fn_by_name(hash_algo)  # fail early on an unknown algorithm
@@ -110,7 +111,7 @@ def cdiv(a: int, b: int) -> int:
     "Ceiling division: blocks needed for `a` tokens at `b` tokens per block."
     if type(a) is not int or type(b) is not int or b < 1:  # one cheap test on the hot path; a bool is not a count
         if type(a) is not int: raise TypeError(f"cdiv: a must be an int, got {a!r}")
-        _check_count("cdiv: b", b, 1)
+        check_int("cdiv: b", b, 1)
     return -(-a // b)
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #766aa1f5
@@ -236,7 +237,7 @@ def _full_sequence_refused(self: KVCacheManager, request: Request, table: list[K
 def _check_load_arguments(delay_cache_blocks: bool, reserved_blocks: int) -> None:
     "Refuse bad KV-connector arguments: `delay_cache_blocks` (cache nothing: a load will fill the blocks) and `reserved_blocks`."
     if type(delay_cache_blocks) is not bool: raise TypeError(f"delay_cache_blocks must be a bool, got {delay_cache_blocks!r}")
-    _check_count("reserved_blocks", reserved_blocks)
+    check_int("reserved_blocks", reserved_blocks)
 
 # %% ../../nbs/04_kv_cache_manager.ipynb #7af1a3ce
 @patch
@@ -307,7 +308,7 @@ def _checked_step(self: KVCacheManager, request: Request, num_new_tokens: int, n
     if not (type(num_new_tokens) is type(num_new_computed_tokens) is type(num_lookahead_tokens) is int
             and num_new_tokens > 0 and num_new_computed_tokens >= 0 and num_lookahead_tokens >= 0):  # one cheap test
         for name, value in (("num_new_tokens", num_new_tokens), ("num_new_computed_tokens", num_new_computed_tokens),
-                            ("num_lookahead_tokens", num_lookahead_tokens)): _check_count(f"request {rid!r}: {name}", value)
+                            ("num_lookahead_tokens", num_lookahead_tokens)): check_int(f"request {rid!r}: {name}", value)
         raise ValueError(f"request {rid!r}: num_new_tokens must be > 0; vLLM refuses a step with nothing to compute")
     if num_new_computed_tokens != len(hits) * self.block_size:
         raise ValueError(f"request {rid!r}: num_new_computed_tokens={num_new_computed_tokens} but "
@@ -445,7 +446,7 @@ def _update_block_hashes(request: Request, block_size: int, hash_algo: str) -> l
 def update_block_hashes(request: Request, block_size: int, hash_algo: str) -> list[bytes]:
     "`update_block_hashes` as defined above, faster: the request's checks trusted, a long prompt cut from its pickle."
     if not isinstance(request, Request): raise TypeError(f"request must be a Request, got {type(request).__name__}")
-    _check_count("block_size", block_size, 1)
+    check_int("block_size", block_size, 1)
     get_hash_fn_by_name(hash_algo)
     return _update_block_hashes(request, block_size, hash_algo)
 
@@ -461,7 +462,7 @@ def cache_blocks(self: KVCacheManager, request: Request, num_computed_tokens: in
     "Cache the live request's blocks that `num_computed_tokens` of its known tokens fill (vLLM's `cache_blocks`)."
     rid = self._checked_request(request).request_id
     if self.live_requests.get(rid) is not request: raise ValueError(f"request {rid!r} holds no blocks")
-    _check_count(f"request {rid!r}: num_computed_tokens", num_computed_tokens)
+    check_int(f"request {rid!r}: num_computed_tokens", num_computed_tokens)
     num_full = min(num_computed_tokens, len(request.all_token_ids), len(self.req_to_blocks[rid]) * self.block_size) // self.block_size
     if self.enable_caching and num_full > self.num_cached_block.get(rid, 0): self._cache_blocks(request, num_full)
 

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 from fastcore.basics import patch
 from fastcore.test import test_eq, test_fail
-from .free_queue import KVCacheBlock, _check_count
+from ..guards import check_instance, check_int
+from .free_queue import KVCacheBlock
 from .block_pool import BlockPool
 from .kv_cache_manager import cdiv
 from .hybrid import (GROUP_KINDS, MANAGER_FOR_SPEC, FullAttentionSpec, HybridKVCacheCoordinator,
-                          HybridKVCacheManager, HybridRequest, SingleTypeKVCacheManager, _check_request,
+                          HybridKVCacheManager, HybridRequest, SingleTypeKVCacheManager,
                           get_cached_blocks, hash_with_group_id)
 
 # %% auto #0
@@ -29,8 +30,8 @@ class MambaSpec:
     checkpoint_alignment: int | None = None   # the in-pass prefill checkpoint's alignment; None: the mixer saves none
     mamba_cache_mode: str | None = "align"    # vLLM's `mamba_cache_mode`; None: unset, the engine picks "align"
     def __post_init__(self):
-        _check_count("block_size", self.block_size, 1)
-        if self.checkpoint_alignment is not None: _check_count("checkpoint_alignment", self.checkpoint_alignment, 1)
+        check_int("block_size", self.block_size, 1)
+        if self.checkpoint_alignment is not None: check_int("checkpoint_alignment", self.checkpoint_alignment, 1)
         if self.mamba_cache_mode is None: object.__setattr__(self, "mamba_cache_mode", "align")
         if self.mamba_cache_mode != "align":
             raise ValueError(f"mamba_cache_mode must be 'align' (the mode prefix caching runs Mamba groups in), got {self.mamba_cache_mode!r}")
@@ -79,7 +80,7 @@ _allocate_slots = HybridKVCacheManager.allocate_slots
 @patch
 def allocate_slots(self: HybridKVCacheManager, request: HybridRequest, *args, **kwargs):
     "The previous chapter's `allocate_slots`, each Mamba group told where the request's prefill ends (vLLM's `prefill_end`) for the call."
-    _check_request(request)
+    check_instance("request", request, HybridRequest)
     mamba = [m for m in self.coordinator.single_type_managers if isinstance(m, MambaManager)]
     prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1) if self.coordinator.retention_interval == 0 else 0
     for m in mamba: m.prefill_end = prefill_end

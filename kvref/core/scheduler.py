@@ -13,24 +13,23 @@ from enum import Enum
 from pathlib import Path
 from fastcore.basics import patch
 from .hashing import LoRARequest
-from ..pictures import EVICTED, FONT_SIZE, HIT, NEW
+from ..pictures import EVICTED, FONT_SIZE, HIT, NEW, chart_svg
 from .kv_cache_manager import KVCacheManager, Request
 from ..oracle.replay import replay
-from ..oracle.workloads import RequestSpec, Workload, _checked
+from ..guards import check_bool, check_choice, check_instance, check_int, refuse
+from ..oracle.workloads import RequestSpec, Workload
 
 # %% auto #0
 __all__ = ['CONNECTOR_FIELDS', 'FakeModel', 'RequestStatus', 'SchedulerRequest', 'SchedulerOutput', 'PrefixCacheStats',
-           'SchedulerConfig', 'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'schedule_svg', 'SchedulerRun',
-           'run_workload', 'load_workloads']
+           'SchedulerConfig', 'FCFSRequestQueue', 'PriorityRequestQueue', 'Scheduler', 'schedule_svg',
+           'tokens_per_step_svg', 'SchedulerRun', 'run_workload', 'load_workloads']
 
 # %% ../../nbs/06_scheduler.ipynb #2bcbfa12
 class FakeModel:
     "Stands in for the forward pass: the next token is a seeded hash of the request's recent tokens."
     def __init__(self, seed: int = 0,  # different seeds, different 'models'
                  vocab_size: int = 1000):  # tokens are drawn from range(vocab_size)
-        if type(seed) is not int: raise TypeError(f"seed must be an int, got {seed!r}")
-        if type(vocab_size) is not int or vocab_size < 1: raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
-        self.seed, self.vocab_size = seed, vocab_size
+        self.seed, self.vocab_size = check_int("seed", seed, None), check_int("vocab_size", vocab_size, 1)
 
     def next_token(self, token_ids: list[int]) -> int:
         "The token this model emits after `token_ids` (it reads their count and the last eight)."
@@ -61,9 +60,9 @@ class SchedulerRequest:
     num_preemptions: int = 0
     num_in_flight_tokens: int = 0  # scheduled tokens whose step's output is not processed yet
     num_stale_output_tokens: int = 0  # of those, scheduled before a preemption: their token still comes (async)
+    request_id: str = field(init=False)  # the request's id, kept at hand: read several times a step
 
-    @property
-    def request_id(self) -> str: return self.request.request_id
+    def __post_init__(self): self.request_id = check_instance("request", self.request, Request).request_id
 
 # %% ../../nbs/06_scheduler.ipynb #bbd6bac1
 @dataclass
@@ -132,9 +131,7 @@ class PrefixCacheStats:
 @patch
 def record(self: PrefixCacheStats, num_tokens: int, num_hits: int, preempted: bool) -> None:
     "Count one admission (hits are at most the tokens queried)."
-    if type(num_tokens) is not int or type(num_hits) is not int or not 0 <= num_hits <= num_tokens:
-        raise ValueError(f"need ints 0 <= num_hits <= num_tokens, got num_hits={num_hits!r:.20}, num_tokens={num_tokens!r:.20}")
-    if type(preempted) is not bool: raise TypeError(f"preempted must be a bool, got {preempted!r:.20}")
+    check_int("num_tokens", num_tokens); check_int("num_hits", num_hits, 0, num_tokens); check_bool("preempted", preempted)
     if preempted: self.preempted_requests += 1; self.preempted_queries += num_tokens; self.preempted_hits += num_hits
     else: self.requests += 1; self.queries += num_tokens; self.hits += num_hits
 
@@ -154,27 +151,17 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = True  # admit a request only if its whole prompt's blocks are free
     async_scheduling: bool = False  # schedule step t+1 before step t's output is processed
 
-
-    def __post_init__(self): self._check()
-
-# %% ../../nbs/06_scheduler.ipynb #ae657512
-@patch
-def _check(self: SchedulerConfig) -> None:
-    "Raise a named error for the first bad setting."
-    for name in ("max_num_batched_tokens", "max_num_seqs"):
-        value = getattr(self, name)
-        if type(value) is not int or value < 1: raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if self.policy not in ("fcfs", "priority"): raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-    value = self.long_prefill_token_threshold
-    if type(value) is not int or value < 0: raise ValueError(f"long_prefill_token_threshold must be an int >= 0, got {value!r}")
-    for name in ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling"):
-        if type(getattr(self, name)) is not bool: raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+    def __post_init__(self):  # each setting refused by name (kvref.guards)
+        for name in ("max_num_batched_tokens", "max_num_seqs"): check_int(name, getattr(self, name), 1)
+        check_choice("policy", self.policy, ("fcfs", "priority"))
+        check_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
+        for name in ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling"): check_bool(name, getattr(self, name))
 
 # %% ../../nbs/06_scheduler.ipynb #4bb6ba30
 @patch(cls_method=True)
 def of(cls: SchedulerConfig, settings: dict, strict: bool = False) -> SchedulerConfig:
     "The config with `settings`' known keys over vLLM's defaults (`strict`: refuse unknown keys, by name)."
-    if not isinstance(settings, dict): raise TypeError(f"scheduler settings must be a dict, got {type(settings).__name__}")
+    check_instance("scheduler settings", settings, dict)
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(settings) - names)
     if strict and unknown: raise ValueError(f"unknown scheduler setting {unknown[0]!r}; known: {', '.join(sorted(names))}")
@@ -210,25 +197,51 @@ class PriorityRequestQueue:
     def __len__(self) -> int: return len(self._heap)
     def __iter__(self): return (req for _, req in sorted(self._heap, key=lambda e: e[0]))
 
+# %% ../../nbs/06_scheduler.ipynb #43ea61d7
+def _check_arguments(kv_cache_manager, config, model, record_decisions, record_trace) -> None:
+    "Refuse, by name, the first bad `Scheduler` argument (the knobs check themselves in `SchedulerConfig`)."
+    check_instance("kv_cache_manager", kv_cache_manager, KVCacheManager)
+    if config is not None: check_instance("config", config, SchedulerConfig, "a SchedulerConfig or None")
+    if model is not None and not callable(getattr(model, "next_token", None)):
+        refuse("model", "an object with a next_token(token_ids) method", model, TypeError)
+    check_bool("record_decisions", record_decisions); check_bool("record_trace", record_trace)
+    if record_decisions and not record_trace: raise ValueError("record_decisions needs record_trace")
+
+# %% ../../nbs/06_scheduler.ipynb #d994ddaa
+def _checked_request(spec: RequestSpec, max_tokens: int | None) -> SchedulerRequest:
+    "The `SchedulerRequest` for a checked `spec`, not yet queued (`max_tokens` given: the model writes every token)."
+    check_instance("spec", spec, RequestSpec).check()
+    num = max_tokens if max_tokens is not None else spec.max_tokens if spec.max_tokens is not None else len(spec.output)
+    script = list(spec.output) if max_tokens is None and spec.output else None
+    lora = LoRARequest(spec.lora["name"], spec.lora["path"]) if spec.lora else None
+    return SchedulerRequest(Request(spec.id, list(spec.prompt), cache_salt=spec.cache_salt, lora_request=lora),
+                            num, script, spec.priority)
+
+# %% ../../nbs/06_scheduler.ipynb #1ccf411b
+def _check_new(scheduler: Scheduler, req: SchedulerRequest) -> None:
+    "Refuse, by name, a request `scheduler` cannot queue (its `max_tokens` checked here, whoever built it)."
+    check_instance("req", req, SchedulerRequest)
+    rid, limit, n = req.request_id, scheduler.kv.max_model_len, req.request.num_tokens
+    if rid in scheduler.requests or rid in scheduler.finished: raise ValueError(f"request {rid!r} was already added")
+    if limit is not None and n >= limit:  # vLLM's input processor: the prompt plus at least one output token must fit
+        raise ValueError(f"request {rid!r} has {n} prompt tokens but max_model_len is {limit}: no room for an output token")
+    check_int(f"request {rid!r}: max_tokens", req.max_tokens, 1)
+    if req.status is not RequestStatus.WAITING or req.output or req.request.num_computed_tokens:
+        raise ValueError(f"request {rid!r} has already run")
+
+# %% ../../nbs/06_scheduler.ipynb #744a321d
+def _check_offload(offload, config: SchedulerConfig, record_trace: bool) -> None:
+    "Refuse, by name, a CPU offload tier this scheduler cannot take."
+    if not callable(getattr(offload, "connector", None)): refuse("offload", "a kvref.kv_offload.OffloadConfig", offload, TypeError)
+    if record_trace or config.async_scheduling:
+        raise ValueError("offload needs record_trace=False and sync scheduling: an allocator trace has no CPU loads")
+
 # %% ../../nbs/06_scheduler.ipynb #a8dd6bfc
 def _config_op(kv: KVCacheManager) -> dict:
     "The trace's first op: the one that recreates `kv` on replay."
     return {"op": "config", "num_blocks": kv.block_pool.num_blocks, "block_size": kv.block_size,
             "enable_caching": kv.enable_caching, "hash_algo": kv.hash_algo,
             **({"max_model_len": kv.max_model_len} if kv.max_model_len is not None else {})}
-
-# %% ../../nbs/06_scheduler.ipynb #43ea61d7
-def _check_arguments(kv_cache_manager, config, model, record_decisions, record_trace) -> None:
-    "Raise a named error for the first bad `Scheduler` argument (the knobs check themselves in `SchedulerConfig`)."
-    if not isinstance(kv_cache_manager, KVCacheManager):
-        raise TypeError(f"kv_cache_manager must be a KVCacheManager, got {type(kv_cache_manager).__name__}")
-    if config is not None and not isinstance(config, SchedulerConfig):
-        raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
-    if model is not None and not callable(getattr(model, "next_token", None)):
-        raise TypeError(f"model must have a next_token(token_ids) method, got {type(model).__name__}")
-    for name, value in (("record_decisions", record_decisions), ("record_trace", record_trace)):
-        if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
-    if record_decisions and not record_trace: raise ValueError("record_decisions needs record_trace")
 
 # %% ../../nbs/06_scheduler.ipynb #30ea4b55
 class Scheduler:
@@ -268,20 +281,11 @@ def max_num_seqs(self: Scheduler) -> int: return self.config.max_num_seqs
 @patch(as_prop=True)
 def policy(self: Scheduler) -> str: return self.config.policy
 
-# %% ../../nbs/06_scheduler.ipynb #744a321d
-@patch
-def _check_offload(self: Scheduler, offload) -> None:
-    "Refuse, by name, a tier this scheduler cannot take."
-    if not callable(getattr(offload, "connector", None)):
-        raise TypeError(f"offload must be a kvref.kv_offload.OffloadConfig, got {type(offload).__name__}")
-    if self.record_trace or self.config.async_scheduling:
-        raise ValueError("offload needs record_trace=False and sync scheduling: an allocator trace has no CPU loads")
-
 # %% ../../nbs/06_scheduler.ipynb #8d16e4d0
 @patch
 def _init_connector(self: Scheduler, offload) -> None:
     "vLLM's KV-connector state: no connector, or the one `offload.connector(kv)` builds (chapter 06d)."
-    if offload is not None: self._check_offload(offload)
+    if offload is not None: _check_offload(offload, self.config, self.record_trace)
     self.connector = offload.connector(self.kv) if offload is not None else None
     self.kv_holding_waiting = PriorityRequestQueue() if self.config.policy == "priority" else FCFSRequestQueue()
     self.deferred_waiting: set[SchedulerRequest] = set()  # skipped at least once, not yet admitted
@@ -304,38 +308,11 @@ def decisions(self: Scheduler) -> list[dict]:
     "Each op's decision, made by the one trace driver: the replay of the recorded trace."
     return list(replay(self.trace, self.kv.behavior))
 
-# %% ../../nbs/06_scheduler.ipynb #d994ddaa
-@patch
-def _checked_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None) -> SchedulerRequest:
-    "The `SchedulerRequest` for a checked `spec`, not yet queued (`max_tokens` given: the model writes every token)."
-    if not isinstance(spec, RequestSpec): raise TypeError(f"add_request takes a RequestSpec, got {type(spec).__name__}")
-    spec.check()
-    num = max_tokens if max_tokens is not None else spec.max_tokens if spec.max_tokens is not None else len(spec.output)
-    if type(num) is not int: raise TypeError(f"request {spec.id!r}: max_tokens must be an int, got {num!r}")
-    script = list(spec.output) if max_tokens is None and spec.output else None
-    lora = LoRARequest(spec.lora["name"], spec.lora["path"]) if spec.lora else None
-    return SchedulerRequest(Request(spec.id, list(spec.prompt), cache_salt=spec.cache_salt, lora_request=lora),
-                            num, script, spec.priority)
-
-# %% ../../nbs/06_scheduler.ipynb #1ccf411b
-@patch
-def _check_new(self: Scheduler, req: SchedulerRequest) -> None:
-    "Refuse, by name, a request that cannot be queued."
-    if not isinstance(req, SchedulerRequest): raise TypeError(f"queue takes a SchedulerRequest, got {type(req).__name__}")
-    rid, limit, n = req.request_id, self.kv.max_model_len, req.request.num_tokens
-    if rid in self.requests or rid in self.finished: raise ValueError(f"request {rid!r} was already added")
-    if limit is not None and n >= limit:  # vLLM's input processor: the prompt plus at least one output token must fit
-        raise ValueError(f"request {rid!r} has {n} prompt tokens but max_model_len is {limit}: no room for an output token")
-    if type(req.max_tokens) is not int or req.max_tokens < 1:
-        raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {req.max_tokens!r}")
-    if req.status is not RequestStatus.WAITING or req.output or req.request.num_computed_tokens:
-        raise ValueError(f"request {rid!r} has already run")
-
 # %% ../../nbs/06_scheduler.ipynb #0acf23e3
 @patch
 def queue(self: Scheduler, req: SchedulerRequest) -> SchedulerRequest:
     "Queue a built request; refused by name, nothing changed."
-    self._check_new(req)
+    _check_new(self, req)
     req.arrival, self.num_arrived = self.num_arrived, self.num_arrived + 1
     self.requests[req.request_id] = req; self.waiting.add_request(req); self.arrived.append(req.request_id)
     if self.connector is not None: self.connector.on_new_request(req)
@@ -349,7 +326,7 @@ def queue(self: Scheduler, req: SchedulerRequest) -> SchedulerRequest:
 @patch
 def add_request(self: Scheduler, spec: RequestSpec, max_tokens: int | None = None) -> SchedulerRequest:
     "Queue a request; it stops after `max_tokens` or its scripted output."
-    return self.queue(self._checked_request(spec, max_tokens))
+    return self.queue(_checked_request(spec, max_tokens))
 
 # %% ../../nbs/06_scheduler.ipynb #c998f24e
 @patch
@@ -568,7 +545,7 @@ def _take_token(self: Scheduler, req: SchedulerRequest, token: int, stale: bool,
     "Append one sampled token; resolve a placeholder (caching the block it fills); finish the request if it is done."
     r, was_running, had_placeholder = req.request, req.status is RequestStatus.RUNNING, req.request.num_output_placeholders > 0
     req.output.append(token); r.append_output_token_ids(token); into.tokens[req.request_id] = token
-    self._emit({"op": "append", "id": req.request_id, "tokens": [token]})
+    if self.record_trace: self._emit({"op": "append", "id": req.request_id, "tokens": [token]})  # no op built for a long replay
     if had_placeholder and not stale:
         r.num_output_placeholders -= 1
         if was_running: self.kv.cache_blocks(r, r.num_computed_tokens - req.num_in_flight_tokens)
@@ -579,7 +556,7 @@ def _take_token(self: Scheduler, req: SchedulerRequest, token: int, stale: bool,
 @patch
 def update_from_output(self: Scheduler, out: SchedulerOutput, into: SchedulerOutput | None = None) -> SchedulerOutput:
     "Process step `out`'s model run: one token per sampling request, finishes; recorded in `into` (default `out`)."
-    if not isinstance(out, SchedulerOutput): raise TypeError(f"update_from_output takes a SchedulerOutput, got {type(out).__name__}")
+    check_instance("out", out, SchedulerOutput)
     into = out if into is None else into
     if self.config.async_scheduling: sampling = [self.requests[rid] for rid in out.samples if rid in self.requests]
     else: sampling = [r for r in self.running if r.request.num_computed_tokens == r.request.num_tokens]  # owed ones too
@@ -642,8 +619,7 @@ def busy(self: Scheduler) -> bool:
 @patch
 def reset_prefix_cache(self: Scheduler, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
     "vLLM's reset: optionally preempt every running request first, forget the GPU prefix cache, optionally the connector's."
-    for name, value in (("reset_running_requests", reset_running_requests), ("reset_connector", reset_connector)):
-        if type(value) is not bool: raise TypeError(f"{name} must be a bool, got {value!r}")
+    check_bool("reset_running_requests", reset_running_requests); check_bool("reset_connector", reset_connector)
     while reset_running_requests and self.running:
         req = self.running[-1]; self._preempt(req); self._reset_preempted.append(req.request_id)
     ok = self.kv.reset_prefix_cache(); self._gpu_reset |= ok
@@ -694,6 +670,16 @@ def schedule_svg(records: list[dict],  # step records (`SchedulerOutput.record()
     with matplotlib.rc_context({"svg.hashsalt": "kvref", "svg.fonttype": "none"}): fig.savefig(buf, format="svg", metadata={"Date": None})
     return buf.getvalue()
 
+# %% ../../nbs/06_scheduler.ipynb #723efc51
+def tokens_per_step_svg(records: list[dict],  # step records (`SchedulerOutput.record()`, or a recorded vLLM run)
+                        budget: int | None = None,  # `max_num_batched_tokens`: each step is labelled "used of budget"
+                        title: str = "") -> str:
+    "Tokens scheduled per request per step: a group of bars per step, a colour per request (an SVG document); needs matplotlib."
+    per_step = [{rid: n for rid, n, *_ in r["sched"]} for r in records]
+    rids = list(dict.fromkeys(rid for step in per_step for rid in step))
+    steps = [f"step {r['step']}\n{sum(s.values())}" + (f" of {budget}" if budget else "") for r, s in zip(records, per_step)]
+    return chart_svg({rid: [s.get(rid, 0) for s in per_step] for rid in rids}, steps, title=title, ylabel="tokens", kind="bars")
+
 # %% ../../nbs/06_scheduler.ipynb #992e3588
 @patch
 def _has_room(self: Scheduler, request: Request, num_new: int) -> bool:
@@ -731,7 +717,7 @@ def _manager_for(workload: Workload, behavior: str) -> KVCacheManager:
 def skip_to(self: Scheduler, step: int) -> None:
     "An idle engine does not step: move the step counter on to `step` (nothing live; never backwards)."
     if self.busy: raise ValueError(f"skip_to needs an idle scheduler, but {len(self.requests)} requests are live")
-    if type(step) is not int or step < self.num_steps: raise ValueError(f"skip_to: step must be an int >= {self.num_steps}, got {step!r}")
+    check_int("step", step, self.num_steps)
     self.num_steps = step
 
 # %% ../../nbs/06_scheduler.ipynb #0837d5c6
@@ -770,9 +756,8 @@ def run_workload(workload: Workload,  # requests, pool sizes, and optionally sch
                  **settings,  # `SchedulerConfig` fields over the others, e.g. `max_num_batched_tokens=32`
                  ) -> SchedulerRun:
     "Serve `workload` to completion in vLLM's engine loop (arrivals by step, `after` plus think time, idle jumps)."
-    if type(max_steps) is not int or max_steps < 1: raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
-    workload = _checked(workload)
-    if config is not None and not isinstance(config, SchedulerConfig): raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+    check_int("max_steps", max_steps, 1); workload = check_instance("workload", workload, Workload).check()
+    if config is not None: check_instance("config", config, SchedulerConfig, "a SchedulerConfig or None")
     config = SchedulerConfig.of({**asdict(config or SchedulerConfig.of(workload.config)), **settings}, strict=True)
     s = Scheduler(_manager_for(workload, behavior), config, model or FakeModel(workload.config.get("model_seed", 0)),
                   record_trace=not config.async_scheduling and offload is None and advance is None, offload=offload)

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from fastcore.basics import patch
 from ..core import block_pool
 from ..core.hashing import LoRARequest, MultiModalItem, block_hash_to_int64, hash_request_tokens
+from ..guards import check_choice, check_int
 
 # %% auto #0
 __all__ = ['MEDIUM_GPU', 'HASH_FORMS', 'ExternalBlockHash', 'KVCacheEvent', 'EVENT_TYPES', 'WIRE_SCHEMA', 'WIRE_CLASSES',
@@ -89,16 +90,12 @@ class WireSchema:
 def _names(cls: type) -> tuple[str, ...]: return tuple(f.name for f in fields(cls))
 WIRE_SCHEMA = WireSchema("0.33.0", _names(BlockStored), _names(BlockRemoved), _names(KVEventBatch), events_as_arrays=False)
 
-# %% ../../nbs/03a_kv_events.ipynb #f58f9026
-def _check_hash_form(hash_form: str) -> None:
-    if hash_form not in HASH_FORMS: raise ValueError(f"hash_form must be one of {HASH_FORMS}, got {hash_form!r}")
-
 # %% ../../nbs/03a_kv_events.ipynb #73db5528
 def external_block_hash(digest: bytes,           # a block hash digest from the pool
                         hash_form: str = "int",  # "int" (vLLM's default) or "bytes"
                        ) -> ExternalBlockHash:
     "The block hash as vLLM's events carry it: the digest's last 8 bytes as an unsigned int, or the digest."
-    _check_hash_form(hash_form)
+    check_choice("hash_form", hash_form, HASH_FORMS)
     return block_hash_to_int64(digest) if hash_form == "int" else bytes(digest)
 
 # %% ../../nbs/03a_kv_events.ipynb #cd87c145
@@ -146,7 +143,7 @@ def wire_events(events: Sequence[block_pool.KVCacheEvent],  # from `BlockPool.ta
                 build: dict[type, type] = WIRE_CLASSES,      # wire class -> class to build (see `wire_batch_fast`)
                ) -> list[KVCacheEvent]:
     "The events vLLM would publish for these pool events, in order."
-    _check_hash_form(hash_form)
+    check_choice("hash_form", hash_form, HASH_FORMS)
     if isinstance(events, (str, bytes, dict)) or not hasattr(events, "__iter__"):
         raise TypeError(f"events must be a list of block pool events, got {type(events).__name__}")
     lora_ids = {} if lora_ids is None else lora_ids
@@ -161,19 +158,21 @@ def wire_events(events: Sequence[block_pool.KVCacheEvent],  # from `BlockPool.ta
     return out
 
 # %% ../../nbs/03a_kv_events.ipynb #cc93d876
-def _jsonable(value):
-    if isinstance(value, bytes): return value.hex()
-    if isinstance(value, (list, tuple)): return [_jsonable(v) for v in value]
-    return value
-
 def event_to_json(event: KVCacheEvent, schema: WireSchema = WIRE_SCHEMA) -> dict:
     "The event as the recordings write it: `type`, then every field (that `schema`'s release has), bytes as hex."
     return {"type": type(event).__name__, **{name: _jsonable(getattr(event, name)) for name in schema.names(type(event))}}
 
+# %% ../../nbs/03a_kv_events.ipynb #e30a034e
+def _jsonable(value):
+    "`value` with bytes as lowercase hex, lists and tuples as lists (recursively): what JSON can hold."
+    if isinstance(value, bytes): return value.hex()
+    if isinstance(value, (list, tuple)): return [_jsonable(v) for v in value]
+    return value
+
 # %% ../../nbs/03a_kv_events.ipynb #a0be30a8
 def event_from_json(obj: dict, hash_form: str = "int") -> KVCacheEvent:
     "The event a recording's JSON object describes (hashes read as hex in the bytes form)."
-    _check_hash_form(hash_form)
+    check_choice("hash_form", hash_form, HASH_FORMS)
     if not isinstance(obj, dict) or obj.get("type") not in EVENT_TYPES:
         raise ValueError(f"an event must be an object whose type is one of {', '.join(EVENT_TYPES)}, got {obj!r}")
     cls = EVENT_TYPES[obj["type"]]
@@ -425,7 +424,7 @@ def decode_batch(payload: bytes,         # msgpack bytes of one published batch
                  schema: WireSchema | None = None,  # the sending release's layout, enforced; None: 0.33's, extra fields ignored
                 ) -> KVEventBatch:
     "The `KVEventBatch` in `payload`, every field checked; ValueError naming the batch, event and field."
-    _check_hash_form(hash_form)
+    check_choice("hash_form", hash_form, HASH_FORMS)
     if schema is not None and type(schema) is not WireSchema: raise TypeError(f"schema must be a WireSchema or None, got {type(schema).__name__}")
     if not isinstance(payload, (bytes, bytearray)): raise TypeError(f"{where}: payload must be bytes, got {type(payload).__name__}")
     try: obj, end = _unpack(bytes(payload), 0)
@@ -452,9 +451,9 @@ class KVIndex:
                  hash_algo: str = "sha256",         # the engines' block hash algorithm
                  hash_form: str = "int",            # see `HASH_FORMS`
                  seed: str | None = None):          # NONE_HASH seed (see `init_none_hash`)
-        _check_hash_form(hash_form)
+        check_choice("hash_form", hash_form, HASH_FORMS)
         if seed is not None and not isinstance(seed, str): raise TypeError(f"seed must be a string or None, got {seed!r}")
-        if type(block_size) is not int or block_size < 1: raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        check_int("block_size", block_size, 1)
         hash_request_tokens([], block_size, hash_algo, seed=seed)  # checks the algorithm and seed
         self.block_size, self.hash_algo, self.hash_form, self.seed = block_size, hash_algo, hash_form, seed
         self.engines: dict[Engine, dict[ExternalBlockHash, int]] = {}

@@ -12,22 +12,23 @@ import importlib
 import torch
 
 from .reference import (PAD_SLOT_ID, KV_CACHE_LAYOUTS, SUPPORTED_DTYPES, AttentionShape,
-                                     attention_mask, check_attention_inputs, check_cache_write_inputs,
-                                     compute_slot_mapping, gather_kv, kv_cache_shape, page_kv,
-                                     paged_attention_ref, random_paged_batch, reshape_and_cache_ref,
-                                     split_kv_cache)
+                                     attention_mask, block_table_svg, check_attention_inputs,
+                                     check_attention_options, check_cache_write_inputs, compute_slot_mapping,
+                                     dense_attention, gather_kv, kv_cache_shape, page_kv, paged_attention_ref,
+                                     random_paged_batch, reshape_and_cache_ref, split_kv_cache)
 
 # %% auto #0
 __all__ = ['ATTENTION_TOLERANCES', 'TRITON_KERNELS', 'assert_attention_close', 'triton_available', 'PAD_SLOT_ID',
-           'KV_CACHE_LAYOUTS', 'SUPPORTED_DTYPES', 'AttentionShape', 'attention_mask', 'check_attention_inputs',
-           'check_cache_write_inputs', 'compute_slot_mapping', 'gather_kv', 'kv_cache_shape', 'page_kv',
-           'paged_attention_ref', 'random_paged_batch', 'reshape_and_cache_ref', 'split_kv_cache']
+           'KV_CACHE_LAYOUTS', 'SUPPORTED_DTYPES', 'AttentionShape', 'attention_mask', 'block_table_svg',
+           'check_attention_inputs', 'check_attention_options', 'check_cache_write_inputs', 'compute_slot_mapping',
+           'dense_attention', 'gather_kv', 'kv_cache_shape', 'page_kv', 'paged_attention_ref', 'random_paged_batch',
+           'reshape_and_cache_ref', 'split_kv_cache']
 
 # %% ../../nbs/11b_kernel_oracle.ipynb #6b7c8d01
 _all_ = ["PAD_SLOT_ID", "KV_CACHE_LAYOUTS", "SUPPORTED_DTYPES", "AttentionShape", "attention_mask",
-         "check_attention_inputs", "check_cache_write_inputs", "compute_slot_mapping", "gather_kv",
-         "kv_cache_shape", "page_kv", "paged_attention_ref", "random_paged_batch", "reshape_and_cache_ref",
-         "split_kv_cache"]
+         "block_table_svg", "check_attention_inputs", "check_attention_options", "check_cache_write_inputs",
+         "compute_slot_mapping", "dense_attention", "gather_kv", "kv_cache_shape", "page_kv",
+         "paged_attention_ref", "random_paged_batch", "reshape_and_cache_ref", "split_kv_cache"]
 
 # %% ../../nbs/11b_kernel_oracle.ipynb #a099753c
 # dtype -> atol = rtol

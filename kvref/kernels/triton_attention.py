@@ -13,8 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import (AttentionShape, check_attention_inputs, check_cache_write_inputs,
-                                     _check_options)
+from ..guards import check_bool, check_instance, check_int, refuse
+from .reference import (AttentionShape, check_attention_inputs, check_attention_options,
+                                     check_cache_write_inputs)
 
 # %% auto #0
 __all__ = ['reshape_and_cache', 'paged_decode_attention', 'unified_attention']
@@ -42,10 +43,6 @@ def _reshape_and_cache_kernel(key_ptr, value_ptr, key_cache_ptr, value_cache_ptr
     tl.store(value_cache_ptr + block * vc_stride_block + offset * vc_stride_slot + head * vc_stride_head
              + dim, v, mask=mask)
 
-# %% ../../nbs/11a_triton_kernels.ipynb #f96b1357
-def _check_validate(validate: bool) -> None:
-    if not isinstance(validate, bool): raise TypeError(f"validate must be True or False, got {validate!r}")
-
 # %% ../../nbs/11a_triton_kernels.ipynb #15cbf953
 def reshape_and_cache(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
                       value: torch.Tensor, # same shape as key
@@ -55,7 +52,7 @@ def reshape_and_cache(key: torch.Tensor, # [num_tokens, num_kv_heads, head_size]
                       validate: bool = True, # check shapes and slots first (one host sync)
                      ) -> None:
     "Scatter each token's key and value into its cache slot (float16, bfloat16 or float32, as the cache)."
-    _check_validate(validate)
+    check_bool("validate", validate)
     if validate: check_cache_write_inputs(key, value, key_cache, value_cache, slot_mapping)
     num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
     if len(slot_mapping) == 0: return
@@ -140,6 +137,14 @@ def _store_rows(out_ptr, acc, l_i, rows, dim, mask):
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                 # a row that saw no key stores 0
     tl.store(out_ptr + rows[:, None] + dim[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
+# %% ../../nbs/11a_triton_kernels.ipynb #ac5907fb
+_MAX_TILE = 1024  # upper bound for tile_size, block_m and num_kv_splits: past it a launch only wastes memory
+
+def _check_power_of_two(name: str, value, lo: int, hi: int, why: str = "") -> int:
+    check_int(name, value, least=None)
+    if not lo <= value <= hi or value & (value - 1): refuse(name, f"a power of two >= {lo} and <= {hi}{why}", value)
+    return value
+
 # %% ../../nbs/11a_triton_kernels.ipynb #1c2d3e04
 @triton.jit
 def _store_split(split_acc_ptr, split_ml_ptr, acc, m_i, l_i, part, dim, row_mask,
@@ -208,23 +213,13 @@ def _reduce_splits_kernel(out_ptr, split_acc_ptr, split_ml_ptr, out_stride_token
     tl.store(out_ptr + seq * out_stride_token + head * out_stride_head + dim,
              out.to(out_ptr.dtype.element_ty), mask=dim < head_size)
 
-# %% ../../nbs/11a_triton_kernels.ipynb #ac5907fb
-_MAX_TILE = 1024  # upper bound for tile_size, block_m and num_kv_splits: past it a launch only wastes memory
-
-def _check_power_of_two(name: str, value, lo: int, hi: int, optional: bool = False, why: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int{' or None' if optional else ''}, got {value!r}")
-    if not lo <= value <= hi or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= {lo} and <= {hi}{why}, got {value}")
-    return value
-
 # %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f07
 def _tile_sizes(queries_per_kv: int, head_size: int, tile_size: int, block_m: int | None) -> tuple[int, int]:
     "`(BLOCK_M, HEAD_SIZE_PADDED)`, `BLOCK_M` (unless given) as vLLM sizes it from the GQA ratio."
     _check_power_of_two("tile_size", tile_size, 16, _MAX_TILE)
     smallest = max(16, triton.next_power_of_2(queries_per_kv))
     if block_m is not None:
-        _check_power_of_two("block_m", block_m, smallest, max(_MAX_TILE, smallest), True,
+        _check_power_of_two("block_m", block_m, smallest, max(_MAX_TILE, smallest),
                             f" for {queries_per_kv} query heads per KV head")
     return block_m or smallest, max(16, triton.next_power_of_2(head_size))
 
@@ -248,7 +243,7 @@ def _float32(name: str, value: float) -> float:
 
 # %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f0c
 def _scalars(shape, scale, sliding_window, softcap) -> dict:
-    _check_options(scale, sliding_window, softcap)
+    check_attention_options(scale, sliding_window, softcap)
     return dict(scale=_float32("scale", 1 / math.sqrt(shape.head_size) if scale is None else scale),
                 softcap=_float32("softcap", softcap or 0.0), sliding_window=int(sliding_window or 0),
                 USE_SOFTCAP=bool(softcap), USE_WINDOW=sliding_window is not None)
@@ -256,8 +251,7 @@ def _scalars(shape, scale, sliding_window, softcap) -> dict:
 # %% ../../nbs/11a_triton_kernels.ipynb #9c4e0b37
 def _output(out: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
     if out is None: return torch.empty_like(query)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be None or a torch.Tensor, got {type(out).__name__}")
+    check_instance("out", out, torch.Tensor, "None or a torch.Tensor")
     same = out.shape == query.shape and out.dtype == query.dtype and out.device == query.device
     if not same or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(query.shape)} {query.dtype} on {query.device} "
@@ -288,7 +282,7 @@ def _decode_shape(query, key_cache, value_cache, seq_lens, block_table, validate
 # %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f12
 def _kv_splits(num_kv_splits: int | None, shape: AttentionShape, tile_size: int, device: torch.device) -> int:
     if num_kv_splits is not None:
-        return _check_power_of_two("num_kv_splits", num_kv_splits, 1, _MAX_TILE, True)
+        return _check_power_of_two("num_kv_splits", num_kv_splits, 1, _MAX_TILE)
     return _default_kv_splits(shape.num_seqs * shape.num_kv_heads, shape.max_seq_len, tile_size, device)
 
 # %% ../../nbs/11a_triton_kernels.ipynb #e8a3d5f0
@@ -324,7 +318,7 @@ def paged_decode_attention(query: torch.Tensor, # [num_seqs, num_query_heads, he
                            validate: bool = True, # check all inputs first (one host sync)
                           ) -> torch.Tensor:
     "Attention of one query token per sequence over its paged history (split-KV if `num_kv_splits > 1`)."
-    _check_validate(validate)
+    check_bool("validate", validate)
     shape = _decode_shape(query, key_cache, value_cache, seq_lens, block_table, validate)
     options = _scalars(shape, scale, sliding_window, softcap)
     queries_per_kv = shape.num_query_heads // shape.num_kv_heads
@@ -387,16 +381,10 @@ def _unified_attention_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr
                                      BLOCK_M, TILE, HEAD_SIZE_PADDED, USE_SOFTCAP, USE_WINDOW)
     _store_rows(out_ptr, acc, l_i, q_rows * out_stride_token + head * out_stride_head, dim, q_mask)
 
-# %% ../../nbs/11a_triton_kernels.ipynb #1c2d3e09
-def _check_max_query_len(max_query_len: int) -> None:
-    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
-        raise TypeError(f"max_query_len must be an int or None, got {max_query_len!r}")
-    if max_query_len < 0: raise ValueError(f"max_query_len must be >= 0, got {max_query_len}")
-
 # %% ../../nbs/11a_triton_kernels.ipynb #2d3e4f16
 def _unified_shape(query, key_cache, value_cache, query_start_loc, seq_lens, block_table,
                    max_query_len: int | None, validate: bool) -> AttentionShape:
-    if max_query_len is not None: _check_max_query_len(max_query_len)
+    if max_query_len is not None: check_int("max_query_len", max_query_len)
     if not validate:
         if max_query_len is None: max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
         return _unchecked_shape(query, key_cache, block_table, max_query_len)
@@ -434,7 +422,7 @@ def unified_attention(query: torch.Tensor, # [num_tokens, num_query_heads, head_
                       validate: bool = True, # check all inputs first (one host sync)
                      ) -> torch.Tensor:
     "Causal attention for a varlen batch mixing prefill chunks, cached prefixes and decodes, in one launch."
-    _check_validate(validate)
+    check_bool("validate", validate)
     shape = _unified_shape(query, key_cache, value_cache, query_start_loc, seq_lens, block_table,
                            max_query_len, validate)
     options = _scalars(shape, scale, sliding_window, softcap)

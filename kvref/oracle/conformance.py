@@ -13,11 +13,12 @@ from hypothesis import Verbosity, settings, strategies as st
 from fastcore.basics import patch
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from ..core.kv_cache_manager import KVCacheManager
-from .replay import (FIELDS, FILE_KINDS, AllocatorAdapter, Divergence, KVRefAdapter, Lockstep, Protocol1,
-                          TraceDriver, TraceReplayer, file_kind, is_hybrid, kvref_factory, load_decisions, load_trace,
-                          replay_lockstep)
+from ..guards import check_instance, refuse
+from .replay import (FIELDS, FILE_KINDS, HYBRID_FIELDS, AllocatorAdapter, Divergence, KVRefAdapter,
+                          KVRefHybridAdapter, Lockstep, Protocol1, TraceDriver, TraceReplayer, file_kind, is_hybrid, kvref_factory,
+                          load_decisions, load_trace, replay_lockstep)
 from .releases import ReleaseTraceReplayer, load_release_trace, profile_for_version
-from .hybrid_replay import HYBRID_FIELDS, HybridTraceDriver, HybridTraceReplayer, KVRefHybridAdapter, load_hybrid_trace
+from .hybrid_replay import load_hybrid_trace
 
 # %% auto #0
 __all__ = ['OP_MIX', 'load_any_trace', 'decision_fields', 'check', 'check_recorded', 'shrink', 'ConformanceMachine',
@@ -46,7 +47,7 @@ def _ops(trace) -> list[dict]:
 def decision_fields(fields: Iterable[str] | None, hybrid: bool) -> list[str]:
     "The decision fields to compare (None: every field of the trace's format); a field the format lacks is refused."
     known = HYBRID_FIELDS if hybrid else FIELDS
-    fields = list(known if fields is None else fields)
+    fields = list(known if fields is None else _checked_fields(fields))
     if unknown := set(fields) - set(known): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {known}")
     return fields
 
@@ -71,18 +72,16 @@ def _refuse_single_group(d: Divergence, adapter) -> None:
                          "needs an adapter of the hybrid protocol (one block table per group; see the engine-authors page)")
 
 def _reference(behavior: str, hybrid: bool, vllm_version: str | None = None, **kwargs) -> TraceDriver:
-    "kvref's side: a hybrid trace's replayer, the allocator of vLLM release `vllm_version`, or kvref's in `behavior`."
+    "kvref's side: the allocator of vLLM release `vllm_version`, or kvref's in `behavior` (either manager)."
     if vllm_version is not None and (hybrid or behavior != "vllm_0_33"):
         raise ValueError("a vLLM release is given for single-group traces only, and names the allocator: no other behavior")
-    if hybrid: return HybridTraceReplayer(behavior)
     return ReleaseTraceReplayer(profile_for_version(vllm_version), **kwargs) if vllm_version is not None else TraceReplayer(behavior, **kwargs)
 
 def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False,
            vllm_version: str | None = None) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
-    "kvref and the engine stepped in lockstep: format 2 drivers, or a hybrid trace's reference and driver (format 1)."
+    "kvref and the engine stepped in lockstep by the one driver: format 2 decisions (a hybrid trace's: format 1, its only one)."
     ref = _reference(behavior, hybrid, vllm_version, version=2, free_queue_every=every)
-    if hybrid: engine = HybridTraceDriver(factory, validate=False)
-    else: engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
+    engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
     return ref, engine, Lockstep(ref.apply, engine.apply, fields)
 
 # %% ../../nbs/07_conformance.ipynb #8bd32e23
@@ -124,6 +123,13 @@ def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -
         return d
     if every > 1 and _queues_differ(ref, engine, fields): return check(factory, ops, behavior, fields, 1, vllm_version)
     return None
+
+# %% ../../nbs/07_conformance.ipynb #0c8c6e0d
+def _checked_fields(fields: object) -> list[str]:
+    "`fields` as a list of str, or a TypeError naming it (or the entry that is not a str)."
+    if isinstance(fields, (str, bytes)) or not isinstance(fields, Iterable):
+        refuse("fields", "a list of decision field names", fields, TypeError)
+    return [check_instance(f"fields[{i}]", f, str) for i, f in enumerate(fields)]
 
 # %% ../../nbs/07_conformance.ipynb #2a4bd0ca
 def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions, or their JSONL file
@@ -181,7 +187,7 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
            vllm_version: str | None = None,  # as for `check`
            ) -> list[dict]:
     "A short trace (config first) on which `adapter` still diverges from kvref the same way as on `trace`; shrinking it again finds nothing shorter."
-    fields = None if fields is None else list(fields)
+    fields = None if fields is None else _checked_fields(fields)
     first = check(adapter, trace, behavior, fields, vllm_version=vllm_version)
     if first is None: raise ValueError("the adapter does not diverge on this trace: nothing to shrink")
     target = _signature(first)
@@ -285,7 +291,7 @@ def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory:
                         caching: Iterable[bool] = (True, False),  # enable_caching values to try
                         ) -> type[ConformanceMachine]:
     "A `ConformanceMachine` subclass bound to `adapter`; use its `.TestCase` in pytest or unittest."
-    factory = _as_factory(adapter)
+    factory, fields = _as_factory(adapter), decision_fields(fields, hybrid=False)
     name = f"kvref-divergence-{getattr(factory, '__name__', 'adapter')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
     machine = type("ConformanceMachineFor", (ConformanceMachine,), dict(
         factory=staticmethod(factory), behavior=behavior, fields=tuple(fields), out_path=Path(out_path or name),

@@ -8,9 +8,26 @@ Docs: https://kvref.github.io/kvref/event_driven_replay.html.md"""
 from __future__ import annotations
 import heapq
 from ..core.scheduler import PrefixCacheStats, Scheduler, SchedulerOutput, SchedulerRequest
+from ..guards import check_instance, check_int
 
 # %% auto #0
 __all__ = ['advance_decode']
+
+# %% ../../nbs/06e_event_driven_replay.ipynb #11192821
+def advance_decode(s: Scheduler,  # the scheduler, right after step `last`
+                   last: SchedulerOutput,  # the step just taken
+                   horizon: int | None = None,  # steps before the next arrival is due (None: none is coming)
+                   into: list | None = None,  # if a list: each step's `SchedulerOutput` is appended, as the plain path's
+                   ) -> int:
+    "Move on in one go through the decode-only steps that provably follow `last`; return how many (0: take a plain step)."
+    check_instance("s", s, Scheduler); check_instance("last", last, SchedulerOutput)
+    if horizon is not None: check_int("horizon", horizon)
+    if into is not None: check_instance("into", into, list, "a list or None")
+    if not (_bulk_allowed(s) and _is_decode_only(s, last)) or horizon == 0: return 0
+    k, events = _plan(s, horizon)
+    if k == 0 or not _take_all_tokens(s, k): return 0
+    _commit(s, k, events, into)
+    return k
 
 # %% ../../nbs/06e_event_driven_replay.ipynb #93043b40
 def _bulk_allowed(s: Scheduler) -> bool:
@@ -133,25 +150,3 @@ def _commit(s: Scheduler, k: int, events: list, into: list | None) -> None:
         if into is not None: into.append(_bulk_output(s, j, starts, outputs))
     for r, c in zip(s.running, starts): r.request.num_computed_tokens = c + k
     if into is None: s.num_steps += k  # else each step's `_close` counted it
-
-# %% ../../nbs/06e_event_driven_replay.ipynb #11192821
-def _check_advance(s, last, horizon, into) -> None:
-    "Refuse, by name, arguments `advance_decode` cannot take."
-    if not isinstance(s, Scheduler): raise TypeError(f"advance_decode needs a Scheduler, got {type(s).__name__}")
-    if not isinstance(last, SchedulerOutput): raise TypeError(f"last must be a SchedulerOutput, got {type(last).__name__}")
-    if horizon is not None and (type(horizon) is not int or horizon < 0):
-        raise ValueError(f"horizon must be an int >= 0 or None, got {horizon!r}")
-    if into is not None and not isinstance(into, list): raise TypeError(f"into must be a list or None, got {type(into).__name__}")
-
-def advance_decode(s: Scheduler,  # the scheduler, right after step `last`
-                   last: SchedulerOutput,  # the step just taken
-                   horizon: int | None = None,  # steps before the next arrival is due (None: none is coming)
-                   into: list | None = None,  # if a list: each step's `SchedulerOutput` is appended, as the plain path's
-                   ) -> int:
-    "Move on in one go through the decode-only steps that provably follow `last`; return how many (0: take a plain step)."
-    _check_advance(s, last, horizon, into)
-    if not (_bulk_allowed(s) and _is_decode_only(s, last)) or horizon == 0: return 0
-    k, events = _plan(s, horizon)
-    if k == 0 or not _take_all_tokens(s, k): return 0
-    _commit(s, k, events, into)
-    return k

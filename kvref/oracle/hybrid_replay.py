@@ -1,4 +1,4 @@
-"""A hybrid model's allocator driven through a trace as any engine's is: the adapter protocol for several KV cache groups, statistics per group, and each group's block table drawn.
+"""Hybrid traces read from files and replayed by the replay chapter's one driver: vLLM's recordings line for line, statistics per KV cache group, and each group's block tables drawn.
 
 Docs: https://kvref.github.io/kvref/hybrid_replay.html.md"""
 
@@ -6,55 +6,19 @@ Docs: https://kvref.github.io/kvref/hybrid_replay.html.md"""
 
 # %% ../../nbs/05c_hybrid_replay.ipynb #f37cfd0f
 from __future__ import annotations
-import html, json, re
-from functools import partial
-from dataclasses import dataclass, field
+import html, re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Protocol, runtime_checkable
+from typing import Callable, Iterable
 from fastcore.basics import patch
-from ..core.hybrid import (CONFIG_FIELDS, HYBRID_CONFIG_DEFAULTS, HybridKVCacheManager, HybridRequest, group_tables_svg,
-                          spec_from_group)
-from ..core.free_queue import _check_bool
-from ..core.hashing import LoRARequest, MultiModalItem
-from .replay import TraceDriver, file_kind, is_hybrid, load_trace, step, validate_op, _check_ops
+from ..core.hybrid import HybridKVCacheManager, group_tables_svg
+from .replay import (TraceDriver, TraceReplayer, file_kind, is_hybrid, load_trace, replay, validate_hybrid_op,
+                                 _check_ops)
 from ..pictures import progress
-import kvref.core.mamba  # registers the Mamba group kind
 
 # %% auto #0
-__all__ = ['HYBRID_OPS', 'HYBRID_FIELDS', 'validate_hybrid_op', 'load_hybrid_trace', 'is_hybrid_file', 'hybrid_config',
-           'HybridAllocatorAdapter', 'KVRefHybridAdapter', 'HybridTraceDriver', 'HybridTraceReplayer', 'replay_hybrid',
-           'GroupStats', 'HybridReplayStats', 'hybrid_replay_stats', 'hybrid_step_svg', 'write_hybrid_svgs']
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #008a50f5
-HYBRID_OPS = ("config", "add", "schedule", "append", "preempt", "free", "reset_prefix_cache", "new_step")
-HYBRID_FIELDS = ("hit_tokens", "num_new_tokens", "allocated", "block_ids", "shared_prefix_boundary", "copies", "ok",
-                 "free_queue", "num_free")  # every field a hybrid decision can have, besides `op` and `id`
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #8359fdd0
-def _check_hybrid_config(op: dict) -> None:
-    "The config's fields by name, its groups by kind and fields, `num_blocks` an int."
-    if unknown := [k for k in op if k not in CONFIG_FIELDS]: raise ValueError(f"op 'config' has unknown field {unknown[0]!r}")
-    groups = op.get("groups")
-    if not isinstance(groups, list) or not groups:
-        raise ValueError(f"op 'config': groups must be a non-empty list, got {json.dumps(groups)[:60]}")
-    for i, group in enumerate(groups): spec_from_group(group, i)
-    if type(op.get("num_blocks")) is not int:
-        raise ValueError(f"op 'config': num_blocks must be an int, got {json.dumps(op.get('num_blocks'))[:40]}")
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #71e47595
-def validate_hybrid_op(op: object,      # one parsed JSON line
-                       version: int = 1  # unused: hybrid traces have one version (`load_trace` passes it)
-                      ) -> dict:
-    "Check one hybrid trace op: the config by its own rules, `new_step` bare, the rest as format 1 ops; return it."
-    if not isinstance(op, dict): raise ValueError(f"an op must be a JSON object, got {type(op).__name__}")
-    name = op.get("op")
-    if name not in HYBRID_OPS: raise ValueError(f"unknown op {name!r}; valid hybrid ops: {', '.join(HYBRID_OPS)}")
-    if name == "config": _check_hybrid_config(op)
-    elif name == "new_step":
-        if len(op) > 1: raise ValueError(f"op 'new_step' has unknown field {next(k for k in op if k != 'op')!r}")
-    elif "num_lookahead_tokens" in op: raise ValueError(f"op {name!r}: hybrid traces have no num_lookahead_tokens")
-    else: validate_op(op)
-    return op
+__all__ = ['HybridTraceDriver', 'HybridTraceReplayer', 'load_hybrid_trace', 'is_hybrid_file', 'replay_hybrid', 'GroupStats',
+           'HybridReplayStats', 'hybrid_replay_stats', 'hybrid_step_svg', 'write_hybrid_svgs']
 
 # %% ../../nbs/05c_hybrid_replay.ipynb #326ba8b5
 def load_hybrid_trace(path: str | Path) -> list[dict]:
@@ -65,138 +29,16 @@ def is_hybrid_file(path: str | Path) -> bool:
     "Whether a trace file's first line is a hybrid config (False if it cannot be read as one: the loader says why)."
     return file_kind(path) == "hybrid-trace"
 
-# %% ../../nbs/05c_hybrid_replay.ipynb #dbefb69e
-def hybrid_config(op: dict) -> dict:
-    "A hybrid config op without its `op` key, with the hybrid chapter's `HYBRID_CONFIG_DEFAULTS` for the fields it leaves out."
-    return {**HYBRID_CONFIG_DEFAULTS, **{k: v for k, v in op.items() if k != "op"}}
+# %% ../../nbs/05c_hybrid_replay.ipynb #1cf7b8c2
+HybridTraceDriver, HybridTraceReplayer = TraceDriver, TraceReplayer  # the one driver, and kvref's side of it
 
-# %% ../../nbs/05c_hybrid_replay.ipynb #7ee1c7a6
-@runtime_checkable
-class HybridAllocatorAdapter(Protocol):
-    "The calls the hybrid trace driver makes on an engine's allocator: protocol 2, one table per group, steps."
-    protocol_version: int  # 2
-    def add(self, request_id: str, prompt: list[int], *, cache_salt: str | None, lora: dict | None,
-            mm_items: list[dict]) -> None: ...
-    def lookup(self, request_id: str) -> int: ...
-    def allocate(self, request_id: str, num_new_tokens: int, num_hit_tokens: int, *, num_computed_tokens: int,
-                 num_lookahead_tokens: int) -> bool: ...
-    def shared_prefix_boundary(self, request_id: str) -> int: ...
-    def new_step(self) -> list[tuple[int, int]]: ...
-    def block_ids(self, request_id: str) -> list[list[int]]: ...
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #d7ccb4cc
-class KVRefHybridAdapter:
-    "kvref's `HybridKVCacheManager` behind the hybrid adapter protocol."
-    protocol_version = 2
-    def __init__(self, config: dict,  # the trace's config, defaults filled in
-                 enable_kv_cache_events: bool = False):  # the manager records KV events (`manager.take_events()`)
-        self.manager = HybridKVCacheManager.from_config(config, enable_kv_cache_events)
-        self.full_sequence_must_fit = config.get("full_sequence_must_fit", False)
-        self.requests: dict[str, HybridRequest] = {}
-        self._hits: dict[str, list] = {}
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #362bd515
-@patch
-def add(self: KVRefHybridAdapter, request_id, prompt, *, cache_salt=None, lora=None, mm_items=()):
-    self.requests[request_id] = HybridRequest(request_id, list(prompt), cache_salt=cache_salt,
-                                              lora_request=LoRARequest(**lora) if lora else None,
-                                              mm_items=tuple(MultiModalItem(**item) for item in mm_items))
-
-@patch
-def lookup(self: KVRefHybridAdapter, request_id):
-    request = self.requests[request_id]
-    self._hits[request_id], num_tokens, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
-    return num_tokens
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #c99e7790
-@patch
-def allocate(self: KVRefHybridAdapter, request_id, num_new_tokens, num_hit_tokens, *, num_computed_tokens=0,
-             num_lookahead_tokens=0):
-    if num_lookahead_tokens: raise ValueError("hybrid traces have no lookahead slots")
-    request, hits = self.requests[request_id], self._hits.pop(request_id, None)
-    request.num_computed_tokens = num_computed_tokens
-    gate = self.full_sequence_must_fit and num_computed_tokens == 0  # a waiting request passes the gate
-    if self.manager.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, gate) is None: return False
-    request.num_computed_tokens += num_hit_tokens + num_new_tokens
-    return True
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #09a2dd70
-@patch
-def new_step(self: KVRefHybridAdapter):
-    copies = self.manager.take_kv_cache_block_copies()
-    self.manager.block_pool.free_blocks([block for pair in copies for block in pair], unhashed_first=True)
-    self.manager.new_step_starts()
-    return [(src.block_id, dst.block_id) for src, dst in copies]
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #8b57690b
-@patch
-def preempt(self: KVRefHybridAdapter, request_id):
-    self.manager.free(request_id); self.requests[request_id].num_computed_tokens = 0
-
-@patch
-def free(self: KVRefHybridAdapter, request_id): self.manager.free(request_id); del self.requests[request_id]
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #f28264ae
-@patch
-def append(self: KVRefHybridAdapter, request_id, tokens): self.requests[request_id].append_output_token_ids(tokens)
-@patch
-def shared_prefix_boundary(self: KVRefHybridAdapter, request_id): return self.requests[request_id].shared_prefix_boundary
-@patch
-def reset_prefix_cache(self: KVRefHybridAdapter): return self.manager.reset_prefix_cache()
-@patch
-def block_ids(self: KVRefHybridAdapter, request_id): return self.manager.get_block_ids(request_id)
-@patch
-def num_free(self: KVRefHybridAdapter): return self.manager.num_free_blocks
-@patch
-def free_queue(self: KVRefHybridAdapter): return self.manager.get_free_queue_ids()
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #39b61ace
-class HybridTraceDriver(TraceDriver):
-    "A `TraceDriver` over an engine's hybrid adapter; `apply` returns each op's decision in the recorded format."
-    def __init__(self, factory: Callable[[dict], HybridAllocatorAdapter],  # hybrid config dict -> adapter
-                 strict: bool = False,  # freeing an unknown or already freed request is an error
-                 validate: bool = True):  # check each op against the format (off: a lockstep partner already did)
-        super().__init__(factory, strict, version=1, validate=False)
-        self.validate_hybrid = validate
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #bd988995
-@patch
-def apply(self: HybridTraceDriver, op: dict) -> dict:
-    "Apply one op; its decision."
-    return TraceDriver.apply(self, validate_hybrid_op(op) if self.validate_hybrid else op)
-
-@patch
-def _config(self: HybridTraceDriver, op: dict) -> None: self.adapter = self.factory(hybrid_config(op))
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #e35ff9e9
-@patch
-def _schedule(self: HybridTraceDriver, op: dict) -> dict:
-    outcome = step(self.adapter, op["id"], self._request(op), op.get("budget"))
-    return {**outcome, "block_ids": [list(table) for table in outcome["block_ids"]],
-            "shared_prefix_boundary": self.adapter.shared_prefix_boundary(op["id"])}
-
-@patch
-def _new_step(self: HybridTraceDriver, op: dict) -> dict: return {"copies": [list(pair) for pair in self.adapter.new_step()]}
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #b7e1a002
-class HybridTraceReplayer(HybridTraceDriver):
-    "A `HybridTraceDriver` over kvref's own hybrid manager (`KVRefHybridAdapter`): kvref's side of a hybrid replay or check."
-    def __init__(self, behavior: str = "vllm_0_33",  # the only behaviour hybrid traces have
-                 enable_kv_cache_events: bool = False):  # the manager records KV events, as vLLM with `--kv-events-config`
-        if behavior != "vllm_0_33":
-            raise ValueError(f"hybrid traces replay as vLLM 0.33 does: behavior {behavior!r} does not apply to them")
-        _check_bool("enable_kv_cache_events", enable_kv_cache_events)
-        super().__init__(partial(KVRefHybridAdapter, enable_kv_cache_events=enable_kv_cache_events))
-
-    @property
-    def manager(self) -> HybridKVCacheManager | None: return self.adapter and self.adapter.manager
-
-# %% ../../nbs/05c_hybrid_replay.ipynb #b7e1a005
 def replay_hybrid(ops: Iterable[dict]  # a hybrid trace's ops, `config` first
                  ) -> list[dict]:
-    "The decision for each op of a hybrid trace, replayed by kvref (`HybridTraceReplayer`)."
-    _check_ops(ops); replayer = HybridTraceReplayer()
-    return [replayer.apply(op) for op in ops]
+    "The decision for each op of a hybrid trace, replayed by kvref (`replay`, as a list)."
+    return list(replay(ops))
+
+# %% ../../nbs/05c_hybrid_replay.ipynb #faa43c59
+from .replay import HYBRID_FIELDS, HYBRID_OPS, HybridAllocatorAdapter, KVRefHybridAdapter, hybrid_config
 
 # %% ../../nbs/05c_hybrid_replay.ipynb #a272dd3d
 @dataclass(slots=True)
@@ -260,7 +102,7 @@ def hybrid_replay_stats(ops: list[dict]  # a hybrid trace's ops, `config` first
     "Replay a hybrid trace with kvref and count what each op did to the pool and to each group's tables."
     _check_ops(ops); ops = list(ops)
     if not ops: raise ValueError("no ops: a hybrid trace starts with its config op")
-    replayer, owner = HybridTraceReplayer(), {}
+    replayer, owner = TraceReplayer(), {}
     first = replayer.apply(ops[0])
     s = HybridReplayStats([GroupStats(g["kind"], g["block_size"]) for g in ops[0]["groups"]], num_usable_blocks=first["num_free"])
     held, blocks = [0] * len(s.groups), replayer.manager.block_pool.blocks
@@ -314,7 +156,7 @@ def write_hybrid_svgs(ops: list[dict],  # a hybrid trace's ops, `config` first
                       outdir: str | Path,  # folder to write into (created if missing)
                      ) -> list[Path]:
     "Replay a hybrid trace with kvref and write one SVG per op (`step-0000.svg`, ...) into `outdir`; return the paths."
-    outdir, replayer, paths = Path(outdir), HybridTraceReplayer(), []
+    outdir, replayer, paths = Path(outdir), TraceReplayer(), []
     outdir.mkdir(parents=True, exist_ok=True)
     for index, op in enumerate(progress(ops, len(ops), "svg")):
         replayer.apply(op)

@@ -6,14 +6,15 @@ Docs: https://kvref.github.io/kvref/live_audit.html.md"""
 
 # %% ../../nbs/07e_live_audit.ipynb #8de25f0a
 from __future__ import annotations
-import base64, itertools, json, time
+import base64, itertools, json, os, time
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 from fastcore.basics import patch
-from ..core.hashing import _check_path, _decoded, hash_block_tokens
-from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, KVIndex, _check_hash_form, _short,
+from ..guards import check_choice, check_instance, check_int
+from ..core.hashing import _decoded, hash_block_tokens
+from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, HASH_FORMS, KVIndex, _short,
                              decode_batch, encode_batch, encode_batch_fast, external_block_hash)
 from .releases import PROFILES, profile_for_version, release_hash_fn, release_none_hash, wire_schema
 from .router_conformance import END_SEQ
@@ -21,20 +22,6 @@ from .router_conformance import END_SEQ
 # %% auto #0
 __all__ = ['FINDING_KINDS', 'EngineConfig', 'sharing_causes', 'Unverifiable', 'hash_extra_keys', 'Finding', 'EngineAudit',
            'read_stream', 'FleetAudit', 'audit_files', 'audit_live']
-
-# %% ../../nbs/07e_live_audit.ipynb #0d107638
-def _check_config(c) -> None:
-    "Refuse an `EngineConfig` that names no engine, or that the stated release does not allow."
-    if not isinstance(c.name, str) or not c.name: raise ValueError(f"an engine needs a name, got {c.name!r}")
-    profile = profile_for_version(c.vllm_version)
-    wire_schema(c.vllm_version)  # a release with KV events
-    _check_hash_form(c.hash_form)
-    if type(c.block_size) is not int or c.block_size < 1:
-        raise ValueError(f"engine {c.name!r}: block_size must be an int >= 1, got {c.block_size!r}")
-    if c.hash_algo not in profile.hash_algos:
-        raise ValueError(f"engine {c.name!r}: vLLM {c.vllm_version} offers hash algorithms {', '.join(profile.hash_algos)}; got {c.hash_algo!r}")
-    if c.pythonhashseed is not None and not isinstance(c.pythonhashseed, str):
-        raise TypeError(f"engine {c.name!r}: pythonhashseed must be a str or None, got {c.pythonhashseed!r}")
 
 # %% ../../nbs/07e_live_audit.ipynb #0f1dcab1
 @dataclass(frozen=True)
@@ -48,6 +35,18 @@ class EngineConfig:
     hash_form: str = "int"             # "int" (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default) or "bytes"
     def __post_init__(self): _check_config(self)
 
+# %% ../../nbs/07e_live_audit.ipynb #0d107638
+def _check_config(c) -> None:
+    "Refuse an `EngineConfig` that names no engine, or that the stated release does not allow."
+    if not check_instance("name", c.name, str): raise ValueError("name must name the engine, got ''")
+    profile = profile_for_version(c.vllm_version)
+    wire_schema(c.vllm_version)  # a release with KV events
+    check_choice("hash_form", c.hash_form, HASH_FORMS)
+    check_int(f"engine {c.name!r}: block_size", c.block_size, least=1)
+    if c.hash_algo not in profile.hash_algos:
+        raise ValueError(f"engine {c.name!r}: vLLM {c.vllm_version} offers hash algorithms {', '.join(profile.hash_algos)}; got {c.hash_algo!r}")
+    if c.pythonhashseed is not None: check_instance(f"engine {c.name!r}: pythonhashseed", c.pythonhashseed, str, "a str or None")
+
 # %% ../../nbs/07e_live_audit.ipynb #11af3cbb
 _HASH_RULES = ("int_hash_value", "none_hash_from_algo", "default_seed", "lora_key", "mm_key", "mm_boundary_fix",
                "decode_mm_scan_all", "kv_events")  # the profile fields that change a block's hash or its event id
@@ -60,8 +59,7 @@ def _none_hash(config: EngineConfig):
 # %% ../../nbs/07e_live_audit.ipynb #363cbdde
 def sharing_causes(a: EngineConfig, b: EngineConfig) -> list[str]:
     "Why engines `a` and `b` cannot share prefix-cache hits; [] when they can."
-    for c in (a, b):
-        if not isinstance(c, EngineConfig): raise TypeError(f"expected an EngineConfig, got {type(c).__name__}")
+    check_instance("a", a, EngineConfig); check_instance("b", b, EngineConfig)
     causes = []
     if a.block_size != b.block_size: causes.append(f"block size {a.block_size} vs {b.block_size}")
     if a.hash_algo != b.hash_algo: causes.append(f"hash algorithm {a.hash_algo} vs {b.hash_algo}")
@@ -122,7 +120,7 @@ class EngineAudit:
     def __init__(self, config: EngineConfig,
                  max_examples: int = 5,     # findings kept per kind (all are counted)
                  max_roots: int = 4096):    # first blocks remembered for the fleet comparison
-        if not isinstance(config, EngineConfig): raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+        check_instance("config", config, EngineConfig)
         self.config, self.schema, self.profile = config, wire_schema(config.vllm_version), profile_for_version(config.vllm_version)
         self.index = KVIndex(config.block_size, hash_form=config.hash_form)  # copies per hash; its prompt hashing is unused
         self.engine = (config.name, None)   # (stream, rank) in the index, the rank set by the first batch
@@ -157,8 +155,8 @@ def _find(self: EngineAudit, seq: int | None, kind: str, message: str) -> None:
 def check(self: EngineAudit, seq: int,  # the batch's sequence number on the engine's stream
           payload: bytes) -> None:      # the published msgpack
     "Check one published batch, then take it into the engine's state."
-    if type(seq) is not int or seq < 0: raise ValueError(f"engine {self.config.name!r}: seq must be an int >= 0, got {seq!r}")
-    if not isinstance(payload, (bytes, bytearray)): raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+    check_int(f"engine {self.config.name!r}: seq", seq)
+    check_instance("payload", payload, (bytes, bytearray), "bytes")
     expected = self.next_seq or 0
     if self.next_seq is not None and seq < expected:
         return self._find(seq, "order", f"seq {seq} after seq {expected - 1}: repeated or out of order, skipped")
@@ -167,11 +165,11 @@ def check(self: EngineAudit, seq: int,  # the batch's sequence number on the eng
         self.synced = False
     self.next_seq = seq + 1
     self.counts["batches"] += 1
-    self._check_batch(seq, bytes(payload))
+    self._audit_batch(seq, bytes(payload))
 
 # %% ../../nbs/07e_live_audit.ipynb #6040510c
 @patch
-def _check_batch(self: EngineAudit, seq: int, payload: bytes) -> None:
+def _audit_batch(self: EngineAudit, seq: int, payload: bytes) -> None:
     "Decode a batch as the stated release, check its bytes and rank, then each event."
     where, version = f"seq {seq}", self.config.vllm_version
     try: batch = decode_batch(payload, self.config.hash_form, where, self.schema)
@@ -181,11 +179,11 @@ def _check_batch(self: EngineAudit, seq: int, payload: bytes) -> None:
         at = next((i for i, (x, y) in enumerate(zip(again, payload)) if x != y), min(len(again), len(payload)))
         self._find(seq, "layout", f"{where}: decodes, but vLLM {version} would send {len(again)} bytes, not "
                                   f"{len(payload)}, differing from byte {at}: another release?")
-    self._check_events(seq, where, batch)
+    self._audit_events(seq, where, batch)
 
 # %% ../../nbs/07e_live_audit.ipynb #c4fbc183
 @patch
-def _check_events(self: EngineAudit, seq: int, where: str, batch) -> None:
+def _audit_events(self: EngineAudit, seq: int, where: str, batch) -> None:
     "The batch's rank against the stream's, then each event."
     if self.engine[1] is None and self.counts["batches"] == 1: self.engine = (self.config.name, batch.data_parallel_rank)
     elif batch.data_parallel_rank != self.engine[1]:
@@ -293,12 +291,13 @@ def _remember_root(self: EngineAudit, event: BlockStored, entry) -> None:
 # %% ../../nbs/07e_live_audit.ipynb #b6937c11
 def read_stream(path: str | Path) -> Iterator[tuple[int, bytes]]:
     "The (seq, payload) of each batch of a recorded stream (JSONL: `seq`, `payload_b64`), read line by line."
-    _check_path(path)
+    check_instance("path", path, (str, os.PathLike), "a str or Path")
     with open(path, encoding="utf-8") as lines:
         for lineno, line in enumerate(lines, 1):
             if not line.strip(): continue
             try: obj = json.loads(line)
             except ValueError: raise ValueError(f"{path}, line {lineno}: not JSON") from None
+            except RecursionError: raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
             seq, data = obj.get("seq") if type(obj) is dict else None, obj.get("payload_b64") if type(obj) is dict else None
             if type(obj) is dict and seq is None and data is None: continue
             if type(seq) is not int or seq < 0: raise ValueError(f"{path}, line {lineno}: seq must be an int >= 0, got {seq!r:.40}")

@@ -14,9 +14,8 @@ from itertools import chain
 from pathlib import Path
 from typing import Iterable, Iterator
 from ..core.kv_cache_manager import KVCacheManager, Request, cdiv
-from ..core.free_queue import _check_count
-from ..core.hashing import _check_path
-from ..pictures import progress
+from ..guards import check_instance, check_int, check_ints, refuse
+from ..pictures import FONT_SIZE, chart_svg, progress
 from ..core.scheduler import Scheduler, SchedulerConfig, SchedulerRequest
 from .workloads import RequestSpec, _add_op, _tick
 
@@ -24,7 +23,7 @@ from .workloads import RequestSpec, _add_op, _tick
 __all__ = ['FIELDS', 'MOONCAKE_MAX_LINE_BYTES', 'MAX_SYNTHESIZED_TOKENS', 'OUTPUT_BASE', 'MooncakeRequest', 'parse_mooncake_line',
            'read_mooncake', 'synthesize_prompt', 'synthesize_output', 'mooncake_to_spec', 'convert_mooncake',
            'block_hashes', 'SyntheticTokenIds', 'TraceRequest', 'trace_request', 'CacheSizeResult', 'replay_mooncake',
-           'ideal_hit_rate', 'sweep', 'format_results', 'plot_sweep']
+           'max_model_len_for', 'ideal_hit_rate', 'sweep', 'format_results', 'sweep_svg', 'plot_sweep']
 
 # %% ../../nbs/06c_production_traces.ipynb #a522cde4
 @dataclass(slots=True)
@@ -37,14 +36,8 @@ class MooncakeRequest:
     line: int = 0  # line number in the file, from 1
 
     def __post_init__(self):  # each field by name, as a line of a file is checked (`_check_field`, below)
-        _check_positive(0, line=self.line)
+        check_int("line", self.line)
         for name in FIELDS: _check_field({name: getattr(self, name)}, name, self.line, 1)
-
-# %% ../../nbs/06c_production_traces.ipynb #e5c18995
-def _check_positive(minimum: int = 1, **sizes) -> None:
-    "Refuse, by name, any of `sizes` that is not an int >= `minimum` (a bool is not a size)."
-    for name, value in sizes.items():
-        if type(value) is not int or value < minimum: raise ValueError(f"{name} must be an int >= {minimum}, got {value!r:.40}")
 
 # %% ../../nbs/06c_production_traces.ipynb #a82c84f1
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -60,8 +53,8 @@ def _check_field(obj: dict, name: str, line: int, hash_block_size: int) -> None:
 # %% ../../nbs/06c_production_traces.ipynb #3ee0fd99
 def _check_mooncake(req, hash_block_size: int, block_size: int = 1) -> None:
     "`req` is a `MooncakeRequest` whose hash ids cover its full blocks of `block_size` (in blocks of `hash_block_size`)."
-    if not isinstance(req, MooncakeRequest): raise TypeError(f"expected a MooncakeRequest, got {type(req).__name__}")
-    _check_positive(hash_block_size=hash_block_size, block_size=block_size)
+    check_instance("req", req, MooncakeRequest)
+    check_int("hash_block_size", hash_block_size, 1); check_int("block_size", block_size, 1)
     if len(req.hash_ids) < cdiv(req.input_length // block_size * block_size, hash_block_size):
         raise ValueError(f"line {req.line}: {len(req.hash_ids)} hash ids cannot cover {req.input_length} tokens "
                          f"in blocks of {hash_block_size}")
@@ -69,7 +62,7 @@ def _check_mooncake(req, hash_block_size: int, block_size: int = 1) -> None:
 # %% ../../nbs/06c_production_traces.ipynb #1a246e03
 def parse_mooncake_line(text: str, line: int, hash_block_size: int = 512) -> MooncakeRequest:
     "One checked `MooncakeRequest` from a line of JSON, or a `ValueError` naming the line and the field."
-    _check_positive(0, line=line); _check_positive(hash_block_size=hash_block_size)
+    check_int("line", line); check_int("hash_block_size", hash_block_size, 1)
     try: obj = json.loads(text)
     except json.JSONDecodeError as e: raise ValueError(f"line {line}: not JSON ({e.msg})") from None
     except RecursionError: raise ValueError(f"line {line}: JSON nested too deeply") from None
@@ -89,8 +82,7 @@ def read_mooncake(path: str | Path,  # a Mooncake JSONL trace
                   hash_block_size: int = 512,  # tokens per hash id (512 for Mooncake, 16 for bailian)
                   ) -> Iterator[MooncakeRequest]:
     "Stream the checked requests of a trace, a line at a time; blank lines are skipped."
-    _check_path(path)
-    _check_positive(hash_block_size=hash_block_size)
+    check_instance("path", path, (str, os.PathLike), "a str or Path"); check_int("hash_block_size", hash_block_size, 1)
     last, number = 0, 0
     with open(path, "rb") as f:  # bytes, a line at a time and at most MOONCAKE_MAX_LINE_BYTES: /dev/zero has no lines
         while raw := f.readline(MOONCAKE_MAX_LINE_BYTES + 1):
@@ -113,7 +105,7 @@ MAX_SYNTHESIZED_TOKENS = 1 << 22  # the longest prompt synthesized as a list (re
 # %% ../../nbs/06c_production_traces.ipynb #dfe57fa7
 def synthesize_prompt(hash_ids: Sequence[int], input_length: int, hash_block_size: int = 512) -> list[int]:
     "The prompt's token ids: block `h` is `h * hash_block_size + range(hash_block_size)`, cut at `input_length`."
-    _check_positive(0, input_length=input_length); _check_positive(hash_block_size=hash_block_size)
+    check_int("input_length", input_length); check_int("hash_block_size", hash_block_size, 1)
     if type(hash_ids) is not list or not all(type(h) is int and 0 <= h < (1 << 64) // hash_block_size for h in hash_ids):
         raise ValueError(f"hash_ids must be a list of ints >= 0 (tokens below 2**64), got {hash_ids!r:.60}")
     if input_length > MAX_SYNTHESIZED_TOKENS:
@@ -129,7 +121,7 @@ OUTPUT_BASE = 1 << 48  # output token ids start here, above every prompt token o
 
 def synthesize_output(index: int, output_length: int) -> list[int]:
     "Request `index`'s output token ids: distinct from every prompt token and every other request's output."
-    _check_positive(0, index=index, output_length=output_length)
+    check_int("index", index); check_int("output_length", output_length)
     if output_length >= 1 << 20: raise ValueError(f"output_length must be < 2**20, got {output_length}")
     return list(range(OUTPUT_BASE + (index << 20), OUTPUT_BASE + (index << 20) + output_length))
 
@@ -144,7 +136,7 @@ def mooncake_to_spec(req: MooncakeRequest, index: int, hash_block_size: int = 51
 def convert_mooncake(path: str | Path, block_size: int = 16, num_blocks: int = 1 << 16, hash_block_size: int = 512,
                      max_live: int = 8) -> Iterator[dict]:
     "Stream a Mooncake trace as kvref trace ops (open loop, `max_live` requests in flight)."
-    _check_positive(block_size=block_size, num_blocks=num_blocks, max_live=max_live)
+    for name, value in (("block_size", block_size), ("num_blocks", num_blocks), ("max_live", max_live)): check_int(name, value, 1)
     yield {"op": "config", "num_blocks": num_blocks, "block_size": block_size, "enable_caching": True, "hash_algo": "sha256"}
     live, ops = [], []
     for index, req in enumerate(read_mooncake(path, hash_block_size)):
@@ -165,11 +157,11 @@ class SyntheticTokenIds(Sequence):
     "A request's token ids: the prompt synthesized from hash ids when read, then the outputs appended."
     def __init__(self, req: MooncakeRequest, hash_block_size: int = 512):
         _check_mooncake(req, hash_block_size, req.input_length + 1 if isinstance(req, MooncakeRequest) else 1)  # read lazily
-        self.req, self.hash_block_size, self.output = req, hash_block_size, []
+        self.req, self.hash_block_size, self.output, self.length = req, hash_block_size, [], req.input_length
 
-    def __len__(self) -> int: return self.req.input_length + len(self.output)
-    def append(self, token: int) -> None: self.output.append(token)
-    def extend(self, tokens: Iterable[int]) -> None: self.output.extend(tokens)
+    def __len__(self) -> int: return self.length  # kept as tokens are added: asked several times a step
+    def append(self, token: int) -> None: self.output.append(token); self.length += 1
+    def extend(self, tokens: Iterable[int]) -> None: self.output.extend(tokens); self.length = self.req.input_length + len(self.output)
 
     def __getitem__(self, index: int | slice) -> int | list[int]:
         if not isinstance(index, slice):  # one token: the one-token slice
@@ -222,6 +214,37 @@ def _result(s: Scheduler, num_steps: int, num_preemptions: int, peak: int) -> Ca
                            st.preempted_queries - st.preempted_hits, s.num_blocks_cached - still_cached,
                            num_preemptions, peak, num_steps, s.config.describe())
 
+# %% ../../nbs/06c_production_traces.ipynb #4cf1b752
+def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, e.g. `list(read_mooncake(path))`
+                    num_blocks: int,  # KV cache blocks, the null block included
+                    block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                    ms_per_step: float | None = None,  # None: everything waits from step 0
+                    hash_block_size: int = 512,
+                    hashes: Sequence[list[bytes]] | None = None,  # `block_hashes` per request, if computed already
+                    fast: bool = True,  # False: full token lists, hashed by the manager
+                    advance=None,  # after each step, moves on through the steps it proves (`advance_decode`, chapter 06e)
+                    **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
+                    ) -> CacheSizeResult:
+    "Serve the trace with a pool of `num_blocks`; the counters of the run."
+    check_int("num_blocks", num_blocks, 1); _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
+    _check_hashes(hashes, requests, block_size)
+    kv = KVCacheManager(num_blocks, block_size, max_model_len=max_model_len_for(requests, num_blocks, block_size))
+    s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
+    if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
+    arrival = (lambda r: 0) if ms_per_step is None else (lambda r: int(r.timestamp // ms_per_step))
+    pending, usable, now, peak, preemptions = deque(enumerate(requests)), kv.num_free_blocks, 0, 0, 0
+    while pending or s.busy:
+        if not s.busy: now = max(now, arrival(pending[0][1]))  # idle: jump to the next arrival
+        while pending and arrival(pending[0][1]) <= now:
+            i, r = pending.popleft()
+            if fast: s.queue(trace_request(r, i, hashes[i], hash_block_size))
+            else: s.add_request(mooncake_to_spec(r, i, hash_block_size))
+        out = s.step()  # one engine step (async: one call of vLLM's loop with its batch queue of two)
+        peak, preemptions, now = max(peak, usable - out.num_free_scheduled), preemptions + len(out.preempted), now + 1
+        if advance is not None and (moved := advance(s, out, arrival(pending[0][1]) - now if pending else None)):
+            now, peak = now + moved, max(peak, usable - kv.num_free_blocks)  # a move only takes blocks: its last step peaks
+    return _result(s, s.num_steps, preemptions, peak)
+
 # %% ../../nbs/06c_production_traces.ipynb #154e43e0
 def _check_pace(ms_per_step) -> None:
     "`ms_per_step` is None (everything arrives at once) or a finite number of milliseconds > 0."
@@ -231,9 +254,9 @@ def _check_pace(ms_per_step) -> None:
 # %% ../../nbs/06c_production_traces.ipynb #0a8290a3
 def _check_requests(requests, hash_block_size: int, block_size: int) -> None:
     "A sequence of `MooncakeRequest`s, each one's full blocks covered by its hash ids: refused by name."
-    _check_positive(block_size=block_size)
+    check_int("block_size", block_size, 1)
     if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
-        raise TypeError(f"requests must be a sequence of MooncakeRequest, got {type(requests).__name__}")
+        refuse("requests", "a sequence of MooncakeRequest", requests, TypeError)
     for r in requests: _check_mooncake(r, hash_block_size, block_size)
 
 # %% ../../nbs/06c_production_traces.ipynb #e853263e
@@ -247,7 +270,7 @@ def _check_hashes(hashes, requests: Sequence[MooncakeRequest], block_size: int) 
             raise ValueError(f"hashes[{i}] must be a list of the {r.input_length // block_size} block keys of line {r.line}, got {keys!r:.60}")
 
 # %% ../../nbs/06c_production_traces.ipynb #06b581b9
-def _check_fits(requests: Sequence[MooncakeRequest], num_blocks: int, block_size: int) -> int:
+def max_model_len_for(requests: Sequence[MooncakeRequest], num_blocks: int, block_size: int) -> int:
     "`max_model_len` for the trace: its longest request; refuse a pool that cannot hold it (vLLM refuses to start)."
     if not requests: raise ValueError("the trace has no requests")
     longest = max(requests, key=lambda r: r.input_length + max(1, r.output_length))
@@ -257,36 +280,13 @@ def _check_fits(requests: Sequence[MooncakeRequest], num_blocks: int, block_size
                          f"{cdiv(max_model_len, block_size)} blocks of {block_size} and the null block)")
     return max_model_len
 
-# %% ../../nbs/06c_production_traces.ipynb #4cf1b752
-def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, e.g. `list(read_mooncake(path))`
-                    num_blocks: int,  # KV cache blocks, the null block included
-                    block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
-                    ms_per_step: float | None = None,  # None: everything waits from step 0
-                    hash_block_size: int = 512,
-                    hashes: Sequence[list[bytes]] | None = None,  # `block_hashes` per request, if computed already
-                    fast: bool = True,  # False: full token lists, hashed by the manager
-                    advance=None,  # after each step, moves on through the steps it proves (`advance_decode`, chapter 06e)
-                    **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
-                    ) -> CacheSizeResult:
-    "Serve the trace with a pool of `num_blocks`; the counters of the run."
-    _check_count("num_blocks", num_blocks, 1); _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
-    _check_hashes(hashes, requests, block_size)
-    kv = KVCacheManager(num_blocks, block_size, max_model_len=_check_fits(requests, num_blocks, block_size))
-    s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
-    if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
-    arrival = (lambda r: 0) if ms_per_step is None else (lambda r: int(r.timestamp // ms_per_step))
-    pending, usable, now, peak, preemptions = deque(enumerate(requests)), kv.num_free_blocks, 0, 0, 0
-    while pending or s.busy:
-        if not s.busy: now = max(now, arrival(pending[0][1]))  # idle: jump to the next arrival
-        while pending and arrival(pending[0][1]) <= now:
-            i, r = pending.popleft()
-            s.queue(trace_request(r, i, hashes[i], hash_block_size) if fast else
-                    s._checked_request(mooncake_to_spec(r, i, hash_block_size), None))
-        out = s.step()  # one engine step (async: one call of vLLM's loop with its batch queue of two)
-        peak, preemptions, now = max(peak, usable - out.num_free_scheduled), preemptions + len(out.preempted), now + 1
-        if advance is not None and (moved := advance(s, out, arrival(pending[0][1]) - now if pending else None)):
-            now, peak = now + moved, max(peak, usable - kv.num_free_blocks)  # a move only takes blocks: its last step peaks
-    return _result(s, s.num_steps, preemptions, peak)
+# %% ../../nbs/06c_production_traces.ipynb #d5640e8e
+def _check_blocks(requests: Sequence[MooncakeRequest], blocks, block_size: int) -> None:
+    "`blocks` is a non-empty list of cache sizes, each able to hold the trace's longest request."
+    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
+        raise ValueError(f"blocks must be a non-empty list of cache sizes, got {blocks!r:.40}")
+    check_ints("blocks", blocks, 1)
+    for n in blocks: max_model_len_for(requests, n, block_size)
 
 # %% ../../nbs/06c_production_traces.ipynb #f113016b
 def ideal_hit_rate(requests: Sequence[MooncakeRequest], block_size: int = 16, hash_block_size: int = 512,
@@ -311,14 +311,6 @@ def _init_worker(requests, settings) -> None:
 
 def _replay_one(num_blocks: int) -> CacheSizeResult:
     return replay_mooncake(_WORKER["requests"], num_blocks, hashes=_WORKER["hashes"], **_WORKER["settings"])
-
-# %% ../../nbs/06c_production_traces.ipynb #d5640e8e
-def _check_blocks(requests: Sequence[MooncakeRequest], blocks, block_size: int) -> None:
-    "`blocks` is a non-empty list of cache sizes, each able to hold the trace's longest request."
-    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
-        raise ValueError(f"blocks must be a non-empty list of cache sizes, got {blocks!r:.40}")
-    _check_positive(**{f"blocks[{i}]": n for i, n in enumerate(blocks)})
-    for n in blocks: _check_fits(requests, n, block_size)
 
 # %% ../../nbs/06c_production_traces.ipynb #cd5d11ff
 def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache sizes, in blocks
@@ -361,6 +353,15 @@ def format_results(results: Sequence[CacheSizeResult], fmt: str = "table") -> st
     return "\n".join(head + ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)] +
                       ["| " + " | ".join(cell(r[n]) for n in names) + " |" for r in rows]) + "\n"
 
+# %% ../../nbs/06c_production_traces.ipynb #04705ab9
+def sweep_svg(results: Sequence[CacheSizeResult],  # from `sweep`, in increasing cache size
+              ideal: float,  # `ideal_hit_rate` of the same trace: drawn as the ceiling
+              title: str = "") -> str:
+    "Hit rate against cache size (log scale), with the infinite-cache hit rate: an SVG document."
+    sizes = [r.num_blocks for r in results]
+    return chart_svg({"hit rate": [r.hit_rate for r in results], "infinite cache": [ideal] * len(results)}, sizes, title=title,
+                     xlabel="cache size (blocks)", ylabel="prefix-cache hit rate", logx=True)
+
 # %% ../../nbs/06c_production_traces.ipynb #067f8ed3
 def _size_label(n: int) -> str:
     "A cache size as a short tick label: 12.5k, 256k, 1.6M."
@@ -368,18 +369,17 @@ def _size_label(n: int) -> str:
 
 def plot_sweep(results: Sequence[CacheSizeResult], ideal: float, out: str | Path, title: str = "") -> list[Path]:
     "Hit rate and preemptions versus cache size, the infinite-cache hit rate as a line; writes OUT.png and OUT.svg."
-    try:
-        import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt; from matplotlib.ticker import NullFormatter
+    try: from matplotlib.figure import Figure; from matplotlib.ticker import NullFormatter; import matplotlib
     except ImportError: raise ImportError("plot_sweep needs matplotlib: pip install matplotlib") from None
-    fig, ax = plt.subplots(figsize=(7, 4)); ax2 = ax.twinx()
-    x, preempted = [r.num_blocks for r in results], [r.preemptions for r in results]
-    ax.plot(x, [r.hit_rate for r in results], "o-", label="hit rate"); ax.axhline(ideal, ls="--", c="gray", label="infinite cache")
-    ax2.plot(x, preempted, "s:", c="tab:red", label="preemptions"); ax2.set_ylim(0, max(1, *preempted) * 1.1)
-    ax.set(xscale="log", xlabel="cache size (blocks)", ylabel="prefix-cache hit rate", ylim=(0, 1), xticks=x)
-    ax.set_xticklabels([_size_label(n) for n in x]); ax.xaxis.set_minor_formatter(NullFormatter())
-    ax2.set_ylabel("preemptions"); fig.legend(loc="upper center", ncol=3, frameon=False)
-    fig.suptitle(textwrap.fill(title, 110), y=0.01, va="bottom", fontsize=8); fig.tight_layout(rect=(0, 0.1, 1, 0.95))
-    paths = [Path(out).with_suffix(s) for s in (".png", ".svg")]
-    for p in paths: fig.savefig(p)
-    plt.close(fig)
+    with matplotlib.rc_context({"font.size": FONT_SIZE}):  # no text below FONT_SIZE
+        fig = Figure(figsize=(7, 4)); ax = fig.add_subplot(); ax2 = ax.twinx()
+        x, preempted = [r.num_blocks for r in results], [r.preemptions for r in results]
+        ax.plot(x, [r.hit_rate for r in results], "o-", label="hit rate"); ax.axhline(ideal, ls="--", c="gray", label="infinite cache")
+        ax2.plot(x, preempted, "s:", c="tab:red", label="preemptions"); ax2.set_ylim(0, max(1, *preempted) * 1.1)
+        ax.set(xscale="log", xlabel="cache size (blocks)", ylabel="prefix-cache hit rate", ylim=(0, 1), xticks=x)
+        ax.set_xticklabels([_size_label(n) for n in x]); ax.xaxis.set_minor_formatter(NullFormatter())
+        ax2.set_ylabel("preemptions"); fig.legend(loc="upper center", ncol=3, frameon=False)
+        fig.suptitle(textwrap.fill(title, 90), y=0.01, va="bottom", fontsize=FONT_SIZE); fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+        paths = [Path(out).with_suffix(s) for s in (".png", ".svg")]
+        for p in paths: fig.savefig(p)
     return paths

@@ -17,14 +17,14 @@ from ..core.hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiMod
     get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, hash_request_tokens, block_hash_to_int64,
     _check_path, _checked_request, _checked_tokens, _chunks, _decoded, _hash_blocks, _lora_from_json, _mm_from_json)
 from ..core.block_pool import BlockPool
-from ..core.free_queue import _check_count
+from ..guards import check_instance, check_int
 from ..core.kv_cache_manager import KVCacheManager, Request
 from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl, _check_ops
 from ..distributed.kv_events import WIRE_SCHEMA, WireSchema
 
 # %% auto #0
-__all__ = ['PROFILES', 'RELEASE_RANGES', 'PYTHON_HASH_MAX_DEPTH', 'LORA_EVENT_ERROR', 'WIRE_SCHEMAS', 'FREE_ORDERS',
-           'LOOKUP_INDEX_ERROR', 'VECTOR_FIELDS', 'PROJECTIONS', 'MISTAKES', 'VllmProfile', 'parse_version',
+__all__ = ['PROFILES', 'RELEASE_RANGES', 'PYTHON_HASH_MAX_DEPTH', 'VECTOR_FIELDS', 'LORA_EVENT_ERROR', 'WIRE_SCHEMAS',
+           'FREE_ORDERS', 'LOOKUP_INDEX_ERROR', 'PROJECTIONS', 'MISTAKES', 'VllmProfile', 'parse_version',
            'profile_for_version', 'siphash13', 'python_hash', 'release_hash_fn', 'release_none_hash',
            'release_extra_keys', 'release_block_hashes', 'release_event_block_hashes', 'wire_schema',
            'ReleaseBlockPool', 'ReleaseKVCacheManager', 'release_factory', 'ReleaseTraceReplayer',
@@ -116,11 +116,6 @@ def profile_for_version(version: str) -> VllmProfile:
         raise ValueError(f"vLLM {version} is not modelled: kvref knows releases 0.8.5 to 0.33.x "
                          f"(0.8.3-0.8.4 inverted the PYTHONHASHSEED test, fixed in 0.8.5 by #17088)")
     return PROFILES[name]
-
-def _check_profile(profile) -> None:
-    "Refuse anything but a `VllmProfile`, naming where one comes from."
-    if not isinstance(profile, VllmProfile):
-        raise TypeError(f"profile must be a VllmProfile (see profile_for_version), got {type(profile).__name__}")
 
 # %% ../../nbs/05a_vllm_releases.ipynb #0d4a33c9
 _M64 = (1 << 64) - 1
@@ -232,7 +227,7 @@ def _hash_value_fn(algo: str, pythonhashseed: str) -> Callable[[Any], int]:
 # %% ../../nbs/05a_vllm_releases.ipynb #1879fc08
 def release_hash_fn(profile: VllmProfile, algo: str, pythonhashseed: str) -> Callable[[Any], int | bytes]:
     "The block hash function `algo` of `profile`'s releases, in a process with PYTHONHASHSEED=`pythonhashseed`."
-    _check_profile(profile)
+    check_instance("profile", profile, VllmProfile, "a VllmProfile (see profile_for_version)")
     if not isinstance(pythonhashseed, str): raise TypeError(f"pythonhashseed must be a str, got {type(pythonhashseed).__name__}")
     if algo not in profile.hash_algos:
         raise ValueError(f"{profile.name} (vLLM {profile.first}+) offers hash algorithms {', '.join(profile.hash_algos)}; "
@@ -254,7 +249,7 @@ def _resolved_seed(profile: VllmProfile, algo: str, pythonhashseed: str | None) 
 # %% ../../nbs/05a_vllm_releases.ipynb #e23c7dd7
 def release_none_hash(profile: VllmProfile, algo: str, pythonhashseed: str | None) -> int | bytes:
     "NONE_HASH, the parent of block 0, as `profile`'s releases compute it."
-    _check_profile(profile)
+    check_instance("profile", profile, VllmProfile, "a VllmProfile (see profile_for_version)")
     seed, hash_fn = _resolved_seed(profile, algo, pythonhashseed), release_hash_fn(profile, algo, pythonhashseed or "0")
     if not profile.none_hash_from_algo: return int.from_bytes(sha256(seed), "big")  # pickle-SHA-256, any algo
     return hash_fn(seed)
@@ -273,7 +268,8 @@ def release_extra_keys(profile: VllmProfile, start: int, end: int, *, lora: LoRA
                        decode: bool = False,  # the block was completed by generated tokens
                       ) -> tuple | None:
     "The extra keys `profile`'s releases hash with the block `[start, end)`: LoRA, multimodal, salt, in that order."
-    _check_profile(profile); _check_count("start", start); _check_count("end", end, start)
+    check_instance("profile", profile, VllmProfile, "a VllmProfile (see profile_for_version)")
+    check_int("start", start); check_int("end", end, start)
     if profile.lora_key == "tagged":
         return generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt)
     keys: list = [] if lora is None else [lora_int_id if profile.lora_key == "lora_int_id" else _decoded(lora.name)]
@@ -290,6 +286,18 @@ def _check_release_request(profile: VllmProfile, lora, lora_int_id, cache_salt) 
         raise ValueError(f"{profile.name} has no cache_salt (it came in vLLM 0.9.0, #17045)")
     if lora is not None and profile.lora_key == "lora_int_id" and (type(lora_int_id) is not int or lora_int_id < 1):
         raise ValueError(f"{profile.name} hashes a LoRA adapter by its lora_int_id (an int >= 1), got {lora_int_id!r}")
+
+# %% ../../nbs/05a_vllm_releases.ipynb #6b009b70
+VECTOR_FIELDS = ("algo", "prompt_token_ids", "block_size")  # the hashing inputs every vector of a file names
+
+def _checked_vectors(path: str | Path, vectors: Any, what: str = "checking nothing is not a pass") -> list[dict]:
+    "A vector file's `vectors`: a non-empty list of objects with their hashing inputs; ValueError naming the file and the vector."
+    if not isinstance(vectors, list) or not vectors: raise ValueError(f"{path}: no 'vectors' list: {what}")
+    for i, entry in enumerate(vectors):
+        if not isinstance(entry, dict): raise ValueError(f"{path}: vectors[{i}] must be an object, got {type(entry).__name__}")
+        missing = [name for name in VECTOR_FIELDS if name not in entry]
+        if missing: raise ValueError(f"{path}: vectors[{i}] has no {missing[0]!r}")
+    return vectors
 
 # %% ../../nbs/05a_vllm_releases.ipynb #e982b76c
 def _block_keys(profile: VllmProfile, block_size: int, first: int, last: int, prompt_end: int, *,
@@ -351,14 +359,14 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
                          num_prompt_tokens: int | None = None,  # blocks ending after it were completed by decoding
                          known_hashes: Sequence = ()) -> list:
     "Hashes of all full blocks of `token_ids` as `profile`'s releases compute them (ints up to 0.10.1, else bytes)."
-    _check_profile(profile)
+    check_instance("profile", profile, VllmProfile, "a VllmProfile (see profile_for_version)")
     algo = algo or profile.default_hash_algo
     hash_fn = release_hash_fn(profile, algo, pythonhashseed or "0")
     chain = _builtin_chain if algo == "builtin" else _hash_value_chain  # int hash values, up to 0.10.1
     none_hash = release_none_hash(profile, algo, pythonhashseed)
     items = _checked_request(token_ids, block_size, "sha256", cache_salt, lora, mm_items, None)
     _check_release_request(profile, lora, lora_int_id, cache_salt)
-    if num_prompt_tokens is not None: _check_count("num_prompt_tokens", num_prompt_tokens)
+    if num_prompt_tokens is not None: check_int("num_prompt_tokens", num_prompt_tokens)
     if profile.lora_key == "tagged":  # 0.31+: kvref's own hashing, fast path and all
         return hash_request_tokens(token_ids, block_size, algo, cache_salt=cache_salt, lora=lora, mm_items=items,
                                    seed=_resolved_seed(profile, algo, pythonhashseed), known_hashes=known_hashes)
@@ -377,7 +385,7 @@ LORA_EVENT_ERROR = "AttributeError: 'LoRARequest' object has no attribute 'id'"
 
 def release_event_block_hashes(profile: VllmProfile, block_hashes: Sequence, lora: LoRARequest | None = None) -> list[int]:
     "What a `BlockStored` KV event of `profile`'s releases carries for `block_hashes`."
-    _check_profile(profile)
+    check_instance("profile", profile, VllmProfile, "a VllmProfile (see profile_for_version)")
     if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence):
         raise TypeError(f"block_hashes must be a list of block hashes, got {type(block_hashes).__name__}")
     if profile.kv_events is None: raise ValueError(f"{profile.name} has no KV events (they came in vLLM 0.9.0, #16750)")
@@ -431,7 +439,7 @@ class ReleaseKVCacheManager(KVCacheManager):
     "vLLM 0.33's KV cache manager with a release's hashing, free order and hash lifetime."
     def __init__(self, num_blocks: int, block_size: int, profile: VllmProfile, *, enable_caching: bool = True,
                  hash_algo: str = "sha256", max_model_len: int | None = None, strict: bool = False):
-        _check_profile(profile)
+        check_instance("profile", profile, VllmProfile, "a VllmProfile (see profile_for_version)")
         super().__init__(num_blocks, block_size, enable_caching=enable_caching, max_model_len=max_model_len, strict=strict)
         self.profile = profile
         self.hash_algo_used = hash_algo if hash_algo in profile.hash_algos else profile.default_hash_algo
@@ -583,18 +591,6 @@ class ReleaseMismatch:
     field: str  # none_hash, block_hashes, extra_keys or event_block_hashes
     expected: Any
     got: Any
-
-# %% ../../nbs/05a_vllm_releases.ipynb #6b009b70
-VECTOR_FIELDS = ("algo", "prompt_token_ids", "block_size")  # the hashing inputs every vector of a file names
-
-def _checked_vectors(path: str | Path, vectors: Any, what: str = "checking nothing is not a pass") -> list[dict]:
-    "A vector file's `vectors`: a non-empty list of objects with their hashing inputs; ValueError naming the file and the vector."
-    if not isinstance(vectors, list) or not vectors: raise ValueError(f"{path}: no 'vectors' list: {what}")
-    for i, entry in enumerate(vectors):
-        if not isinstance(entry, dict): raise ValueError(f"{path}: vectors[{i}] must be an object, got {type(entry).__name__}")
-        missing = [name for name in VECTOR_FIELDS if name not in entry]
-        if missing: raise ValueError(f"{path}: vectors[{i}] has no {missing[0]!r}")
-    return vectors
 
 # %% ../../nbs/05a_vllm_releases.ipynb #f0614d2b
 def check_release_vectors(path: str | Path) -> tuple[int, ReleaseMismatch | None]:

@@ -15,13 +15,17 @@ import kvref
 from ..core.free_queue import KVCacheBlock, block_ids
 from ..core.hashing import LoRARequest, MultiModalItem
 from ..core.kv_cache_manager import BEHAVIORS, KVCacheManager, Request
+from ..core.hybrid import CONFIG_FIELDS, HYBRID_CONFIG_DEFAULTS, HybridKVCacheManager, HybridRequest, spec_from_group
+from ..guards import check_bool
+import kvref.core.mamba  # registers the Mamba group kind (hybrid traces)
 
 # %% auto #0
 __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'MAX_LINE_CHARS', 'FILE_KINDS',
-           'FIELDS', 'VECTOR_KINDS', 'validate_op', 'trace_config', 'AllocatorAdapter', 'Protocol1', 'as_protocol2',
-           'KVRefAdapter', 'RequestState', 'step', 'decision', 'TraceDriver', 'kvref_factory', 'TraceReplayer',
-           'replay', 'run_adapter', 'read_jsonl', 'load_trace', 'load_decisions', 'is_hybrid', 'jsonl_kind',
-           'file_kind', 'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector',
+           'HYBRID_OPS', 'HYBRID_FIELDS', 'FIELDS', 'VECTOR_KINDS', 'validate_op', 'trace_config', 'AllocatorAdapter',
+           'Protocol1', 'as_protocol2', 'KVRefAdapter', 'RequestState', 'step', 'decision', 'is_hybrid', 'TraceDriver',
+           'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter', 'read_jsonl', 'load_trace', 'load_decisions',
+           'jsonl_kind', 'file_kind', 'validate_hybrid_op', 'hybrid_config', 'HybridAllocatorAdapter',
+           'KVRefHybridAdapter', 'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector',
            'golden_dir', 'list_vectors', 'vector_path']
 
 # %% ../../nbs/05_replay.ipynb #50bbdc30
@@ -41,9 +45,19 @@ OP_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool, int]]] = {  # op ->
     "preempt": {"id": ((_STR,), True, 1)}, "free": {"id": ((_STR,), True, 1)}, "reset_prefix_cache": {},
 }
 
-# %% ../../nbs/05_replay.ipynb #76d92ea0
-CONFIG_DEFAULTS = {"enable_caching": True, "hash_algo": "sha256", "max_model_len": None, "version": 1,
-                   "free_queue_every": None}
+# %% ../../nbs/05_replay.ipynb #2453c6d5
+def validate_op(op: object,       # one parsed JSON line
+                version: int = 1  # the trace's format version (a config op states its own)
+               ) -> dict:
+    "Check one trace op against the format; return it, or raise ValueError naming the problem."
+    if not isinstance(op, dict): raise ValueError(f"an op must be a JSON object, got {type(op).__name__}")
+    name = op.get("op")
+    if name not in OP_FIELDS: raise ValueError(f"unknown op {name!r}; valid ops: {', '.join(OP_FIELDS)}")
+    if name == "config": version = _config_version(op)
+    _check_fields(op, name, version)
+    _check_shapes(op, name)
+    _check_limits(op, name)
+    return op
 
 # %% ../../nbs/05_replay.ipynb #a1e0f001
 def _type_names(types: tuple[type, ...]) -> str:
@@ -105,20 +119,6 @@ def _config_version(op: dict) -> int:
                          f"{', '.join(map(str, TRACE_FORMAT_VERSIONS))}")
     return version
 
-# %% ../../nbs/05_replay.ipynb #2453c6d5
-def validate_op(op: object,       # one parsed JSON line
-                version: int = 1  # the trace's format version (a config op states its own)
-               ) -> dict:
-    "Check one trace op against the format; return it, or raise ValueError naming the problem."
-    if not isinstance(op, dict): raise ValueError(f"an op must be a JSON object, got {type(op).__name__}")
-    name = op.get("op")
-    if name not in OP_FIELDS: raise ValueError(f"unknown op {name!r}; valid ops: {', '.join(OP_FIELDS)}")
-    if name == "config": version = _config_version(op)
-    _check_fields(op, name, version)
-    _check_shapes(op, name)
-    _check_limits(op, name)
-    return op
-
 # %% ../../nbs/05_replay.ipynb #92986a84
 def _check_ops(ops, name: str = "ops", path_ok: bool = False) -> None:
     "Refuse anything but an iterable of ops (a str, bytes or dict is not a trace), naming `name`."
@@ -126,6 +126,10 @@ def _check_ops(ops, name: str = "ops", path_ok: bool = False) -> None:
     if isinstance(ops, (str, bytes, dict)) or not hasattr(ops, "__iter__"):
         what = "a list of ops or a trace file's path" if path_ok else "a list of ops"
         raise TypeError(f"{name} must be {what}, got {type(ops).__name__}")
+
+# %% ../../nbs/05_replay.ipynb #76d92ea0
+CONFIG_DEFAULTS = {"enable_caching": True, "hash_algo": "sha256", "max_model_len": None, "version": 1,
+                   "free_queue_every": None}
 
 # %% ../../nbs/05_replay.ipynb #a1e0f006
 def trace_config(config: dict) -> dict:
@@ -189,6 +193,7 @@ def as_protocol2(adapter: AllocatorAdapter) -> AllocatorAdapter:
 class KVRefAdapter:
     "kvref's `KVCacheManager` behind the adapter protocol (the reference side of every replay and check)."
     protocol_version = 2
+    request_cls = Request  # the manager's request class
     def __init__(self, config: dict,  # the trace's config op
                  behavior: str = "vllm_0_33",  # see `BEHAVIORS`
                  manager_cls: type = KVCacheManager):  # a subclass, to check a modified allocator
@@ -200,9 +205,9 @@ class KVRefAdapter:
 # %% ../../nbs/05_replay.ipynb #92cc023e
 @patch
 def add(self: KVRefAdapter, request_id, prompt, *, cache_salt=None, lora=None, mm_items=()):
-    self.requests[request_id] = Request(request_id, list(prompt), cache_salt=cache_salt,
-                                        lora_request=LoRARequest(**lora) if lora else None,
-                                        mm_items=tuple(MultiModalItem(**item) for item in mm_items))
+    self.requests[request_id] = self.request_cls(request_id, list(prompt), cache_salt=cache_salt,
+                                                 lora_request=LoRARequest(**lora) if lora else None,
+                                                 mm_items=tuple(MultiModalItem(**item) for item in mm_items))
 
 @patch
 def lookup(self: KVRefAdapter, request_id):
@@ -302,12 +307,17 @@ def decision(op: dict, outcome: dict, adapter: AllocatorAdapter,
     d["num_free"] = adapter.num_free()
     return d
 
+# %% ../../nbs/05_replay.ipynb #8620b8de
+def is_hybrid(config: object) -> bool:
+    "Whether a trace's first op describes KV cache groups (the hybrid format) rather than one block size."
+    return isinstance(config, dict) and "groups" in config
+
 # %% ../../nbs/05_replay.ipynb #a588f777
 class TraceDriver:
-    "Applies trace ops one by one to an engine's adapter; `apply` returns each op's decision."
+    "Applies trace ops one by one to an engine's adapter (single-group or hybrid); `apply` returns each op's decision."
     def __init__(self, factory: Callable[[dict], AllocatorAdapter],  # config dict -> adapter
                  strict: bool = False,  # freeing an unknown or already freed request is an error
-                 version: int | None = None,  # decisions' format version (None: the trace's)
+                 version: int | None = None,  # decisions' format version (None: the trace's; a hybrid trace's is 1)
                  free_queue_every: int | None = None,  # version 2: the whole queue every this many ops (None: the trace's)
                  validate: bool = True):  # check each op against the format (off: a lockstep partner already did)
         self.factory, self.strict, self.version, self.free_queue_every = factory, strict, version, free_queue_every
@@ -315,12 +325,14 @@ class TraceDriver:
         self.adapter: AllocatorAdapter | None = None
         self.requests: dict[str, RequestState] = {}
         self.num_applied, self.trace_version = 0, 1
+        self.hybrid = False  # the config listed KV cache groups (set by the config op)
 
 # %% ../../nbs/05_replay.ipynb #ab3a56fc
 @patch
 def apply(self: TraceDriver, op: dict) -> dict:
     "Apply one op; its decision."
-    if self.validate: validate_op(op, self.trace_version)
+    if self.adapter is None: self.hybrid = is_hybrid(op)
+    if self.validate: (validate_hybrid_op if self.hybrid else validate_op)(op, self.trace_version)
     if (op["op"] == "config") != (self.adapter is None):
         raise ValueError("the first op must be 'config', and only the first")
     outcome = getattr(self, "_" + op["op"])(op) or {}
@@ -332,6 +344,7 @@ def apply(self: TraceDriver, op: dict) -> dict:
 # %% ../../nbs/05_replay.ipynb #2c63d7bb
 @patch
 def _config(self: TraceDriver, op: dict) -> None:
+    if self.hybrid: self.version, self.adapter = 1, self.factory(hybrid_config(op)); return
     config = trace_config(op)
     self.trace_version = config["version"]
     self.version = self.version or config["version"]
@@ -355,7 +368,10 @@ def _add(self: TraceDriver, op: dict) -> None:
 # %% ../../nbs/05_replay.ipynb #a1e0f030
 @patch
 def _schedule(self: TraceDriver, op: dict) -> dict:
-    return step(self.adapter, op["id"], self._request(op), op.get("budget"), op.get("num_lookahead_tokens", 0))
+    outcome = step(self.adapter, op["id"], self._request(op), op.get("budget"), op.get("num_lookahead_tokens", 0))
+    if self.hybrid: outcome.update(block_ids=[list(table) for table in outcome["block_ids"]],
+                                   shared_prefix_boundary=self.adapter.shared_prefix_boundary(op["id"]))
+    return outcome
 
 @patch
 def _append(self: TraceDriver, op: dict) -> None:
@@ -381,22 +397,31 @@ def _reset_prefix_cache(self: TraceDriver, op: dict) -> dict:
     return {"ok": bool(self.adapter.reset_prefix_cache())}
 
 # %% ../../nbs/05_replay.ipynb #a1e0f033
-def kvref_factory(behavior: str = "vllm_0_33",  # kvref behaviour, see `BEHAVIORS`
-                  manager_cls: type = KVCacheManager,  # allocator class (a subclass, to check a variant)
+def kvref_factory(behavior: str = "vllm_0_33",  # kvref behaviour, see `BEHAVIORS` (hybrid traces: vllm_0_33 only)
+                  manager_cls: type = KVCacheManager,  # single-group allocator class (a subclass, to check a variant)
+                  enable_kv_cache_events: bool = False,  # a hybrid manager records KV events (`manager.take_events()`)
                  ) -> Callable[[dict], KVRefAdapter]:
-    "A factory of `KVRefAdapter`s in `behavior`."
+    "A factory of kvref's adapters in `behavior`: `KVRefHybridAdapter` for a hybrid config, else `KVRefAdapter`."
     if behavior not in BEHAVIORS: raise ValueError(f"behavior must be one of {BEHAVIORS}, got {behavior!r}")
-    return lambda config: KVRefAdapter(config, behavior, manager_cls)
+    check_bool("enable_kv_cache_events", enable_kv_cache_events)
+    def factory(config: dict) -> KVRefAdapter:
+        if not is_hybrid(config): return KVRefAdapter(config, behavior, manager_cls)
+        if behavior != "vllm_0_33":
+            raise ValueError(f"hybrid traces replay as vLLM 0.33 does: behavior {behavior!r} does not apply to them")
+        return KVRefHybridAdapter(config, enable_kv_cache_events)
+    return factory
 
 # %% ../../nbs/05_replay.ipynb #d3d2f8a6
 class TraceReplayer(TraceDriver):
-    "A `TraceDriver` over kvref's own allocator in `behavior`."
-    def __init__(self, behavior: str = "vllm_0_33", strict: bool = False, **kwargs):
-        super().__init__(kvref_factory(behavior), strict, **kwargs)
+    "A `TraceDriver` over kvref's own manager: `KVCacheManager` in `behavior`, or a hybrid trace's `HybridKVCacheManager`."
+    def __init__(self, behavior: str = "vllm_0_33", strict: bool = False,
+                 enable_kv_cache_events: bool = False,  # a hybrid manager records KV events, as vLLM with `--kv-events-config`
+                 **kwargs):  # `version`, `free_queue_every`, `validate`: as for `TraceDriver`
+        super().__init__(kvref_factory(behavior, enable_kv_cache_events=enable_kv_cache_events), strict, **kwargs)
         self.behavior = behavior
 
     @property
-    def manager(self) -> KVCacheManager | None: return self.adapter and self.adapter.manager
+    def manager(self) -> KVCacheManager | HybridKVCacheManager | None: return self.adapter and self.adapter.manager
 
 # %% ../../nbs/05_replay.ipynb #ef2a64b8
 def replay(ops: Iterable[dict],              # trace ops, `config` first
@@ -461,10 +486,6 @@ def load_decisions(path: str | Path) -> list[dict]:
     return out
 
 # %% ../../nbs/05_replay.ipynb #442fb42e
-def is_hybrid(config: object) -> bool:
-    "Whether a trace's first op describes KV cache groups (the hybrid format) rather than one block size."
-    return isinstance(config, dict) and "groups" in config
-
 FILE_KINDS = {"trace": "an allocator trace", "hybrid-trace": "a hybrid allocator trace (KV cache groups)",
               "decisions": "an allocator's decisions, one per op of a trace",
               "events": "the KV events an engine emitted, one line per op of a trace",
@@ -474,7 +495,8 @@ FILE_KINDS = {"trace": "an allocator trace", "hybrid-trace": "a hybrid allocator
 
 def jsonl_kind(first: object) -> str:
     "Which of `FILE_KINDS` a JSONL file holds, from its first line (anything unrecognised: 'trace', whose reader says why)."
-    if isinstance(first, list) or isinstance(first, dict) and "events" in first and "sched" not in first: return "events"
+    if isinstance(first, list) or isinstance(first, dict) and "sched" not in first and ("events" in first or "payload_b64" in first):
+        return "events"  # per op, or a recorded stream of published batches
     if not isinstance(first, dict): return "trace"
     if "meta" in first and "op" not in first: return "wire"
     if "op" not in first and "hash_ids" in first: return "request-log"
@@ -491,6 +513,104 @@ def file_kind(path: str | Path) -> str:
                 if line.strip(): return jsonl_kind(json.loads(line))
     except (OSError, ValueError, RecursionError): pass
     return "trace"
+
+# %% ../../nbs/05_replay.ipynb #62e0cbf0
+HYBRID_OPS = ("config", "add", "schedule", "append", "preempt", "free", "reset_prefix_cache", "new_step")
+HYBRID_FIELDS = ("hit_tokens", "num_new_tokens", "allocated", "block_ids", "shared_prefix_boundary", "copies", "ok",
+                 "free_queue", "num_free")  # every field a hybrid decision can have, besides `op` and `id`
+
+# %% ../../nbs/05_replay.ipynb #2ab535ea
+def validate_hybrid_op(op: object,      # one parsed JSON line
+                       version: int = 1  # unused: hybrid traces have one version (`load_trace` passes it)
+                      ) -> dict:
+    "Check one hybrid trace op: the config by its own rules, `new_step` bare, the rest as format 1 ops; return it."
+    if not isinstance(op, dict): raise ValueError(f"an op must be a JSON object, got {type(op).__name__}")
+    name = op.get("op")
+    if name not in HYBRID_OPS: raise ValueError(f"unknown op {name!r}; valid hybrid ops: {', '.join(HYBRID_OPS)}")
+    if name == "config": _check_hybrid_config(op)
+    elif name == "new_step":
+        if len(op) > 1: raise ValueError(f"op 'new_step' has unknown field {next(k for k in op if k != 'op')!r}")
+    elif "num_lookahead_tokens" in op: raise ValueError(f"op {name!r}: hybrid traces have no num_lookahead_tokens")
+    else: validate_op(op)
+    return op
+
+# %% ../../nbs/05_replay.ipynb #34d839d4
+def _check_hybrid_config(op: dict) -> None:
+    "The config's fields by name, its groups by kind and fields, `num_blocks` an int."
+    if unknown := [k for k in op if k not in CONFIG_FIELDS]: raise ValueError(f"op 'config' has unknown field {unknown[0]!r}")
+    groups = op.get("groups")
+    if not isinstance(groups, list) or not groups:
+        raise ValueError(f"op 'config': groups must be a non-empty list, got {json.dumps(groups)[:60]}")
+    for i, group in enumerate(groups): spec_from_group(group, i)
+    if type(op.get("num_blocks")) is not int:
+        raise ValueError(f"op 'config': num_blocks must be an int, got {json.dumps(op.get('num_blocks'))[:40]}")
+
+# %% ../../nbs/05_replay.ipynb #0cc66a43
+def hybrid_config(op: dict) -> dict:
+    "A hybrid config op without its `op` key, with the hybrid chapter's `HYBRID_CONFIG_DEFAULTS` for the fields it leaves out."
+    return {**HYBRID_CONFIG_DEFAULTS, **{k: v for k, v in op.items() if k != "op"}}
+
+# %% ../../nbs/05_replay.ipynb #bb58e214
+@runtime_checkable
+class HybridAllocatorAdapter(AllocatorAdapter, Protocol):
+    "`AllocatorAdapter` of a hybrid engine: one block table per group, and scheduler steps."
+    def block_ids(self, request_id: str) -> list[list[int]]: ...
+    def shared_prefix_boundary(self, request_id: str) -> int: ...
+    def new_step(self) -> list[tuple[int, int]]: ...
+
+# %% ../../nbs/05_replay.ipynb #8a6992f1
+@patch
+def _new_step(self: TraceDriver, op: dict) -> dict: return {"copies": [list(pair) for pair in self.adapter.new_step()]}
+
+# %% ../../nbs/05_replay.ipynb #220e2319
+class KVRefHybridAdapter(KVRefAdapter):
+    "kvref's `HybridKVCacheManager` behind the hybrid adapter protocol."
+    request_cls = HybridRequest
+    def __init__(self, config: dict,  # the trace's config, defaults filled in
+                 enable_kv_cache_events: bool = False):  # the manager records KV events (`manager.take_events()`)
+        self.manager = HybridKVCacheManager.from_config(config, enable_kv_cache_events)
+        self.full_sequence_must_fit = config.get("full_sequence_must_fit", False)
+        self.requests: dict[str, HybridRequest] = {}
+        self._hits: dict[str, list] = {}
+        self._taken, self._returned = [], []  # stay empty: hybrid decisions carry the whole queue
+
+# %% ../../nbs/05_replay.ipynb #f91352f5
+@patch
+def lookup(self: KVRefHybridAdapter, request_id):
+    request = self.requests[request_id]
+    self._hits[request_id], num_tokens, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
+    return num_tokens
+
+@patch
+def shared_prefix_boundary(self: KVRefHybridAdapter, request_id): return self.requests[request_id].shared_prefix_boundary
+
+# %% ../../nbs/05_replay.ipynb #eff114fc
+@patch
+def allocate(self: KVRefHybridAdapter, request_id, num_new_tokens, num_hit_tokens, *, num_computed_tokens=0,
+             num_lookahead_tokens=0):
+    if num_lookahead_tokens: raise ValueError("hybrid traces have no lookahead slots")
+    request, hits = self.requests[request_id], self._hits.pop(request_id, None)
+    request.num_computed_tokens = num_computed_tokens
+    gate = self.full_sequence_must_fit and num_computed_tokens == 0  # a waiting request passes the gate
+    if self.manager.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, gate) is None: return False
+    request.num_computed_tokens += num_hit_tokens + num_new_tokens
+    return True
+
+# %% ../../nbs/05_replay.ipynb #5dcd47f2
+@patch
+def new_step(self: KVRefHybridAdapter):
+    copies = self.manager.take_kv_cache_block_copies()
+    self.manager.block_pool.free_blocks([block for pair in copies for block in pair], unhashed_first=True)
+    self.manager.new_step_starts()
+    return [(src.block_id, dst.block_id) for src, dst in copies]
+
+# %% ../../nbs/05_replay.ipynb #9b780fef
+@patch
+def preempt(self: KVRefHybridAdapter, request_id):
+    self.manager.free(request_id); self.requests[request_id].num_computed_tokens = 0
+
+@patch
+def free(self: KVRefHybridAdapter, request_id): self.manager.free(request_id); del self.requests[request_id]
 
 # %% ../../nbs/05_replay.ipynb #a1e0f036
 def apply_changes(queue: list[int], d: dict) -> list[int]:
@@ -633,6 +753,7 @@ def _release(path: Path, root: Path, source: str = "") -> str | None:
     folder, *rest = path.relative_to(root).parts
     if folder in ("versions", "versions-vllm") and rest and rest[0][0].isdigit(): return rest[0]
     if folder == "events" and rest[:1] == ["wire"] and rest[-1][0].isdigit(): return Path(rest[-1]).stem
+    if folder == "events" and (named := [p for p in rest[:-1] if re.fullmatch(r"\d+\.\d+\.\d+", p)]): return named[0]
     if found := re.search(r"vllm (\d+\.\d+\.\d+\S*)", source, re.IGNORECASE): return found.group(1)
     return None if folder in ("mooncake", "attention") or source.startswith("kvref") else "0.33.0"
 

@@ -13,18 +13,18 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol
 from fastcore.basics import patch
 from ..core.hashing import LoRARequest, MultiModalItem, hash_request_tokens
-from ..distributed.kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventBatch, KVIndex, _check_hash_form,
+from ..distributed.kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEvent, KVEventBatch, KVIndex, HASH_FORMS,
                              decode_batch, encode_batch, encode_batch_fast, event_to_json, lora_id, wire_events,
                              WIRE_SCHEMA, WireSchema)
 from ..core.kv_cache_manager import KVCacheManager
-from ..core.free_queue import _check_count
+from ..guards import check_choice, check_int
 from .replay import TraceDriver, kvref_factory, load_trace, validate_op, _check_ops
 
 # %% auto #0
 __all__ = ['END_SEQ', 'OpBatch', 'EventfulKVCacheManager', 'op_batches', 'event_records', 'offset_endpoint_port',
            'EventPublisher', 'RouterAdapter', 'reference_router', 'ExampleRouter', 'FirstBytesRouter',
-           'DropAllCopiesRouter', 'SaltBlindRouter', 'Prompt', 'trace_prompts', 'RouterDivergence', 'check_router',
-           'shrink_router', 'publish_trace']
+           'DropAllCopiesRouter', 'SaltBlindRouter', 'ClearBlindRouter', 'Prompt', 'trace_prompts', 'RouterDivergence',
+           'check_router', 'shrink_router', 'publish_trace']
 
 # %% ../../nbs/07d_router_conformance.ipynb #14ae6bc8
 @dataclass(slots=True)
@@ -56,8 +56,8 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
                schema: WireSchema = WIRE_SCHEMA,      # the layout of the release whose bytes to write
               ) -> Iterator[OpBatch]:
     "Each op of the trace with the events kvref's allocator (vLLM 0.33 behaviour) emits for it."
-    _check_hash_form(hash_form)
-    if data_parallel_rank is not None: _check_count("data_parallel_rank", data_parallel_rank)
+    check_choice("hash_form", hash_form, HASH_FORMS)
+    if data_parallel_rank is not None: check_int("data_parallel_rank", data_parallel_rank)
     _check_ops(trace, "trace", path_ok=True)
     driver, lora_ids, seq = TraceDriver(kvref_factory("vllm_0_33", EventfulKVCacheManager)), {}, 0
     for i, op in enumerate(_trace_ops(trace)):
@@ -92,7 +92,7 @@ def _zmq():
 # %% ../../nbs/07d_router_conformance.ipynb #ae350637
 def offset_endpoint_port(endpoint: str, data_parallel_rank: int) -> str:
     "The endpoint of DP rank `data_parallel_rank`: tcp port + rank (0 and `*` left alone), inproc name + `_dp{rank}`."
-    _check_count("data_parallel_rank", data_parallel_rank)
+    check_int("data_parallel_rank", data_parallel_rank)
     if not isinstance(endpoint, str): raise TypeError(f"endpoint must be a str, got {type(endpoint).__name__}")
     if data_parallel_rank == 0 or not endpoint: return endpoint
     if "inproc" in endpoint: return f"{endpoint}_dp{data_parallel_rank}"
@@ -115,7 +115,7 @@ class EventPublisher:
                  topic: str = "", buffer_steps: int = 10_000, hwm: int = 100_000,
                  schema: WireSchema = WIRE_SCHEMA):         # the layout of the release it stands for
         for name, value in (("data_parallel_rank", data_parallel_rank), ("buffer_steps", buffer_steps), ("hwm", hwm)):
-            _check_count(name, value)
+            check_int(name, value)
         if not isinstance(topic, str): raise TypeError(f"topic must be a str, got {type(topic).__name__}")
         if type(schema) is not WireSchema: raise TypeError(f"schema must be a WireSchema, got {type(schema).__name__}")
         zmq, self.schema = _zmq(), schema
@@ -199,7 +199,7 @@ class ExampleRouter:
         batch = decode_batch(payload, self.config["hash_form"])
         counts = self.engines.setdefault((stream, batch.data_parallel_rank), {})
         for event in batch.events:
-            if isinstance(event, AllBlocksCleared): counts.clear()
+            if isinstance(event, AllBlocksCleared): self._clear(counts)
             for h in event.block_hashes if isinstance(event, BlockRemoved) else ():
                 self._remove(counts, h)
             for h in event.block_hashes if not isinstance(event, (BlockRemoved, AllBlocksCleared)) else ():
@@ -211,6 +211,11 @@ def _remove(self: ExampleRouter, counts: dict, block_hash) -> None:
     "One copy of `block_hash` is gone."
     counts[block_hash] -= 1
     if not counts[block_hash]: del counts[block_hash]
+
+@patch
+def _clear(self: ExampleRouter, counts: dict) -> None:
+    "The engine's prefix cache was reset: every hash is gone."
+    counts.clear()
 
 # %% ../../nbs/07d_router_conformance.ipynb #7424fb7f
 @patch
@@ -245,6 +250,11 @@ class DropAllCopiesRouter(ExampleRouter):
 class SaltBlindRouter(ExampleRouter):
     "Bug: hashes prompts without their cache salt."
     def _digests(self, prompt, cache_salt, lora, mm_items): return super()._digests(prompt, None, lora, mm_items)
+
+# %% ../../nbs/07d_router_conformance.ipynb #a84f2d0e
+class ClearBlindRouter(ExampleRouter):
+    "Bug: ignores `AllBlocksCleared`, so a reset leaves every hash in the index."
+    def _clear(self, counts): pass
 
 # %% ../../nbs/07d_router_conformance.ipynb #068ecb9f
 @dataclass(frozen=True)

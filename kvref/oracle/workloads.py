@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 from fastcore.basics import patch
+from ..guards import check_instance, check_int
 from ..pictures import follow
 
 # %% auto #0
@@ -32,6 +33,16 @@ class RequestSpec:
     arrival: int = 0  # engine step at which it arrives (the scheduler chapter's `run_workload`)
     think: int = 0  # steps it waits after `after` finished before it arrives
     max_tokens: int | None = None  # tokens to generate; None: as many as `output` scripts
+
+    def __post_init__(self): self.check()
+
+# %% ../../nbs/05b_workloads.ipynb #bf6d5c53
+@dataclass(slots=True)
+class Workload:
+    "A named list of requests and the allocator configuration (`config` trace op fields) it is sized for."
+    name: str  # generator name, e.g. "shared_system_prompts"
+    requests: list[RequestSpec]  # in arrival order
+    config: dict = field(default_factory=dict)  # num_blocks, block_size, enable_caching, hash_algo, max_model_len
 
     def __post_init__(self): self.check()
 
@@ -66,26 +77,14 @@ def _check_options(self: RequestSpec) -> RequestSpec:
         raise ValueError(f"request {self.id!r}: lora must be None or a dict with str 'name' and 'path', got {lora!r}")
     if self.after is not None and not isinstance(self.after, str):
         raise TypeError(f"request {self.id!r}: after must be a str or None, got {self.after!r}")
-    if type(self.priority) is not int: raise TypeError(f"request {self.id!r}: priority must be an int, got {self.priority!r}")
-    for name in ("arrival", "think"):
-        value = getattr(self, name)
-        if type(value) is not int or value < 0: raise ValueError(f"request {self.id!r}: {name} must be an int >= 0, got {value!r}")
+    check_int(f"request {self.id!r}: priority", self.priority, None)
+    for name in ("arrival", "think"): check_int(f"request {self.id!r}: {name}", getattr(self, name))
     n = self.max_tokens
     if n is not None and (type(n) is not int or n < 1):
         raise ValueError(f"request {self.id!r}: max_tokens must be None or an int >= 1, got {n!r}")
     if n is not None and self.output and len(self.output) < n:
         raise ValueError(f"request {self.id!r}: output scripts {len(self.output)} tokens but max_tokens is {n}")
     return self
-
-# %% ../../nbs/05b_workloads.ipynb #bf6d5c53
-@dataclass(slots=True)
-class Workload:
-    "A named list of requests and the allocator configuration (`config` trace op fields) it is sized for."
-    name: str  # generator name, e.g. "shared_system_prompts"
-    requests: list[RequestSpec]  # in arrival order
-    config: dict = field(default_factory=dict)  # num_blocks, block_size, enable_caching, hash_algo, max_model_len
-
-    def __post_init__(self): self.check()
 
 # %% ../../nbs/05b_workloads.ipynb #9c61df73
 def _never_runs(requests: list[RequestSpec]) -> RequestSpec | None:
@@ -108,12 +107,15 @@ def check(self: Workload) -> Workload:
     if stuck: raise ValueError(f"request {stuck.id!r} waits for {stuck.after!r}, which never runs")
     return self
 
+# %% ../../nbs/05b_workloads.ipynb #a213d8d2
+def _checked(workload: Workload) -> Workload:
+    "`workload`, checked; a `TypeError` if it is not a `Workload`."
+    return check_instance("workload", workload, Workload).check()
+
 # %% ../../nbs/05b_workloads.ipynb #2bc71ef5
 def _check_sizes(**sizes):
-    "Raise `ValueError` naming the first size argument that is not a positive int."
-    for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int): raise TypeError(f"{name} must be an int, got {value!r}")
-        if value < 1: raise ValueError(f"{name} must be >= 1, got {value}")
+    "Refuse, by name, the first size argument that is not an int >= 1."
+    for name, value in sizes.items(): check_int(name, value, 1)
 
 # %% ../../nbs/05b_workloads.ipynb #d8acbff8
 def _config(num_blocks, block_size, hash_algo="sha256", enable_caching=True, max_model_len=65536) -> dict:
@@ -123,8 +125,7 @@ def _config(num_blocks, block_size, hash_algo="sha256", enable_caching=True, max
 
 # %% ../../nbs/05b_workloads.ipynb #8118e61d
 def _rng(seed: int) -> random.Random:
-    if type(seed) is not int: raise TypeError(f"seed must be an int, got {seed!r}")
-    return random.Random(seed)
+    return random.Random(check_int("seed", seed, None))
 
 def _tokens(rng: random.Random, n: int, vocab: int = 1000) -> list[int]:
     return [rng.randrange(1, vocab) for _ in range(n)]
@@ -245,12 +246,6 @@ def _tick(live: list[list], ops: list[dict]) -> list[RequestSpec]:
         if emitted < len(r.output): ops.append({"op": "append", "id": r.id, "tokens": [r.output[emitted]]}); entry[1] += 1
         if entry[1] == len(r.output): ops.append({"op": "free", "id": r.id}); live.remove(entry); done.append(r)
     return done
-
-# %% ../../nbs/05b_workloads.ipynb #a213d8d2
-def _checked(workload: Workload) -> Workload:
-    "`workload`, checked; a `TypeError` if it is not a `Workload`."
-    if not isinstance(workload, Workload): raise TypeError(f"workload must be a Workload, got {type(workload).__name__}")
-    return workload.check()
 
 # %% ../../nbs/05b_workloads.ipynb #4c4148a3
 def to_trace(workload: Workload,  # what to send

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 
-from .sampling_params import SamplingParams, _is_int
+from ..guards import check_bool, check_instance, check_int, check_ints
+from .sampling_params import SamplingParams
 
 # %% auto #0
 __all__ = ['RemovedRequest', 'AddedRequest', 'MovedRequest', 'RequestLogitsProcessor', 'LOGITSPROCS_GROUP',
@@ -31,13 +32,28 @@ __all__ = ['RemovedRequest', 'AddedRequest', 'MovedRequest', 'RequestLogitsProce
            'load_logitsprocs_by_fqcns', 'build_logitsprocs', 'validate_logits_processors_parameters', 'sample_logits',
            'apply_top_k_top_p']
 
-# %% ../../nbs/08_logits_processors.ipynb #f992a7e0
-def _check_count(name: str, value, minimum: int = 0) -> None:
-    if not _is_int(value): raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum: raise ValueError(f"{name} must be >= {minimum}, got {value}")
+# %% ../../nbs/08_logits_processors.ipynb #e5eea1b0
+class MoveDirectionality(Enum):
+    "How a moved request travels: `UNIDIRECTIONAL` (i -> j, slot i becomes empty) or `SWAP` (i <-> j)."
+    UNIDIRECTIONAL = auto()
+    SWAP = auto()
 
+RemovedRequest = int  # the slot index that was freed
+AddedRequest = tuple  # (index, params, prompt token ids or None, the request's LIVE output token ids list)
+MovedRequest = tuple  # (from index, to index, MoveDirectionality)
+
+# %% ../../nbs/08_logits_processors.ipynb #826deeb2
+@dataclass(frozen=True)
+class BatchUpdate:
+    "Everything that changed in the persistent batch since the last step, in protocol order."
+    batch_size: int  # number of live rows after the update
+    removed: Sequence[RemovedRequest]  # slots left empty, largest first
+    added: Sequence[AddedRequest]  # (index, SamplingParams | None, prompt ids | None, live output ids)
+    moved: Sequence[MovedRequest]  # (i, j, MoveDirectionality), applied in order after added and removed
+
+# %% ../../nbs/08_logits_processors.ipynb #f992a7e0
 def _check_slot(what: str, slot, max_num_seqs: int | None) -> None:
-    if not _is_int(slot): raise TypeError(f"{what}: slot must be an int, got {slot!r}")
+    check_int(f"{what}: slot", slot, None)
     if slot < 0 or max_num_seqs is not None and slot >= max_num_seqs:
         cap = "" if max_num_seqs is None else f" (max_num_seqs={max_num_seqs})"
         raise ValueError(f"{what}: slot {slot} is outside the batch{cap}")
@@ -71,32 +87,11 @@ def _check_per_row(name: str, values, rows: int) -> None:
 # %% ../../nbs/08_logits_processors.ipynb #cb045537
 def _check_draft_counts(logits, num_draft_tokens, tracked: dict, min_columns: int) -> None:
     _check_logits(logits, min_columns=min_columns)
-    if not isinstance(num_draft_tokens, (list, tuple)) or not all(_is_int(d) for d in num_draft_tokens):
-        raise TypeError(f"num_draft_tokens must be a list of ints, got {num_draft_tokens!r}")
-    if any(d < 0 for d in num_draft_tokens): raise ValueError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
+    check_ints("num_draft_tokens", check_instance("num_draft_tokens", num_draft_tokens, (list, tuple), "a list of ints"))
     if sum(num_draft_tokens) != logits.shape[0]:
         raise ValueError(f"logits have {logits.shape[0]} rows but num_draft_tokens sums to {sum(num_draft_tokens)}")
     if tracked and max(tracked) >= len(num_draft_tokens):
         raise ValueError(f"num_draft_tokens has {len(num_draft_tokens)} entries but slot {max(tracked)} holds a request")
-
-# %% ../../nbs/08_logits_processors.ipynb #e5eea1b0
-class MoveDirectionality(Enum):
-    "How a moved request travels: `UNIDIRECTIONAL` (i -> j, slot i becomes empty) or `SWAP` (i <-> j)."
-    UNIDIRECTIONAL = auto()
-    SWAP = auto()
-
-RemovedRequest = int  # the slot index that was freed
-AddedRequest = tuple  # (index, params, prompt token ids or None, the request's LIVE output token ids list)
-MovedRequest = tuple  # (from index, to index, MoveDirectionality)
-
-# %% ../../nbs/08_logits_processors.ipynb #826deeb2
-@dataclass(frozen=True)
-class BatchUpdate:
-    "Everything that changed in the persistent batch since the last step, in protocol order."
-    batch_size: int  # number of live rows after the update
-    removed: Sequence[RemovedRequest]  # slots left empty, largest first
-    added: Sequence[AddedRequest]  # (index, SamplingParams | None, prompt ids | None, live output ids)
-    moved: Sequence[MovedRequest]  # (i, j, MoveDirectionality), applied in order after added and removed
 
 # %% ../../nbs/08_logits_processors.ipynb #994f472c
 def _check_added_entry(i: int, entry, max_num_seqs: int | None) -> None:
@@ -113,13 +108,41 @@ def _check_moved_entry(i: int, entry, max_num_seqs: int | None) -> None:
     if not isinstance(entry[2], MoveDirectionality):
         raise TypeError(f"BatchUpdate moved[{i}]: direction must be a MoveDirectionality, got {entry[2]!r}")
 
+# %% ../../nbs/08_logits_processors.ipynb #2dc85adc
+def _check_processor_args(config, device, is_pin_memory) -> int:
+    "The batch capacity, once the three arguments every built-in takes are checked."
+    check_instance("config", config, LogitsProcessorConfig)
+    check_instance("device", device, (torch.device, str), "a torch.device")
+    check_bool("is_pin_memory", is_pin_memory)
+    return config.max_num_seqs
+
+# %% ../../nbs/08_logits_processors.ipynb #45d1266d
+def _check_logitsproc_class(obj, name: str) -> type[LogitsProcessor]:
+    if not isinstance(obj, type): raise ValueError(f"logits processor plugin {name}: loaded object {obj!r} must be a type")
+    if not issubclass(obj, LogitsProcessor):
+        raise ValueError(f"logits processor plugin {name}: {obj.__name__} must be a subclass of LogitsProcessor")
+    return obj
+
+# %% ../../nbs/08_logits_processors.ipynb #8a9b54f7
+def _check_sampler_inputs(logits, logitsprocs, temperature, top_k, top_p, force, generator) -> None:
+    _check_logits(logits)
+    if not logits.shape[1]: raise ValueError("logits must have at least one column (the vocabulary)")
+    if not isinstance(logitsprocs, LogitsProcessors): raise TypeError(f"logitsprocs must be a LogitsProcessors, got {logitsprocs!r}")
+    _check_per_row("temperature", temperature, logits.shape[0])
+    if bool((temperature.isnan() | (temperature < 0)).any()): raise ValueError(f"temperature must be >= 0, got {temperature.tolist()}")
+    for name, values in (("top_k", top_k), ("top_p", top_p)):
+        if values is not None: _check_per_row(name, values, logits.shape[0])
+    if force is not None and not callable(force): raise TypeError(f"force must be callable, got {force!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {generator!r}")
+
 # %% ../../nbs/08_logits_processors.ipynb #960ce44d
 def validate_batch_update(batch_update: BatchUpdate,  # the update about to be applied
                           max_num_seqs: int | None = None):  # the batch capacity, when known
     "Raise `TypeError`/`ValueError` unless every entry of `batch_update` is well formed."
     if not isinstance(batch_update, BatchUpdate): raise TypeError(f"batch_update must be a BatchUpdate or None, got {batch_update!r}")
-    _check_count("BatchUpdate batch_size", batch_update.batch_size)
-    if max_num_seqs is not None: _check_count("max_num_seqs", max_num_seqs, 1)
+    check_int("BatchUpdate batch_size", batch_update.batch_size)
+    if max_num_seqs is not None: check_int("max_num_seqs", max_num_seqs, 1)
     if max_num_seqs is not None and batch_update.batch_size > max_num_seqs:
         raise ValueError(f"BatchUpdate batch_size {batch_update.batch_size} is past the capacity (max_num_seqs={max_num_seqs})")
     for name in ("removed", "added", "moved"):
@@ -141,7 +164,7 @@ class BatchUpdateBuilder:
 
     def removed_append(self, index: int):  # the slot that was freed
         "Register a freed slot; only allowed before the first read of the removed slots in this step."
-        _check_count("slot", index)
+        check_int("slot", index)
         if self._removed_sorted:
             raise RuntimeError(f"removed_append({index}) after the removed slots were read in this step: "
                                "register every removal before the first add")
@@ -182,14 +205,14 @@ def add_request(self: BatchUpdateBuilder, index: int,  # the slot the request go
                 prompt_token_ids: list[int] | None,  # its prompt
                 output_token_ids: list[int]):  # its LIVE output list, not a copy
     "Register a request added at `index`."
-    _check_count("slot", index)
+    check_int("slot", index)
     self.added.append((index, params, prompt_token_ids, output_token_ids))
 
 # %% ../../nbs/08_logits_processors.ipynb #bb6c5ca1
 @patch
 def move(self: BatchUpdateBuilder, i: int, j: int, direction: MoveDirectionality):
     "Register a move of slot i to slot j, or a swap of the two."
-    _check_count("slot", i); _check_count("slot", j)
+    check_int("slot", i); check_int("slot", j)
     if not isinstance(direction, MoveDirectionality): raise TypeError(f"direction must be a MoveDirectionality, got {direction!r}")
     self.moved.append((i, j, direction))
 
@@ -212,7 +235,7 @@ def reset(self: BatchUpdateBuilder) -> bool:
 def get_and_reset(self: BatchUpdateBuilder, batch_size: int  # live rows after the update
                   ) -> BatchUpdate | None:
     "This step's `BatchUpdate` (None when nothing changed); the builder starts the next step empty."
-    _check_count("batch_size", batch_size)
+    check_int("batch_size", batch_size)
     changed = self._removed or self.added or self.moved
     update = BatchUpdate(batch_size, self.removed, self.added, self.moved) if changed else None
     self.reset()
@@ -226,16 +249,8 @@ class LogitsProcessorConfig:
     num_speculative_tokens: int = 0  # > 0 means speculative decoding is on (vLLM: speculative_config)
 
     def __post_init__(self):
-        _check_count("max_num_seqs", self.max_num_seqs, 1)
-        _check_count("num_speculative_tokens", self.num_speculative_tokens)
-
-# %% ../../nbs/08_logits_processors.ipynb #2dc85adc
-def _check_processor_args(config, device, is_pin_memory) -> int:
-    "The batch capacity, once the three arguments every built-in takes are checked."
-    if not isinstance(config, LogitsProcessorConfig): raise TypeError(f"config must be a LogitsProcessorConfig, got {config!r}")
-    if not isinstance(device, (torch.device, str)): raise TypeError(f"device must be a torch.device, got {device!r}")
-    if not isinstance(is_pin_memory, bool): raise TypeError(f"is_pin_memory must be a bool, got {is_pin_memory!r}")
-    return config.max_num_seqs
+        check_int("max_num_seqs", self.max_num_seqs, 1)
+        check_int("num_speculative_tokens", self.num_speculative_tokens)
 
 # %% ../../nbs/08_logits_processors.ipynb #2a6679b3
 class LogitsProcessor(ABC):
@@ -320,10 +335,10 @@ class PersistentBatch:
     def __init__(self, max_num_reqs: int,  # capacity (max_num_seqs)
                  logitsprocs: LogitsProcessors | None = None,  # processors to notify in `refresh`
                  vocab_size: int | None = None):  # the model's vocabulary; when given, `add_request` checks token ids
-        _check_count("max_num_reqs", max_num_reqs, 1)
+        check_int("max_num_reqs", max_num_reqs, 1)
         if logitsprocs is not None and not isinstance(logitsprocs, LogitsProcessors):
             raise TypeError(f"logitsprocs must be a LogitsProcessors or None, got {logitsprocs!r}")
-        if vocab_size is not None: _check_count("vocab_size", vocab_size, 1)
+        if vocab_size is not None: check_int("vocab_size", vocab_size, 1)
         self.max_num_reqs, self.logitsprocs, self.vocab_size = max_num_reqs, logitsprocs or LogitsProcessors(), vocab_size
         self.req_ids: list[str | None] = []  # slot -> request id (None: hole)
         self.output_token_ids: list[list[int] | None] = []  # slot -> the request's LIVE output list
@@ -371,7 +386,7 @@ def condense(self: PersistentBatch):
     builder, num_reqs = self.batch_update_builder, self.num_reqs
     holes = builder.removed  # descending; reading it ends this step's removals
     if not holes: return
-    last = num_reqs + len(holes) - 1
+    last = len(self.req_ids) - 1  # vLLM: num_reqs + len(holes) - 1, the same slot on a step's first condense
     while holes and num_reqs:
         while last in holes: last -= 1
         hole = builder.peek_removed()
@@ -390,7 +405,7 @@ def condense(self: PersistentBatch):
 def swap_states(self: PersistentBatch, i: int, j: int):
     "Swap the requests in live slots i and j (what a batch reorder does)."
     for s in (i, j):
-        _check_count("slot", s)
+        check_int("slot", s)
         if s >= len(self.req_ids) or self.req_ids[s] is None: raise ValueError(f"slot {s} is not a live slot")
     a, b = self.req_ids[i], self.req_ids[j]
     self.req_ids[i], self.req_ids[j] = b, a
@@ -609,14 +624,8 @@ def _new_state(self: AdapterLogitsProcessor, params: SamplingParams, prompt_ids:
                         f"(prompt_ids, output_ids, logits); {req_lp!r} takes {arity} parameters")
     return partial(req_lp, output_ids)
 
-# %% ../../nbs/08_logits_processors.ipynb #347eb001
+# %% ../../nbs/08_logits_processors.ipynb #c1e95f14
 LOGITSPROCS_GROUP = "vllm.logits_processors"
-
-def _check_logitsproc_class(obj, name: str) -> type[LogitsProcessor]:
-    if not isinstance(obj, type): raise ValueError(f"logits processor plugin {name}: loaded object {obj!r} must be a type")
-    if not issubclass(obj, LogitsProcessor):
-        raise ValueError(f"logits processor plugin {name}: {obj.__name__} must be a subclass of LogitsProcessor")
-    return obj
 
 # %% ../../nbs/08_logits_processors.ipynb #98dc0477
 def load_logitsprocs_plugins(group: str = LOGITSPROCS_GROUP) -> list[type[LogitsProcessor]]:
@@ -680,19 +689,6 @@ def validate_logits_processors_parameters(logits_processors: Sequence[str | type
         raise TypeError(f"sampling_params must be a SamplingParams, got {sampling_params!r}")
     for cls in load_logitsprocs_plugins() + load_logitsprocs_by_fqcns(logits_processors):
         cls.validate_params(sampling_params)
-
-# %% ../../nbs/08_logits_processors.ipynb #8a9b54f7
-def _check_sampler_inputs(logits, logitsprocs, temperature, top_k, top_p, force, generator) -> None:
-    _check_logits(logits)
-    if not logits.shape[1]: raise ValueError("logits must have at least one column (the vocabulary)")
-    if not isinstance(logitsprocs, LogitsProcessors): raise TypeError(f"logitsprocs must be a LogitsProcessors, got {logitsprocs!r}")
-    _check_per_row("temperature", temperature, logits.shape[0])
-    if bool((temperature.isnan() | (temperature < 0)).any()): raise ValueError(f"temperature must be >= 0, got {temperature.tolist()}")
-    for name, values in (("top_k", top_k), ("top_p", top_p)):
-        if values is not None: _check_per_row(name, values, logits.shape[0])
-    if force is not None and not callable(force): raise TypeError(f"force must be callable, got {force!r}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {generator!r}")
 
 # %% ../../nbs/08_logits_processors.ipynb #a34fbd22
 def _forced(force: Callable[[torch.Tensor], torch.Tensor], logits: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from fastcore.basics import patch
 
+from ..guards import check_bool, check_int, refuse
+
 # %% auto #0
 __all__ = ['SamplingParams']
 
@@ -48,12 +50,11 @@ def _is_real(x) -> bool: return isinstance(x, (int, float)) and not isinstance(x
 def _check_types(self: SamplingParams):
     for name in ("temperature", "top_p", "min_p"):
         if not _is_real(getattr(self, name)): raise TypeError(f"{name} must be a number, got {getattr(self, name)!r}")
-    for name in ("top_k", "min_tokens"):
-        if not _is_int(getattr(self, name)): raise TypeError(f"{name} must be an int, got {getattr(self, name)!r}")
+    for name in ("top_k", "min_tokens"): check_int(name, getattr(self, name), None)
     for name in ("max_tokens", "thinking_token_budget"):
         v = getattr(self, name)
-        if v is not None and not _is_int(v): raise TypeError(f"{name} must be an int or None, got {v!r}")
-    if not isinstance(self.ignore_eos, bool): raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if v is not None and not _is_int(v): refuse(name, "an int or None", v, TypeError)
+    check_bool("ignore_eos", self.ignore_eos)
     _check_token_types(self)
 
 # %% ../../nbs/07b_sampling_params.ipynb #379483b8
@@ -96,6 +97,11 @@ def _verify_token_args(self: SamplingParams):
         if t >= _TOKEN_ID_LIMIT: raise ValueError(f"logit_bias token id must be < 2**31 (vLLM's int32 token ids), got {t}")
         if not _is_finite(b): raise ValueError(f"logit_bias[{t}] must be finite, got {b}")
 
+# %% ../../nbs/07b_sampling_params.ipynb #792bf66f
+def _check_token_id(name: str, t) -> None:
+    if not _is_int(t): refuse(name, "an int token id", t, TypeError)
+    if not 0 <= t < _TOKEN_ID_LIMIT: refuse(name, "in [0, 2**31)", t)
+
 # %% ../../nbs/07b_sampling_params.ipynb #e0cc543a
 @patch(as_prop=True)
 def all_stop_token_ids(self: SamplingParams) -> set[int]:
@@ -106,11 +112,6 @@ def all_stop_token_ids(self: SamplingParams) -> set[int]:
 def sampling_type(self: SamplingParams) -> str:
     "'greedy' or 'random'."
     return "greedy" if self.temperature < _SAMPLING_EPS else "random"
-
-# %% ../../nbs/07b_sampling_params.ipynb #792bf66f
-def _check_token_id(name: str, t) -> None:
-    if not _is_int(t): raise TypeError(f"{name} must be an int token id, got {t!r}")
-    if not 0 <= t < _TOKEN_ID_LIMIT: raise ValueError(f"{name} must be in [0, 2**31), got {t}")
 
 # %% ../../nbs/07b_sampling_params.ipynb #64799217
 def _generation_eos_ids(generation_config: dict, model_eos_token_id: int | None) -> set[int]:

@@ -9,38 +9,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from html import escape
 from typing import ClassVar
 
 import torch
 from fastcore.basics import patch
 
+from ..guards import check_bool, check_instance, check_int
+
 from .logits_processors import BatchUpdate, MoveDirectionality
 from .sampling_params import SamplingParams
 
 # %% auto #0
-__all__ = ['FORCED_LOGIT', 'GREEDY_RUN_MAX_VOCAB', 'ReasoningConfig', 'check_thinking_token_budget', 'Phase', 'ThinkState',
-           'advance', 'next_forced', 'think_state', 'plan_forcings', 'contract_forcings', 'force_index',
-           'ContractEntry', 'ThinkingBudgetStateHolder', 'greedy_run']
+__all__ = ['FORCED_LOGIT', 'GREEDY_RUN_MAX_VOCAB', 'PHASE_COLOURS', 'ReasoningConfig', 'check_thinking_token_budget', 'Phase',
+           'ThinkState', 'advance', 'next_forced', 'think_state', 'plan_forcings', 'contract_forcings', 'force_index',
+           'ContractEntry', 'ThinkingBudgetStateHolder', 'greedy_run', 'thinking_timeline', 'thinking_timeline_svg']
 
 # %% ../../nbs/09_thinking_budget.ipynb #0ff1975d
 FORCED_LOGIT = 1e9  # the logit a forced token gets: large and finite, so softmax never sees inf - inf
-
-# %% ../../nbs/09_thinking_budget.ipynb #a0e1b2c3
-def _is_list(value) -> bool:
-    "A sequence that is not a string: what kvref accepts as a list of token ids."
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-# %% ../../nbs/09_thinking_budget.ipynb #aee70ee3
-def _token_ids(name: str, ids) -> tuple[int, ...]:
-    "`ids` as a tuple after checking it is a list of ints in [0, 2**64) (None: empty); `name` goes in the error."
-    if ids is None: return ()
-    if not _is_list(ids): raise TypeError(f"{name} must be a list of token ids, got {ids!r}")
-    ids = tuple(ids)
-    if all(type(t) is int for t in ids) and min(ids, default=0) >= 0 and max(ids, default=0) >> 64 == 0: return ids  # fast
-    for t in ids:
-        if not isinstance(t, int) or isinstance(t, bool): raise TypeError(f"{name} must hold ints, got {t!r}")
-        if not 0 <= t < 1 << 64: raise ValueError(f"{name} must hold token ids in [0, 2**64), got {t}")
-    return ids
 
 # %% ../../nbs/09_thinking_budget.ipynb #76f0c130
 @dataclass(frozen=True)
@@ -58,6 +44,23 @@ class ReasoningConfig:
     def natural_end(self) -> tuple[int, ...]:
         "N: the natural end marker (E when none was given)."
         return self.natural_reasoning_end_token_ids or self.reasoning_end_token_ids
+
+# %% ../../nbs/09_thinking_budget.ipynb #a0e1b2c3
+def _is_list(value) -> bool:
+    "A sequence that is not a string: what kvref accepts as a list of token ids."
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+# %% ../../nbs/09_thinking_budget.ipynb #aee70ee3
+def _token_ids(name: str, ids) -> tuple[int, ...]:
+    "`ids` as a tuple after checking it is a list of ints in [0, 2**64) (None: empty); `name` goes in the error."
+    if ids is None: return ()
+    if not _is_list(ids): raise TypeError(f"{name} must be a list of token ids, got {ids!r}")
+    ids = tuple(ids)
+    if all(type(t) is int for t in ids) and min(ids, default=0) >= 0 and max(ids, default=0) >> 64 == 0: return ids  # fast
+    for t in ids:
+        if not isinstance(t, int) or isinstance(t, bool): raise TypeError(f"{name} must hold ints, got {t!r}")
+        if not 0 <= t < 1 << 64: raise ValueError(f"{name} must hold token ids in [0, 2**64), got {t}")
+    return ids
 
 # %% ../../nbs/09_thinking_budget.ipynb #66d3155f
 def check_thinking_token_budget(budget) -> int | None:  # the requested budget
@@ -162,19 +165,12 @@ def contract_forcings(prompt: Sequence[int] | None,  # the prompt token ids
     if budget is None or budget == -1: return []
     return plan_forcings(think_state([*prompt, *output], config, budget), drafts, config, budget)
 
-# %% ../../nbs/09_thinking_budget.ipynb #eebcd5e3
-def _check_int(name: str, value, least: int | None = None) -> int:
-    "`value` after checking it is an int (not a bool) and, when `least` is given, at least `least`."
-    if not isinstance(value, int) or isinstance(value, bool): raise TypeError(f"{name} must be an int, got {value!r}")
-    if least is not None and value < least: raise ValueError(f"{name} must be an int >= {least}, got {value}")
-    return value
-
 # %% ../../nbs/09_thinking_budget.ipynb #6bc521ac
 def force_index(remaining: int,  # budget minus thinking tokens already spent
                 num_drafts: int) -> int:  # draft tokens this step
     "vLLM's row rule: remaining <= 0 forces row 0, 0 < remaining < d forces row `remaining`, else the bonus row d."
-    _check_int("remaining", remaining)
-    _check_int("num_drafts", num_drafts, 0)
+    check_int("remaining", remaining, None)
+    check_int("num_drafts", num_drafts)
     if remaining <= 0: return 0
     return remaining if remaining < num_drafts else num_drafts
 
@@ -208,11 +204,8 @@ class ThinkingBudgetStateHolder:
                  max_num_seqs: int,  # batch rows
                  num_spec_tokens: int = 0,  # drafts per request per step (0: no speculative decoding)
                  device=None, is_pin_memory: bool = False):  # accepted for vLLM's signature; unused
-        if reasoning_config is not None and not isinstance(reasoning_config, ReasoningConfig):
-            raise TypeError(f"reasoning_config must be a ReasoningConfig or None, got {reasoning_config!r}")
-        for name, v, low in (("max_num_seqs", max_num_seqs, 1), ("num_spec_tokens", num_spec_tokens, 0)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+        check_instance("reasoning_config", reasoning_config, (ReasoningConfig, type(None)), "a ReasoningConfig or None")
+        check_int("max_num_seqs", max_num_seqs, 1); check_int("num_spec_tokens", num_spec_tokens)
         self.is_enabled, self.max_num_seqs = reasoning_config is not None, max_num_seqs
         self.config = reasoning_config or ReasoningConfig()
         self.think_start_token_ids = list(self.config.reasoning_start_token_ids)
@@ -225,6 +218,38 @@ class ThinkingBudgetStateHolder:
     def has_tracked_requests(self) -> bool:
         "Whether any row has a budget (the sampler skips the holder otherwise)."
         return bool(self._state)
+
+# %% ../../nbs/09_thinking_budget.ipynb #dfbe72bf
+@patch
+def _check_row(self: ThinkingBudgetStateHolder, index) -> int:
+    check_int("a batch row", index, None)
+    if not 0 <= index < self.max_num_seqs:
+        raise ValueError(f"batch row {index} is outside the holder's {self.max_num_seqs} rows (max_num_seqs)")
+    return index
+
+# %% ../../nbs/09_thinking_budget.ipynb #ef40f7f0
+@patch
+def _check_drafts_seen(self: ThinkingBudgetStateHolder, specs: list[list[int]]):
+    for index, entry in sorted(self._state.items()):
+        laid_out = len(specs[index]) if index < len(specs) else 0
+        if laid_out != len(entry.spec):
+            raise ValueError(f"batch row {index}: apply_to_logits got {laid_out} drafts but update_state saw {len(entry.spec)}")
+
+# %% ../../nbs/09_thinking_budget.ipynb #2584678f
+@patch
+def _check_logits(self: ThinkingBudgetStateHolder, logits, predict_bonus_token, spec_token_ids) -> list[list[int]]:
+    "Check one `apply_to_logits` call's inputs; the drafts per row."
+    if not isinstance(logits, torch.Tensor): raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2: raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point(): raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    check_bool("predict_bonus_token", predict_bonus_token)
+    if max(self.think_end_token_ids, default=-1) >= logits.shape[1]:
+        raise ValueError(f"forced token {max(self.think_end_token_ids)} (reasoning_end_token_ids) is outside the "
+                         f"{logits.shape[1]} logits")
+    specs = list(spec_token_ids or [])
+    for i, s in enumerate(specs):
+        if not _is_list(s): raise TypeError(f"spec_token_ids[{i}] must be a list of token ids, got {s!r}")
+    return specs
 
 # %% ../../nbs/09_thinking_budget.ipynb #cc7db986
 @patch
@@ -245,14 +270,6 @@ def _entry_for(self: ThinkingBudgetStateHolder, params, prompt, output):
     _token_ids("prompt_tok_ids", prompt)
     if not _is_list(output): raise TypeError(f"output_tok_ids must be the request's live output list, got {output!r}")
     return self._new_entry(budget, prompt, output)
-
-# %% ../../nbs/09_thinking_budget.ipynb #dfbe72bf
-@patch
-def _check_row(self: ThinkingBudgetStateHolder, index) -> int:
-    if not isinstance(index, int) or isinstance(index, bool): raise TypeError(f"a batch row must be an int, got {index!r}")
-    if not 0 <= index < self.max_num_seqs:
-        raise ValueError(f"batch row {index} is outside the holder's {self.max_num_seqs} rows (max_num_seqs)")
-    return index
 
 # %% ../../nbs/09_thinking_budget.ipynb #533025b8
 @patch
@@ -290,7 +307,7 @@ def _last_rows(self: ThinkingBudgetStateHolder, repeat_indices) -> dict[int, int
     "With `repeat_indices`: each request's last output row (None without)."
     if repeat_indices is None: return None
     rows = repeat_indices.tolist() if hasattr(repeat_indices, "tolist") else list(repeat_indices)
-    return {_check_int("each repeat_indices entry", req, 0): row for row, req in enumerate(rows)}
+    return {check_int("each repeat_indices entry", req): row for row, req in enumerate(rows)}
 
 # %% ../../nbs/09_thinking_budget.ipynb #427230d6
 @patch
@@ -343,14 +360,6 @@ def _layout(self: ThinkingBudgetStateHolder, one_row_each: bool, specs: list[lis
         total += 1 if one_row_each else (len(specs[index]) if index < len(specs) else 0)
     return starts
 
-# %% ../../nbs/09_thinking_budget.ipynb #ef40f7f0
-@patch
-def _check_drafts_seen(self: ThinkingBudgetStateHolder, specs: list[list[int]]):
-    for index, entry in sorted(self._state.items()):
-        laid_out = len(specs[index]) if index < len(specs) else 0
-        if laid_out != len(entry.spec):
-            raise ValueError(f"batch row {index}: apply_to_logits got {laid_out} drafts but update_state saw {len(entry.spec)}")
-
 # %% ../../nbs/09_thinking_budget.ipynb #01fe97d9
 @patch
 def _forced_cells(self: ThinkingBudgetStateHolder, layout: dict[int, int], predict_bonus_token: bool,
@@ -364,22 +373,6 @@ def _forced_cells(self: ThinkingBudgetStateHolder, layout: dict[int, int], predi
             at = layout[index] + (0 if bonus_call else row)
             if at < num_rows: cells[at] = token
     return cells
-
-# %% ../../nbs/09_thinking_budget.ipynb #2584678f
-@patch
-def _check_logits(self: ThinkingBudgetStateHolder, logits, predict_bonus_token, spec_token_ids) -> list[list[int]]:
-    "Check one `apply_to_logits` call's inputs; the drafts per row."
-    if not isinstance(logits, torch.Tensor): raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dim() != 2: raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
-    if not logits.is_floating_point(): raise TypeError(f"logits must be floating point, got {logits.dtype}")
-    if not isinstance(predict_bonus_token, bool): raise TypeError(f"predict_bonus_token must be a bool, got {predict_bonus_token!r}")
-    if max(self.think_end_token_ids, default=-1) >= logits.shape[1]:
-        raise ValueError(f"forced token {max(self.think_end_token_ids)} (reasoning_end_token_ids) is outside the "
-                         f"{logits.shape[1]} logits")
-    specs = list(spec_token_ids or [])
-    for i, s in enumerate(specs):
-        if not _is_list(s): raise TypeError(f"spec_token_ids[{i}] must be a list of token ids, got {s!r}")
-    return specs
 
 # %% ../../nbs/09_thinking_budget.ipynb #c1e25038
 @patch
@@ -443,3 +436,52 @@ def greedy_run(holder: ThinkingBudgetStateHolder,  # a fresh holder (max_num_seq
         out.extend(t for t, _ in emitted)  # the holder reads this same list
         forced.extend(f for _, f in emitted)
     return out[:len(wants)], forced[:len(wants)]
+
+# %% ../../nbs/09_thinking_budget.ipynb #9d889bf5
+def thinking_timeline(tokens: Sequence[int], forced: Sequence[bool],  # a run: greedy_run's two lists
+                      config: ReasoningConfig, budget: int | None) -> list[tuple[int, str, int | None]]:
+    "(token, phase, budget left) per token; phase is 'answer', 'thinking' or 'forced end'; None outside a block."
+    state, out = ThinkState(), []
+    for token, was_forced in zip(_token_ids("tokens", tokens), forced):
+        before, state = state, advance(state, token, config, budget)
+        inside = state.phase is not Phase.OUTSIDE or before.phase is not Phase.OUTSIDE
+        left = budget - state.count if state.phase is not Phase.OUTSIDE and budget not in (None, -1) else None
+        out.append((token, "forced end" if was_forced else "thinking" if inside else "answer", left))
+    return out
+
+# %% ../../nbs/09_thinking_budget.ipynb #c8497ae0
+PHASE_COLOURS = {"answer": "#d9f2dd", "thinking": "#cfe3ff", "forced end": "#ffc9c9"}  # the timeline's box fills
+
+def _svg_text(x: float, y: float, text, anchor: str = "middle", bold: bool = False) -> str:
+    weight = ' font-weight="bold"' if bold else ""
+    return f'<text x="{x:g}" y="{y:g}" text-anchor="{anchor}"{weight}>{escape(str(text))}</text>'
+
+# %% ../../nbs/09_thinking_budget.ipynb #f63cb4ca
+def _timeline_legend(y: int) -> list[str]:
+    "One swatch per phase, left to right, at height `y`."
+    out = []
+    for n, (phase, fill) in enumerate(PHASE_COLOURS.items()):
+        x = 150 + n * 150
+        out += [f'<rect x="{x}" y="{y - 13}" width="16" height="16" fill="{fill}" stroke="#555"/>',
+                _svg_text(x + 22, y, phase, "start")]
+    return out
+
+# %% ../../nbs/09_thinking_budget.ipynb #995f357e
+def thinking_timeline_svg(wants: Sequence[int],  # the token the scripted model wanted at each position
+                          run: tuple[Sequence[int], Sequence[bool]],  # greedy_run's (tokens, forced flags)
+                          config: ReasoningConfig, budget: int | None,
+                          box: int = 56) -> str:  # px per output position
+    "The run as an SVG timeline: wanted and emitted tokens, coloured by phase, and the budget left."
+    rows = thinking_timeline(*run, config, budget)
+    width = 150 + box * len(rows) + 10
+    title = f"thinking_token_budget={budget}, S={list(config.reasoning_start_token_ids)}, E={list(config.reasoning_end_token_ids)}"
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="210" font-family="sans-serif" font-size="13">',
+           _svg_text(8, 22, title, "start", True)]
+    out += [_svg_text(8, y, label, "start") for y, label in ((50, "position"), (76, "model wants"), (111, "emitted"), (150, "budget left"))]
+    for i, ((token, phase, left), want) in enumerate(zip(rows, wants)):
+        x = 150 + i * box
+        out += [_svg_text(x + box / 2, 50, i), _svg_text(x + box / 2, 76, want),
+                f'<rect x="{x + 2}" y="88" width="{box - 4}" height="34" fill="{PHASE_COLOURS[phase]}" stroke="#555"/>',
+                _svg_text(x + box / 2, 111, token, bold=phase == "forced end"),
+                _svg_text(x + box / 2, 150, "" if left is None else left)]
+    return "\n".join(out + _timeline_legend(190) + ["</svg>"])
