@@ -651,7 +651,10 @@ def _sweep_parser() -> CommandParser:
     p.add_argument("--ms-per-step", type=float, default=None, help="admit requests by timestamp at this pace")
     p.add_argument("--jobs", type=int_arg(1, 256), default=None, help="worker processes (default: one per core)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format (table)")
-    p.add_argument("--plot", metavar="OUT", help="also draw OUT.png and OUT.svg (needs matplotlib)")
+    p.add_argument("--plot", metavar="OUT", help="also draw OUT.png and OUT.svg (with --cpu-blocks: OUT-heatmap.svg and "
+                   "OUT-curves.svg); needs matplotlib")
+    p.add_argument("--cpu-blocks", help="CPU offload sizes in blocks, comma-separated (0: the GPU alone): a GPU x CPU grid")
+    p.add_argument("--policy", help="with --cpu-blocks: the CPU pool's eviction policy, lru, arc, or both: lru,arc (lru)")
     add_scheduler_flags(p)
     return p
 
@@ -677,16 +680,41 @@ def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int,
     small = (lambda n: f"| {n} | {too_small[n]} |") if fmt == "table" else (lambda n: str(n) + "," * (columns - 1))
     return "\n".join(lines[:head] + [small(n) if n in too_small else next(rows) for n in blocks]) + "\n"
 
+# %% ../nbs/12_cli.ipynb #37a81181
+def _grid_args(a: argparse.Namespace, blocks: list[int], too_small: dict[int, str]) -> tuple[list[int], list[str]]:
+    "`--cpu-blocks` and `--policy` as lists; a GPU size too small for the trace is refused (a grid has no row for it)."
+    if a.cpu_blocks is None: raise ValueError("--policy needs --cpu-blocks (the CPU sizes to sweep)")
+    if too_small: raise ValueError(f"--blocks {next(iter(too_small))}: {too_small[next(iter(too_small))]}")
+    cpu = [parse_int(b, "--cpu-blocks", 0, MAX_NUM_BLOCKS) for b in a.cpu_blocks.split(",")]
+    policies = (a.policy or "lru").split(",")
+    if bad := [p for p in policies if p not in ("lru", "arc")]: raise ValueError(f"--policy: {bad[0]!r} is not lru, arc or lru,arc")
+    if a.plot and not Path(a.plot).parent.is_dir(): raise ValueError(f"--plot {a.plot}: no folder {Path(a.plot).parent}")
+    return cpu, policies
+
+# %% ../nbs/12_cli.ipynb #c30d33f2
+def _offload_grid(a: argparse.Namespace, requests: list, blocks: list[int], too_small: dict[int, str]) -> int:
+    "`kvref sweep --cpu-blocks`: the GPU x CPU grid with the CPU offload tier (chapter 06d), printed and drawn."
+    from kvref.kv_offload import format_offload_results, offload_curves_svg, offload_heatmap_svg, offload_sweep
+    cpu, policies = _grid_args(a, blocks, too_small)
+    results = offload_sweep(requests, blocks, cpu, policies, a.block_size, a.max_num_batched_tokens, a.max_num_seqs,
+                            a.ms_per_step, a.hash_block_size, a.jobs, **scheduler_settings(a))
+    sys.stdout.write(format_offload_results(results, a.format))
+    if a.plot:
+        for name, draw in (("heatmap", offload_heatmap_svg), ("curves", offload_curves_svg)):
+            Path(f"{a.plot}-{name}.svg").write_text(draw(results, Path(a.trace).name))
+    return 0
+
 # %% ../nbs/12_cli.ipynb #ee30196d
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
-    "`kvref sweep TRACE --blocks 1000,2000 [--format table|csv|json] [--plot OUT]`; the exit status."
+    "`kvref sweep TRACE --blocks 1000,2000 [--cpu-blocks 0,4000 [--policy lru,arc]] [--format table|csv|json] [--plot OUT]`."
     from kvref.oracle.production_traces import format_results, ideal_hit_rate, plot_sweep, read_mooncake, sweep
     a = _sweep_parser().parse_args(argv)
     blocks = [parse_int(b, "--blocks", 1, MAX_NUM_BLOCKS) for b in a.blocks.split(",")]
     requests = list(read_mooncake(a.trace, a.hash_block_size))
     too_small = _too_small(requests, blocks, a.block_size)
     if len(too_small) == len(blocks): raise ValueError(f"no size in --blocks can hold the trace: {too_small[max(blocks)]}")
+    if a.cpu_blocks is not None or a.policy is not None: return _offload_grid(a, requests, blocks, too_small)
     results = sweep(requests, [n for n in blocks if n not in too_small], a.block_size, a.max_num_batched_tokens,
                     a.max_num_seqs, a.ms_per_step, a.hash_block_size, a.jobs, **scheduler_settings(a))
     sys.stdout.write(_with_too_small(format_results(results, a.format), a.format, blocks, too_small))

@@ -6,15 +6,24 @@ Docs: https://kvref.github.io/kvref/offload.html.md"""
 
 # %% ../nbs/06d_offload.ipynb #649d69d4
 from __future__ import annotations
-import hashlib
-from dataclasses import dataclass, field, fields
+import csv, hashlib, heapq, io, json, multiprocessing, os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
 from fastcore.basics import patch
+from .guards import check_bool, check_choice, check_instance, check_int, check_ints, refuse
 from .core.kv_cache_manager import KVCacheManager, Request
+from .core.scheduler import SchedulerConfig
+from .pictures import FONT_SIZE, progress
+from .oracle.production_traces import MooncakeRequest, block_hashes, replay_mooncake
+
 
 # %% auto #0
 __all__ = ['chunk_names', 'OffloadConfig', 'ChunkStatus', 'ReqContext', 'LRUCachePolicy', 'ARCCachePolicy', 'RequestAccess',
            'CPUOffloadingManager', 'RequestOffloadState', 'TransferJob', 'OffloadingConnector',
-           'OffloadingConnectorMetadata', 'InstantWorker', 'VLLMWorker']
+           'OffloadingConnectorMetadata', 'InstantWorker', 'VLLMWorker', 'HeapLRUCachePolicy', 'TallyConnector',
+           'TallyConfig', 'OffloadSizeResult', 'replay_offload', 'offload_sweep', 'format_offload_results',
+           'doubling_gains', 'offload_heatmap_svg', 'offload_curves_svg']
 
 # %% ../nbs/06d_offload.ipynb #237a4713
 def chunk_names(tokens: list[int], block_size: int, cache_salt: str | None = None) -> list[str]:
@@ -39,28 +48,26 @@ class OffloadConfig:
 
     def __post_init__(self): self._check()
 
-# %% ../nbs/06d_offload.ipynb #7b9eeaeb
-@patch
-def _check(self: OffloadConfig) -> None:
-    "Raise a named error for the first bad setting."
-    for name in ("cpu_chunks", "store_threshold", "max_tracker_size"):
-        value = getattr(self, name)
-        if type(value) is not int or value < 0: raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    if self.eviction_policy not in ("lru", "arc"): raise ValueError(f"eviction_policy must be 'lru' or 'arc', got {self.eviction_policy!r}")
-    if self.block_size is not None and (type(self.block_size) is not int or self.block_size < 1):
-        raise ValueError(f"block_size must be None or an int >= 1, got {self.block_size!r}")
-    if type(self.offload_prompt_only) is not bool: raise TypeError(f"offload_prompt_only must be a bool, got {self.offload_prompt_only!r}")
-    if self.worker not in ("instant", "vllm"): raise ValueError(f"worker must be 'instant' or 'vllm', got {self.worker!r}")
-
 # %% ../nbs/06d_offload.ipynb #262914da
 @patch(cls_method=True)
 def of(cls: OffloadConfig, settings: dict) -> OffloadConfig:
     "The config of a workload's `config.offload` (vLLM's names; `policy` is `eviction_policy`), unknown keys refused."
-    if not isinstance(settings, dict): raise TypeError(f"offload settings must be a dict, got {type(settings).__name__}")
+    check_instance("offload settings", settings, dict)
     settings = {("eviction_policy" if k == "policy" else k): v for k, v in settings.items() if k != "record_events"}
     names = {f.name for f in fields(cls)}
     if unknown := sorted(set(settings) - names): raise ValueError(f"unknown offload setting {unknown[0]!r}; known: {', '.join(sorted(names))}")
     return cls(**settings)
+
+# %% ../nbs/06d_offload.ipynb #7b9eeaeb
+@patch
+def _check(self: OffloadConfig) -> None:
+    "Raise a named error for the first bad setting (a wrong kind: TypeError; out of range: ValueError)."
+    for name in ("cpu_chunks", "store_threshold", "max_tracker_size"): check_int(name, getattr(self, name))
+    check_choice("eviction_policy", self.eviction_policy, ("lru", "arc"))
+    if self.block_size is not None: check_int("block_size", self.block_size, 1)
+    check_bool("offload_prompt_only", self.offload_prompt_only)
+    check_choice("worker", self.worker, ("instant", "vllm"))
+
 
 # %% ../nbs/06d_offload.ipynb #469d419d
 @dataclass(slots=True)
@@ -231,7 +238,7 @@ def evict(self: ARCCachePolicy, n: int, protected: set) -> list[tuple[bytes, Chu
     "Take from T1 while it is at least its target, else from T2 (else T1); victims go to the ghost lists, cut to capacity."
     if n == 0: return []
     candidate = lambda it: next(((k, c) for k, c in it if c.ref_cnt == 0 and k not in protected), None)
-    t1, t2, size, picked = iter(list(self.t1.items())), iter(list(self.t2.items())), len(self.t1), []
+    t1, t2, size, picked = iter(self.t1.items()), iter(self.t2.items()), len(self.t1), []  # nothing moves until all are picked
     for _ in range(n):
         entry = candidate(t1) if size >= int(self.target_t1_size) else None
         if entry is not None: size -= 1; picked.append((*entry, True)); continue
@@ -496,8 +503,14 @@ def _update_offload_keys(self: OffloadingConnector, st: RequestOffloadState) -> 
     for i in range(len(st.offload_keys), len(hashes) // n):
         key = hashes[(i + 1) * n - 1]
         st.offload_keys.append(key); st.ctx.positions[key] = (i + 1) * self.tokens_per_chunk
+    self._name_blocks(r, hashes)
+
+@patch
+def _name_blocks(self: OffloadingConnector, r: Request, hashes: list[bytes]) -> None:
+    "Give the request's blocks their readable names, for the records (while fewer than 2**20 are named)."
     if len(self.names) < 1 << 20 and hashes and hashes[-1] not in self.names:
         self.names.update(zip(hashes, chunk_names(r.all_token_ids, self.kv.block_size, r.cache_salt)))
+
 
 # %% ../nbs/06d_offload.ipynb #11d843b5
 @patch
@@ -803,3 +816,244 @@ def _cpu(self: OffloadingConnector) -> dict:
     else: order = {"t1": [mark(k) for k in p.t1], "t2": [mark(k) for k in p.t2], "b1": len(p.b1), "b2": len(p.b2), "target": p.target_t1_size}
     if order != getattr(self, "_last_order", None): out["order"] = self._last_order = order
     return out
+
+# %% ../nbs/06d_offload.ipynb #25b5f29b
+class HeapLRUCachePolicy(LRUCachePolicy):
+    "`LRUCachePolicy` with a lazily invalidated min-heap of (rank, key): the same victims without a sort per eviction."
+    def __init__(self, capacity: int): super().__init__(capacity); self.heap: list[tuple[tuple, bytes]] = []
+    def _push(self, key: bytes) -> None:
+        if key in self.evictable: heapq.heappush(self.heap, (self.ranks[key], key))
+    def insert(self, key, chunk, ctx): super().insert(key, chunk, ctx); self._push(key)
+    def mark_evictable(self, key): super().mark_evictable(key); self._push(key)
+    def clear(self): super().clear(); self.heap = []
+    def _fresh_rank(self, keys):
+        keys = list(keys); super()._fresh_rank(keys)
+        for key in keys: self._push(key)
+    def on_request_access(self, keys, ctx):
+        keys = list(keys); super().on_request_access(keys, ctx)
+        for key in keys: self._push(key)
+
+# %% ../nbs/06d_offload.ipynb #debdf2ed
+@patch
+def evict(self: HeapLRUCachePolicy, n: int, protected: set) -> list[tuple[bytes, ChunkStatus]] | None:
+    "Pop the `n` smallest live entries (stale ones dropped, protected ones put back); None, and nothing changed, if fewer."
+    picked, kept, seen = [], [], set()
+    while len(picked) < n and self.heap:
+        rank, key = heapq.heappop(self.heap)
+        if key in seen or key not in self.evictable or self.ranks[key] != rank: continue  # stale: re-ranked or gone
+        seen.add(key); (kept if key in protected else picked).append((rank, key))
+    for entry in kept + (picked if len(picked) < n else []): heapq.heappush(self.heap, entry)
+    if len(picked) < n: return None
+    out = [(key, self.chunks[key]) for _, key in picked]
+    for key, _ in out: self.remove(key)
+    if len(self.heap) > 2 * len(self.chunks) + 64: self.heap = [(self.ranks[k], k) for k in self.evictable]; heapq.heapify(self.heap)
+    return out
+
+# %% ../nbs/06d_offload.ipynb #cd0390e0
+class TallyConnector(OffloadingConnector):
+    "The connector, counting instead of recording: `totals` of loads, stores, evictions, failed stores and CPU hits."
+    def __init__(self, config: OffloadConfig, kv: KVCacheManager):
+        super().__init__(config, kv); self.totals: Counter = Counter()
+        if config.eviction_policy == "lru": self.manager.policy = HeapLRUCachePolicy(config.cpu_chunks)
+    def _name_blocks(self, r, hashes): return  # no readable names: nothing is recorded
+    def _names(self, keys): return keys
+    def _note(self, name: str, value) -> None: self.totals[name] += len(value[1]) if name in ("loads", "stores") else 1
+    def record_step(self, record: dict) -> dict:
+        "Count the step's connector prefix-cache stats; the record keeps only the scheduler's own connector fields."
+        if (pcs := record.pop("conn_pcs", None)) is not None: self.totals["cpu_queries"] += pcs.queries; self.totals["cpu_hits"] += pcs.hits
+        self.record, self.gpu_hits, self.manager.events = {}, {}, []
+        self.manager.get_stats(); self.allocation_failures = 0
+        return record
+
+# %% ../nbs/06d_offload.ipynb #5d9c9ed3
+@dataclass(frozen=True)
+class TallyConfig(OffloadConfig):
+    "An `OffloadConfig` whose connector is a `TallyConnector` (what the sweep below runs)."
+    def connector(self, kv: KVCacheManager) -> TallyConnector: return TallyConnector(self, kv)
+
+# %% ../nbs/06d_offload.ipynb #61c28a0a
+@dataclass
+class OffloadSizeResult:
+    "One replay of a trace at one GPU size and one CPU size."
+    gpu_blocks: int  # the GPU pool, the null block included
+    cpu_blocks: int  # the CPU pool, in blocks of the same size (0: no CPU tier)
+    eviction_policy: str  # the CPU pool's: "lru" or "arc"
+    hit_rate: float  # prompt tokens not computed / prompt tokens queried: gpu_hit_rate + cpu_hit_rate
+    gpu_hit_rate: float
+    cpu_hit_rate: float  # prompt tokens loaded from the CPU / prompt tokens queried
+    queries: int
+    gpu_hits: int
+    cpu_hits: int
+    cpu_queries: int  # prompt tokens past the GPU hit (vLLM's connector prefix-cache queries)
+    loads: int  # CPU blocks loaded
+    stores: int  # blocks stored to the CPU
+    cpu_evictions: int
+    store_failures: int  # offers the pool could not take (vLLM's allocation_failure)
+    gpu_evictions: int
+    preemptions: int
+    num_steps: int
+    settings: str = ""  # the scheduler's settings (`SchedulerConfig.describe`)
+    offload_settings: str = ""  # the tier's other settings
+
+# %% ../nbs/06d_offload.ipynb #50f9c767
+@dataclass
+class _Watch:
+    "`replay_mooncake`'s per-step callback, used only to keep the scheduler's connector (it moves no step)."
+    connector: object = None
+    def __call__(self, s, out, gap) -> int: self.connector = s.connector; return 0
+
+# %% ../nbs/06d_offload.ipynb #5a92559e
+def replay_offload(requests: Sequence[MooncakeRequest],  # in timestamp order, e.g. `list(read_mooncake(path))`
+                   gpu_blocks: int, cpu_blocks: int,  # the two pools, in blocks (cpu_blocks 0: no CPU tier)
+                   eviction_policy: str = "lru",  # the CPU pool's: "lru" or "arc"
+                   offload: dict | None = None,  # other `OffloadConfig` settings (store_threshold, worker, ...)
+                   **settings,  # `replay_mooncake`'s: block_size, ms_per_step, hashes, scheduler knobs
+                   ) -> OffloadSizeResult:
+    "Serve the trace with `gpu_blocks` on the GPU and `cpu_blocks` behind it; the counters of the run."
+    config = TallyConfig(cpu_chunks=cpu_blocks, eviction_policy=eviction_policy, **(offload or {}))
+    watch = _Watch()
+    r = replay_mooncake(requests, gpu_blocks, offload=config if cpu_blocks else None, advance=watch, **settings)
+    t = watch.connector.totals if watch.connector is not None else Counter()
+    return OffloadSizeResult(gpu_blocks, cpu_blocks, eviction_policy, (r.hits + t["cpu_hits"]) / r.queries if r.queries else 0.0,
+                             r.hit_rate, t["cpu_hits"] / r.queries if r.queries else 0.0, r.queries, r.hits, t["cpu_hits"],
+                             t["cpu_queries"], t["loads"], t["stores"], t["evicted"], t["store_fail"], r.evictions,
+                             r.preemptions, r.num_steps, r.settings, _offload_settings(config))
+
+# %% ../nbs/06d_offload.ipynb #205d75eb
+def _offload_settings(config: OffloadConfig) -> str:
+    "The tier's settings other than its size and policy, one line."
+    return ", ".join(f"{f.name}={getattr(config, f.name)}" for f in fields(config) if f.name not in ("cpu_chunks", "eviction_policy"))
+
+# %% ../nbs/06d_offload.ipynb #21f1280b
+_GRID: dict = {}  # per worker process: the trace, its block keys and the replays' settings
+
+def _init_grid(requests, settings: dict) -> None:
+    _GRID.update(requests=requests, settings=settings,
+                 hashes=[block_hashes(r, settings["block_size"], settings["hash_block_size"]) for r in requests])
+
+def _replay_point(point: tuple[int, int, str]) -> OffloadSizeResult:
+    return replay_offload(_GRID["requests"], *point, hashes=_GRID["hashes"], **_GRID["settings"])
+
+# %% ../nbs/06d_offload.ipynb #473559cf
+def offload_sweep(requests: Sequence[MooncakeRequest],
+                  blocks: Sequence[int], cpu_blocks: Sequence[int],  # GPU sizes and CPU sizes, in blocks
+                  policies: Sequence[str] = ("lru",),  # CPU eviction policies: "lru", "arc" or both
+                  block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                  ms_per_step: float | None = None, hash_block_size: int = 512,
+                  jobs: int | None = None,  # processes (default: one per core, at most one per point)
+                  offload: dict | None = None,  # other `OffloadConfig` settings
+                  **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
+                  ) -> list[OffloadSizeResult]:
+    "Replay the trace at every policy x CPU size x GPU size; results in that order."
+    _check_grid(requests, blocks, cpu_blocks, policies, block_size, offload, settings)
+    points = [(g, c, p) for p in policies for c in cpu_blocks for g in blocks]
+    settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                    ms_per_step=ms_per_step, hash_block_size=hash_block_size, offload=offload, **settings)
+    jobs = min(jobs or os.cpu_count() or 1, len(points))
+    if jobs == 1:
+        _init_grid(requests, settings); return list(progress(map(_replay_point, points), len(points), "offload sweep"))
+    with multiprocessing.get_context("fork").Pool(jobs, _init_grid, (requests, settings)) as pool:
+        return list(progress(pool.imap(_replay_point, points), len(points), "offload sweep"))
+
+# %% ../nbs/06d_offload.ipynb #77e961d6
+def _check_grid(requests, blocks, cpu_blocks, policies, block_size, offload, settings) -> None:
+    "Refuse, by name, a grid `offload_sweep` cannot run."
+    check_instance("requests", requests, (list, tuple), "a list of MooncakeRequest")
+    if not requests: refuse("requests", "a non-empty list of MooncakeRequest", requests)
+    for i, r in enumerate(requests): check_instance(f"requests[{i}]", r, MooncakeRequest)
+    check_int("block_size", block_size, 1)
+    longest = max(r.input_length + max(1, r.output_length) for r in requests)
+    for name, sizes, least in (("blocks", blocks, 2 + (longest - 1) // block_size), ("cpu_blocks", cpu_blocks, 0)):
+        if not check_ints(name, sizes): refuse(name, "a non-empty list of sizes in blocks", sizes)
+        for i, n in enumerate(sizes):
+            if n < least: refuse(f"{name}[{i}]", f"at least {least} (the longest request, {longest} tokens, and the null block)", n)
+    if isinstance(policies, str) or not policies: refuse("policies", "a non-empty list of 'lru' and 'arc'", policies, TypeError)
+    for i, p in enumerate(policies): check_choice(f"policies[{i}]", p, ("lru", "arc"))
+    _check_offload_settings(offload); SchedulerConfig.of(settings, strict=True)
+    if settings.get("async_scheduling") and any(cpu_blocks):
+        refuse("async_scheduling", "False with a CPU tier (the connector runs in the synchronous engine loop)", True)
+
+# %% ../nbs/06d_offload.ipynb #2c9a35c4
+def _check_offload_settings(offload) -> None:
+    "`offload` is None or `OffloadConfig` settings other than the size and policy the grid sets."
+    if offload is None: return
+    check_instance("offload", offload, dict)
+    if taken := sorted({"cpu_chunks", "eviction_policy", "policy", "block_size"} & set(offload)):
+        refuse("offload", f"settings other than the grid's (not {taken[0]!r})", offload)
+    OffloadConfig.of({"cpu_chunks": 0, **offload})
+
+# %% ../nbs/06d_offload.ipynb #a34b0475
+def format_offload_results(results: Sequence[OffloadSizeResult], fmt: str = "table") -> str:
+    "The results as a markdown table (under lines naming the scheduler and tier settings), CSV or JSON."
+    check_instance("results", results, (list, tuple), "a list of OffloadSizeResult")
+    for i, r in enumerate(results): check_instance(f"results[{i}]", r, OffloadSizeResult)
+    rows, names = [asdict(r) for r in results], [f.name for f in fields(OffloadSizeResult)]
+    if check_choice("fmt", fmt, ("table", "csv", "json")) == "json": return json.dumps(rows, indent=1) + "\n"
+    if fmt == "csv":
+        out = io.StringIO(); w = csv.DictWriter(out, names, lineterminator="\n"); w.writeheader(); w.writerows(rows)
+        return out.getvalue()
+    names = names[:-2]; cell = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
+    head = [f"{k}: {s}" for k in ("scheduler", "offload") for s in dict.fromkeys(r[f"{'' if k == 'scheduler' else 'offload_'}settings"] for r in rows)]
+    return "\n".join(head + ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)] +
+                     ["| " + " | ".join(cell(r[n]) for n in names) + " |" for r in rows]) + "\n"
+
+# %% ../nbs/06d_offload.ipynb #6a87cd9d
+def doubling_gains(results: Sequence[OffloadSizeResult]) -> list[dict]:
+    "Per point with both neighbours in the grid: the hit rate, and its gain from doubling the GPU and from doubling the CPU."
+    at = {(r.eviction_policy, r.gpu_blocks, r.cpu_blocks): r.hit_rate for r in results}
+    return [dict(eviction_policy=p, gpu_blocks=g, cpu_blocks=c, hit_rate=rate, double_gpu=at[p, 2 * g, c] - rate, double_cpu=at[p, g, 2 * c] - rate)
+            for (p, g, c), rate in at.items() if c and (p, 2 * g, c) in at and (p, g, 2 * c) in at]
+
+# %% ../nbs/06d_offload.ipynb #b3172cd4
+def _size(n: int) -> str:
+    "A size as a short label: 12.5k, 256k, 1.6M."
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k" if n >= 1000 else str(n)
+
+def _drawing():
+    "matplotlib's settings for these pictures: text at FONT_SIZE px kept as text, fixed ids (imported only to draw)."
+    try: import matplotlib
+    except ImportError: raise ImportError("the offload pictures need matplotlib: pip install 'kvref[pictures]'") from None
+    return matplotlib.rc_context({"svg.hashsalt": "kvref", "svg.fonttype": "none", "font.size": FONT_SIZE})
+
+def _svg_of(fig) -> str:
+    buf = io.StringIO(); fig.savefig(buf, format="svg", metadata={"Date": None}); return buf.getvalue()
+
+# %% ../nbs/06d_offload.ipynb #005e828b
+def offload_heatmap_svg(results: Sequence[OffloadSizeResult], title: str = "") -> str:
+    "Hit rate over GPU x CPU sizes, one map per policy, each cell coloured and labelled (an SVG document)."
+    at = {(r.eviction_policy, r.gpu_blocks, r.cpu_blocks): r.hit_rate for r in results}
+    policies, gpus, cpus = list(dict.fromkeys(k[0] for k in at)), sorted({k[1] for k in at}), sorted({k[2] for k in at})
+    with _drawing():
+        from matplotlib.figure import Figure; from matplotlib.patches import Rectangle; from matplotlib import colormaps
+        fig, top = Figure(figsize=(min(16, 1.6 + len(policies) * (1.2 + 0.9 * len(gpus))), 1.9 + 0.45 * len(cpus))), max(at.values()) or 1
+        for ax, p in zip(fig.subplots(1, len(policies), squeeze=False)[0], policies):
+            for (q, g, c), v in at.items():
+                if q != p: continue
+                x, y = gpus.index(g), cpus.index(c)
+                ax.add_patch(Rectangle((x, y), 1, 1, facecolor=colormaps["viridis"](v / top), edgecolor="white"))
+                ax.text(x + 0.5, y + 0.5, f"{v:.3f}", ha="center", va="center", color="black" if v / top > 0.6 else "white")
+            ax.set(xlim=(0, len(gpus)), ylim=(0, len(cpus)), xticks=[i + 0.5 for i in range(len(gpus))], yticks=[i + 0.5 for i in range(len(cpus))],
+                   xticklabels=[_size(g) for g in gpus], yticklabels=[_size(c) for c in cpus], xlabel="GPU blocks", ylabel="CPU blocks")
+            ax.set_title(f"{p.upper()}: hit rate (GPU + CPU)", loc="left")
+        if title: fig.suptitle(title, x=0.01, ha="left")
+        fig.tight_layout()
+        return _svg_of(fig)
+
+# %% ../nbs/06d_offload.ipynb #efac75b3
+def offload_curves_svg(results: Sequence[OffloadSizeResult], title: str = "") -> str:
+    "Hit rate against GPU size, one curve per CPU size and policy: LRU solid, ARC dashed (an SVG document)."
+    policies, cpus = list(dict.fromkeys(r.eviction_policy for r in results)), sorted({r.cpu_blocks for r in results})
+    gpus = sorted({r.gpu_blocks for r in results})
+    with _drawing():
+        from matplotlib.figure import Figure; from matplotlib import colormaps
+        fig = Figure(figsize=(12, 5.5)); ax = fig.add_axes((0.07, 0.11, 0.68, 0.8))
+        for p in policies:
+            for i, c in enumerate(cpus):
+                points = sorted((r.gpu_blocks, r.hit_rate) for r in results if r.eviction_policy == p and r.cpu_blocks == c)
+                ax.plot(*zip(*points), ls="-" if p == "lru" else "--", marker="o" if p == "lru" else "s",
+                        color=colormaps["viridis"](0.9 * i / max(1, len(cpus) - 1)), label=f"{p.upper()}, CPU {_size(c)}")
+        ax.set_xscale("log", base=2); ax.set_xticks(gpus, [_size(g) for g in gpus]); ax.minorticks_off(); ax.grid(alpha=0.3)
+        ax.set(xlabel="GPU blocks", ylabel="hit rate (GPU + CPU)", ylim=(0, None))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+        ax.set_title(title or "hit rate by GPU size, a curve per CPU size (LRU solid, ARC dashed)", loc="left")
+        return _svg_of(fig)

@@ -23,10 +23,7 @@ CHECK = re.compile(r"_check|_require")
 SPEED = re.compile(r"speed|fast path", re.I)
 
 # (notebook stem, rule) pairs still being fixed by the book's third edition; rules: "first-lesson", "checks-heading".
-KNOWN: set[tuple[str, str]] = {
-    ('06d_offload', 'checks-heading'),
-    ('06d_offload', 'first-lesson'),
-}
+KNOWN: set[tuple[str, str]] = set()
 # Module names still defining a name twice: (module, name).
 KNOWN_TWICE: set[tuple[str, str]] = set()
 

@@ -12,7 +12,7 @@ from kvref.core.scheduler import Scheduler
 
 
 @pytest.mark.parametrize("settings, error, words", [
-    (dict(cpu_chunks=-1), ValueError, "cpu_chunks"), (dict(cpu_chunks=True), ValueError, "cpu_chunks"),
+    (dict(cpu_chunks=-1), ValueError, "cpu_chunks"), (dict(cpu_chunks=True), TypeError, "cpu_chunks"),
     (dict(cpu_chunks=4, eviction_policy="fifo"), ValueError, "eviction_policy"),
     (dict(cpu_chunks=4, block_size=0), ValueError, "block_size"),
     (dict(cpu_chunks=4, offload_prompt_only=1), TypeError, "offload_prompt_only"),
