@@ -75,6 +75,24 @@ def test_every_vector_labelled_with_its_own_release_and_kind():
         if v.name.endswith(".vllm") or ".vllm-" in v.name: assert v.kind == "decisions", v
 
 
+def test_a_recorded_event_stream_is_described_as_one(capsys, tmp_path):
+    "A stream recorded from an engine (`seq` and `payload_b64` per line) is no per-op events file, and says so."
+    from kvref.oracle.replay import _describe
+    streams = [v for v in list_vectors("events") if v.name.startswith("events/real-engine/") and v.name.endswith("/engine")]
+    assert len(streams) >= 2
+    for v in streams:
+        assert v.source == f"a KV event stream recorded from a vLLM {v.release} engine (one published batch per line)", v
+    per_op = {v.name: v for v in list_vectors("events")}["events/trace-11-0.events"]
+    assert per_op.source == "KV events vLLM 0.33.0 emitted for a trace (one line per op)"
+    planted = tmp_path / "events" / "9.9.9" / "engine.jsonl"
+    planted.parent.mkdir(parents=True)
+    planted.write_text('\n{"seq": 0, "payload_b64": "kQ=="}\n{"seq": 1, "payload_b64": "kQ=="}\n')
+    assert _describe(planted, tmp_path) == (
+        "a KV event stream recorded from a vLLM 9.9.9 engine (one published batch per line)", 2, "events", "9.9.9")
+    assert main(["vectors", "--kind", "events", "--vllm", "0.32.0"]) == 0
+    assert "a KV event stream recorded from a vLLM 0.32.0 engine (one published batch per line)" in capsys.readouterr().out
+
+
 def _paths(capsys, *argv) -> list[str]:
     assert main(["vectors", *argv, "--paths"]) == 0
     return capsys.readouterr().out.split()

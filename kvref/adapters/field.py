@@ -148,11 +148,11 @@ def longest_prefix(self: DynamoRouter, prompt, *, cache_salt=None, lora=None, mm
 # %% ../../nbs/07f_field_adapters.ipynb #e7d97051
 def kvindex_answer(traces: dict[str, list[dict]], prompt, stream: str, seq: int, hash_form: str = "int") -> dict:
     "`KVIndex`'s answer to `prompt` after batch `seq` of `stream` (the point a recorded divergence names)."
-    from kvref.oracle.router_conformance import _answer, _interleaved, _router_config, reference_router
-    index = reference_router(_router_config(traces, hash_form))
-    for s, batch in _interleaved(traces, hash_form):
+    from kvref.oracle.router_conformance import router_answer, interleaved_batches, shared_router_config, reference_router
+    index = reference_router(shared_router_config(traces, hash_form))
+    for s, batch in interleaved_batches(traces, hash_form):
         index.apply(s, batch.seq, batch.payload)
-        if (s, batch.seq) == (stream, seq): return _answer(index, prompt)
+        if (s, batch.seq) == (stream, seq): return router_answer(index, prompt)
     raise ValueError(f"stream {stream!r} publishes no batch {seq}")
 
 # %% ../../nbs/07f_field_adapters.ipynb #6abadd4e

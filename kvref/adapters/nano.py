@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from fastcore.basics import patch
 from ..guards import check_instance, check_int
-from ..core.kv_cache_manager import checked_token_list as _checked_token_ids
+from ..core.kv_cache_manager import checked_token_list
 
 # %% auto #0
 __all__ = ['NanoBlock', 'compute_hash', 'NanoBlockManager', 'NanoAdapter']
@@ -97,7 +97,7 @@ def _known(self: NanoAdapter, request_id: str) -> str:
 
 @patch
 def add(self: NanoAdapter, request_id, prompt, cache_salt=None, lora=None):
-    prompt = _checked_token_ids(prompt, "prompt")
+    prompt = checked_token_list(prompt, "prompt")
     self.tokens[check_instance("request_id", request_id, str)], self.tables[request_id], self.computed[request_id] = prompt, [], 0
 
 @patch
@@ -149,7 +149,7 @@ def free(self: NanoAdapter, request_id: str) -> None:
 
 @patch
 def append(self: NanoAdapter, request_id: str, tokens: list[int]) -> None:
-    self.tokens[self._known(request_id)].extend(_checked_token_ids(tokens, "tokens"))
+    self.tokens[self._known(request_id)].extend(checked_token_list(tokens, "tokens"))
 
 # %% ../../nbs/07a_nano.ipynb #f951e220
 @patch

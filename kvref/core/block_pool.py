@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 from fastcore.basics import patch
-from .free_queue import KVCacheBlock, FreeKVCacheBlockQueue, block_ids, _checked_blocks
+from .free_queue import KVCacheBlock, FreeKVCacheBlockQueue, block_ids, checked_blocks
 from ..guards import check_bool, check_instance, check_int
 
 # %% auto #0
@@ -146,7 +146,7 @@ def get_usage(self: BlockPool) -> float:
 @patch
 def _checked_own(self: BlockPool, blocks: Iterable[KVCacheBlock], name: str) -> list[KVCacheBlock]:
     "`blocks` as a list, after checking that each is one of this pool's blocks."
-    blocks = _checked_blocks(blocks, name)
+    blocks = checked_blocks(blocks, name)
     try: own = [self.blocks[b.block_id] for b in blocks] == blocks  # one pass (blocks compare by identity)
     except (IndexError, TypeError): own = False
     if not own:  # find the culprit

@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from ..guards import check_int, refuse
 
 # %% auto #0
-__all__ = ['KVCacheBlock', 'block_ids', 'FreeKVCacheBlockQueue']
+__all__ = ['KVCacheBlock', 'block_ids', 'checked_blocks', 'FreeKVCacheBlockQueue']
 
 # %% ../../nbs/02_free_queue.ipynb #f9ac1cd0
 @dataclass(slots=True, eq=False, repr=False)
@@ -46,7 +46,7 @@ def block_ids(blocks: Iterable[KVCacheBlock]) -> list[int]:
     return [b.block_id for b in blocks]
 
 # %% ../../nbs/02_free_queue.ipynb #4b97d46b
-def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> list[KVCacheBlock]:
+def checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> list[KVCacheBlock]:
     "`blocks` as a list, refusing anything but KVCacheBlocks with a TypeError that names `name`."
     if not hasattr(blocks, "__iter__"):
         raise TypeError(f"{name} must be an iterable of KVCacheBlock, got {type(blocks).__name__}")
@@ -59,7 +59,7 @@ def _checked_blocks(blocks: Iterable[KVCacheBlock], name: str = "blocks") -> lis
 # %% ../../nbs/02_free_queue.ipynb #b59fb963
 def _checked_unqueued(blocks: Iterable[KVCacheBlock], queue: FreeKVCacheBlockQueue) -> list[KVCacheBlock]:
     "`blocks` as a list, after checking that none is in a free queue (`queue`, or another) and none repeats."
-    blocks = _checked_blocks(blocks)
+    blocks = checked_blocks(blocks)
     if not {b.free_queue for b in blocks} <= {None}:  # one C-speed pass; the culprit only on failure
         block = next(b for b in blocks if b.free_queue is not None)
         raise ValueError(f"block {block.block_id} is already in {'the' if block.free_queue is queue else 'another'} free queue")

@@ -15,10 +15,10 @@ from fastcore.test import test_eq, test_fail
 from ..guards import check_bool, check_instance, check_int, refuse
 from .free_queue import KVCacheBlock, block_ids
 from .block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, KVCacheEvent
-from .hashing import get_hash_fn_by_name, checked_mm_items as _checked_mm_items
-from .fast_hashing import extra_keys_per_block as _extra_keys_per_block
+from .hashing import get_hash_fn_by_name, checked_mm_items
+from .fast_hashing import extra_keys_per_block
 from .kv_cache_manager import (KVCacheManager, Request, cdiv, longest_cache_hit, update_block_hashes,
-                                    check_hits_match as _check_hits_match)
+                                    check_hits_match)
 
 # %% auto #0
 __all__ = ['MANAGER_FOR_SPEC', 'GROUP_KINDS', 'CONFIG_FIELDS', 'HYBRID_CONFIG_DEFAULTS', 'table_rows_svg', 'recorded_steps',
@@ -324,8 +324,8 @@ def stored_event(self: SingleTypeKVCacheManager, request: HybridRequest, block_h
                  start: int, stop: int, chosen: Sequence[int], block_size: int | None = None) -> BlockStored:
     "vLLM's `BlockStored` for caching blocks `[start, stop)` (of `block_size`, default the group's) of which `chosen` got keys."
     bs, lora, spec = block_size or self.block_size, request.lora_request, self.spec
-    keys = _extra_keys_per_block(start * bs, stop * bs, bs, lora=lora, cache_salt=request.cache_salt, prompt_embeds=None,
-                                 mm_items=_checked_mm_items(request.mm_items, len(request.all_token_ids)))
+    keys = extra_keys_per_block(start * bs, stop * bs, bs, lora=lora, cache_salt=request.cache_salt, prompt_embeds=None,
+                                 mm_items=checked_mm_items(request.mm_items, len(request.all_token_ids)))
     return BlockStored([block_hashes[j] for j in chosen], block_hashes[start - 1] if start else None,
                        request.all_token_ids[start * bs:stop * bs], bs, lora and lora.name, [keys[j - start] for j in chosen],
                        self.kv_cache_group_id, spec.kv_cache_spec_kind, getattr(spec, "sliding_window", None))
@@ -726,7 +726,7 @@ def _check_hits(self: HybridKVCacheManager, request: HybridRequest, hits: list[l
     if not self.enable_caching: raise ValueError(f"request {rid!r}: prefix caching is off, so no block can be a hit")
     found, hit_length, _ = self.get_computed_blocks(request)
     for g, (given, cached) in enumerate(zip(hits, found)):
-        _check_hits_match(rid, f"new_computed_blocks[{g}]", given, cached, of=lambda block: block)
+        check_hits_match(rid, f"new_computed_blocks[{g}]", given, cached, of=lambda block: block)
         if len(given) < len(cached):
             raise ValueError(f"request {rid!r}: new_computed_blocks[{g}] holds {len(given)} of the hit's {len(cached)} blocks")
     if num_new_computed_tokens != hit_length:

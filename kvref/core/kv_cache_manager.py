@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 from fastcore.basics import patch
 from ..guards import check_bool, check_choice, check_instance, check_int
-from .free_queue import KVCacheBlock, block_ids, _checked_blocks
+from .free_queue import KVCacheBlock, block_ids, checked_blocks
 from .block_pool import BlockPool, KVCacheEvent
 from .hashing import LoRARequest, MultiModalItem, checked_mm_items, checked_token_ids, get_hash_fn_by_name
 from .fast_hashing import extend_block_hashes, extra_keys_per_block, pickle_prompt
@@ -256,7 +256,7 @@ def allocate_slots(self: KVCacheManager,
                    delay_cache_blocks: bool = False, reserved_blocks: int = 0,  # a KV connector's load: see below
                   ) -> list[KVCacheBlock] | None:
     "Grow the request's block table for this step; the new blocks, or None (and no change) if they do not fit."
-    hits = _checked_blocks(new_computed_blocks, "new_computed_blocks") if new_computed_blocks else []
+    hits = checked_blocks(new_computed_blocks, "new_computed_blocks") if new_computed_blocks else []
     table = self._checked_step(request, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens)
     _check_load_arguments(delay_cache_blocks, reserved_blocks)
     rid, num_computed = request.request_id, request.num_computed_tokens + num_new_computed_tokens

@@ -19,7 +19,8 @@ from ..guards import check_choice, check_int
 __all__ = ['MEDIUM_GPU', 'HASH_FORMS', 'ExternalBlockHash', 'KVCacheEvent', 'EVENT_TYPES', 'WIRE_SCHEMA', 'WIRE_CLASSES',
            'Engine', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared', 'KVEventBatch', 'WireSchema',
            'external_block_hash', 'event_extra_keys', 'lora_id', 'wire_events', 'event_to_json', 'event_from_json',
-           'encode_batch', 'msgspec_types', 'wire_batch_fast', 'encode_batch_fast', 'decode_batch', 'KVIndex']
+           'encode_batch', 'msgspec_types', 'wire_batch_fast', 'encode_batch_fast', 'decode_batch', 'KVIndex',
+           'short_hash']
 
 # %% ../../nbs/03a_kv_events.ipynb #6cda02c4
 MEDIUM_GPU = "GPU"          # the only storage medium a single-GPU engine reports
@@ -503,19 +504,19 @@ def _changes(self: KVIndex, engine: Engine, events: list[KVCacheEvent], where: s
         if isinstance(event, AllBlocksCleared): changed, cleared = {}, True
         elif isinstance(event, BlockRemoved):
             for h in event.block_hashes:
-                if count(h) == 0: raise ValueError(f"{at}: BlockRemoved.block_hashes: {_short(h)} is not stored on engine {engine}")
+                if count(h) == 0: raise ValueError(f"{at}: BlockRemoved.block_hashes: {short_hash(h)} is not stored on engine {engine}")
                 changed[h] = count(h) - 1
         else:
             if event.block_size != self.block_size:
                 raise ValueError(f"{at}: BlockStored.block_size is {event.block_size} but the index hashes blocks of {self.block_size}")
             parent = event.parent_block_hash
             if parent is not None and count(parent) == 0:
-                raise ValueError(f"{at}: BlockStored.parent_block_hash: unknown parent {_short(parent)} (not stored on engine {engine})")
+                raise ValueError(f"{at}: BlockStored.parent_block_hash: unknown parent {short_hash(parent)} (not stored on engine {engine})")
             for h in event.block_hashes: changed[h] = count(h) + 1
     return cleared, changed
 
 # %% ../../nbs/03a_kv_events.ipynb #7cfaa74c
-def _short(h: ExternalBlockHash) -> str:
+def short_hash(h: ExternalBlockHash) -> str:
     "A hash as errors and pictures show it: hex, 16 digits."
     return (h.hex() if isinstance(h, bytes) else f"{h:016x}")[:16]
 
@@ -558,5 +559,5 @@ def picture(self: KVIndex, prompts: dict[str, dict]) -> str:
         answer, total = self.longest_prefix(**request), len(self.prompt_hashes(**request))
         lines.append(name.ljust(width) + "  " + "  ".join(("#" * answer[e] + "." * (total - answer[e])).ljust(8) for e in engines))
     for s, r in engines:
-        lines.append(f"{s}/{r}: " + " ".join(f"{_short(h)}x{n}" for h, n in self.engines[(s, r)].items()))
+        lines.append(f"{s}/{r}: " + " ".join(f"{short_hash(h)}x{n}" for h, n in self.engines[(s, r)].items()))
     return "\n".join(lines)

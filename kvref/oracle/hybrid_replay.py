@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 from fastcore.basics import patch
 from ..core.hybrid import HybridKVCacheManager, group_tables_svg
 from .replay import (TraceDriver, TraceReplayer, file_kind, is_hybrid, load_trace, replay, validate_hybrid_op,
-                                 _check_ops)
+                                 check_ops)
 from ..pictures import progress
 
 # %% auto #0
@@ -100,7 +100,7 @@ def _count_op(s: HybridReplayStats, op: dict, d: dict, queried_tokens: int) -> N
 def hybrid_replay_stats(ops: list[dict]  # a hybrid trace's ops, `config` first
                        ) -> HybridReplayStats:
     "Replay a hybrid trace with kvref and count what each op did to the pool and to each group's tables."
-    _check_ops(ops); ops = list(ops)
+    check_ops(ops); ops = list(ops)
     if not ops: raise ValueError("no ops: a hybrid trace starts with its config op")
     replayer, owner = TraceReplayer(), {}
     first = replayer.apply(ops[0])

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 from fastcore.basics import patch
 from ..guards import check_choice, check_instance, check_int
-from ..core.hashing import decoded_copy as _decoded, hash_block_tokens
-from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, HASH_FORMS, KVIndex, _short,
+from ..core.hashing import decoded_copy, hash_block_tokens
+from ..distributed.kv_events import (WIRE_SCHEMA, AllBlocksCleared, BlockRemoved, BlockStored, HASH_FORMS, KVIndex, short_hash,
                              decode_batch, encode_batch, encode_batch_fast, external_block_hash)
 from .releases import PROFILES, profile_for_version, release_hash_fn, release_none_hash, wire_schema
 from .router_conformance import END_SEQ
@@ -82,12 +82,12 @@ def hash_extra_keys(profile, entry: list | None, lora_name: str | None) -> tuple
     "The extra keys a block was hashed with, from its event's `extra_keys` entry, as `profile`'s releases hash them."
     if entry is None: return None
     if profile.lora_key != "tagged":
-        return tuple(tuple(k) if type(k) is list else _decoded(k) if type(k) is str else k for k in entry) or None
+        return tuple(tuple(k) if type(k) is list else decoded_copy(k) if type(k) is str else k for k in entry) or None
     if lora_name is not None: raise Unverifiable("a LoRA block's hash covers the adapter's path, which events do not carry")
     keys = []
     for k in entry:
-        if type(k) is list and len(k) == 2: keys.append(("mm", _decoded(k[0]), k[1]))
-        elif type(k) is str: keys.append(("cache_salt", _decoded(k)))
+        if type(k) is list and len(k) == 2: keys.append(("mm", decoded_copy(k[0]), k[1]))
+        elif type(k) is str: keys.append(("cache_salt", decoded_copy(k)))
         elif type(k) is bytes: keys.append(("prompt_embeds", k))
         else: raise Unverifiable(f"extra key {k!r:.40} is none of an item, a salt or an embeddings digest")
     return tuple(keys) or None
@@ -249,8 +249,8 @@ def _verify(self: EngineAudit, seq: int, at: str, event: BlockStored) -> None:
         except Unverifiable: self.counts["hashes_unverifiable"] += n - j; return
         parent = hash_block_tokens(self.hash_fn, parent, event.token_ids[j * size:(j + 1) * size], keys, self.none_hash)
         if external_block_hash(parent, form) != h:
-            self._find(seq, "hash", f"{at}: block {j} ({_short(h)}) is not the hash {self._stated()} computes "
-                                    f"({_short(external_block_hash(parent, form))})" + self._explain(event, j, entries[0]))
+            self._find(seq, "hash", f"{at}: block {j} ({short_hash(h)}) is not the hash {self._stated()} computes "
+                                    f"({short_hash(external_block_hash(parent, form))})" + self._explain(event, j, entries[0]))
             self.counts["hashes_unverifiable"] += n - j - 1; return
         self.counts["hashes_checked"] += 1
         if form == "int": self.digests[h] = parent
@@ -329,7 +329,7 @@ def fleet_findings(self: FleetAudit) -> list[Finding]:
             out.append(Finding(pair, None, "fleet", f"engines {pair} cannot share hits: {'; '.join(causes)}"))
         elif clash := next((key for key, h in a.roots.items() if b.roots.get(key, h) != h), None):
             out.append(Finding(pair, None, "fleet", f"engines {pair} are stated alike but stored the same first block "
-                               f"(tokens {list(clash[0])[:8]}) as {_short(a.roots[clash])} and {_short(b.roots[clash])}: "
+                               f"(tokens {list(clash[0])[:8]}) as {short_hash(a.roots[clash])} and {short_hash(b.roots[clash])}: "
                                f"they cannot share hits (see their hash findings for which one differs)"))
     return out
 

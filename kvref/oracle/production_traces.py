@@ -18,7 +18,7 @@ from ..core.fast_allocator import FastKVCacheManager
 from ..guards import check_instance, check_int, check_ints, refuse
 from ..pictures import FONT_SIZE, chart_svg, progress
 from ..core.scheduler import Scheduler, SchedulerConfig, SchedulerRequest
-from .workloads import RequestSpec, _add_op, _tick
+from .workloads import RequestSpec, add_op, decode_step
 
 # %% auto #0
 __all__ = ['FIELDS', 'MOONCAKE_MAX_LINE_BYTES', 'MAX_SYNTHESIZED_TOKENS', 'OUTPUT_BASE', 'MooncakeRequest', 'parse_mooncake_line',
@@ -141,10 +141,10 @@ def convert_mooncake(path: str | Path, block_size: int = 16, num_blocks: int = 1
     yield {"op": "config", "num_blocks": num_blocks, "block_size": block_size, "enable_caching": True, "hash_algo": "sha256"}
     live, ops = [], []
     for index, req in enumerate(read_mooncake(path, hash_block_size)):
-        while len(live) >= max_live: _tick(live, ops); yield from ops; ops.clear()
+        while len(live) >= max_live: decode_step(live, ops); yield from ops; ops.clear()
         spec = mooncake_to_spec(req, index, hash_block_size)
-        live.append([spec, 0]); yield _add_op(spec)
-    while live: _tick(live, ops); yield from ops; ops.clear()
+        live.append([spec, 0]); yield add_op(spec)
+    while live: decode_step(live, ops); yield from ops; ops.clear()
 
 # %% ../../nbs/06c_production_traces.ipynb #4ced80d1
 def block_hashes(req: MooncakeRequest, block_size: int = 16, hash_block_size: int = 512) -> list[bytes]:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from ..guards import check_instance
-from ..core.kv_cache_manager import KVCacheManager
+from ..core.fast_allocator import FastKVCacheManager
 from ..core.scheduler import Scheduler
 from ..distributed.kv_events import decode_batch, event_to_json, wire_events
 from .releases import wire_schema
@@ -57,8 +57,8 @@ def engine_events(rec: EngineRecording) -> list[dict]:
 def _scheduler(rec: EngineRecording) -> Scheduler:
     "kvref's scheduler and allocator with the engine's settings."
     s = rec.settings
-    kv = KVCacheManager(s["num_gpu_blocks"], s["block_size"], hash_algo=s["hash_algo"], max_model_len=s["max_model_len"],
-                        enable_kv_cache_events=True)
+    kv = FastKVCacheManager(s["num_gpu_blocks"], s["block_size"], hash_algo=s["hash_algo"], max_model_len=s["max_model_len"],
+                            enable_kv_cache_events=True)
     return Scheduler(kv, record_trace=False, max_num_batched_tokens=s["max_num_batched_tokens"], max_num_seqs=s["max_num_seqs"])
 
 # %% ../../nbs/07g_real_engine.ipynb #09ee2bf7

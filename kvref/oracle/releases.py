@@ -15,14 +15,14 @@ from weakref import WeakKeyDictionary
 from fastcore.basics import patch
 from ..core.hashing import (SHA256_FAMILY, NONE_HASH_SEED, LoRARequest, MultiModalItem, sha256, sha256_cbor,
     get_hash_fn_by_name, hash_block_tokens, generate_block_hash_extra_keys, block_hash_to_int64,
-    check_path as _check_path, checked_request as _checked_request, checked_token_ids as _checked_tokens,
-    decoded_copy as _decoded, lora_from_json as _lora_from_json, mm_from_json as _mm_from_json)
-from ..core.fast_hashing import hash_request_tokens, chunk_spans as _chunks, hash_blocks as _hash_blocks
+    check_path, checked_request, checked_token_ids,
+    decoded_copy, lora_from_json, mm_from_json)
+from ..core.fast_hashing import hash_request_tokens, chunk_spans, hash_blocks
 from ..core.block_pool import BlockPool
 from ..guards import check_instance, check_int
 from ..core.kv_cache_manager import KVCacheManager, Request
 from ..core.fast_allocator import FastKVCacheManager
-from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl, _check_ops
+from .replay import KVRefAdapter, TraceDriver, load_trace, trace_config, validate_op, read_jsonl, check_ops
 from ..distributed.kv_events import WIRE_SCHEMA, WireSchema
 
 # %% auto #0
@@ -275,11 +275,11 @@ def release_extra_keys(profile: VllmProfile, start: int, end: int, *, lora: LoRA
     check_int("start", start); check_int("end", end, start)
     if profile.lora_key == "tagged":
         return generate_block_hash_extra_keys(start, end, lora=lora, mm_items=mm_items, cache_salt=cache_salt)
-    keys: list = [] if lora is None else [lora_int_id if profile.lora_key == "lora_int_id" else _decoded(lora.name)]
+    keys: list = [] if lora is None else [lora_int_id if profile.lora_key == "lora_int_id" else decoded_copy(lora.name)]
     for item in _mm_in_block(profile, mm_items, start, end, decode):
-        ident = _decoded(item.identifier)
+        ident = decoded_copy(item.identifier)
         keys.append(ident if profile.mm_key == "bare" else (ident, item.offset - start))
-    if cache_salt and start == 0: keys.append(_decoded(cache_salt))
+    if cache_salt and start == 0: keys.append(decoded_copy(cache_salt))
     return tuple(keys) or None
 
 # %% ../../nbs/05a_vllm_releases.ipynb #5933b25e
@@ -367,7 +367,7 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
     hash_fn = release_hash_fn(profile, algo, pythonhashseed or "0")
     chain = _builtin_chain if algo == "builtin" else _hash_value_chain  # int hash values, up to 0.10.1
     none_hash = release_none_hash(profile, algo, pythonhashseed)
-    items = _checked_request(token_ids, block_size, "sha256", cache_salt, lora, mm_items, None)
+    items = checked_request(token_ids, block_size, "sha256", cache_salt, lora, mm_items, None)
     _check_release_request(profile, lora, lora_int_id, cache_salt)
     if num_prompt_tokens is not None: check_int("num_prompt_tokens", num_prompt_tokens)
     if profile.lora_key == "tagged":  # 0.31+: kvref's own hashing, fast path and all
@@ -375,12 +375,12 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
                                    seed=_resolved_seed(profile, algo, pythonhashseed), known_hashes=known_hashes)
     prompt_end, hashes = len(token_ids) if num_prompt_tokens is None else num_prompt_tokens, list(known_hashes)
     request = dict(lora=lora, lora_int_id=lora_int_id, mm_items=items, cache_salt=cache_salt)
-    for lo, hi in _chunks(len(known_hashes) * block_size, len(token_ids) // block_size * block_size, block_size):
+    for lo, hi in chunk_spans(len(known_hashes) * block_size, len(token_ids) // block_size * block_size, block_size):
         keys = _block_keys(profile, block_size, lo // block_size, hi // block_size, prompt_end, **request)
         parent = hashes[-1] if hashes else None
-        if profile.int_hash_value and algo != "sha256":  # sha256: `_hash_blocks` chains its ints, fast path and all
-            hashes += chain(hash_fn, none_hash, parent, _checked_tokens(token_ids, lo, hi), block_size, keys)
-        else: hashes += _hash_blocks(algo, none_hash if parent is None else parent, token_ids, lo, hi, block_size, keys)
+        if profile.int_hash_value and algo != "sha256":  # sha256: `hash_blocks` chains its ints, fast path and all
+            hashes += chain(hash_fn, none_hash, parent, checked_token_ids(token_ids, lo, hi), block_size, keys)
+        else: hashes += hash_blocks(algo, none_hash if parent is None else parent, token_ids, lo, hi, block_size, keys)
     return hashes
 
 # %% ../../nbs/05a_vllm_releases.ipynb #c251197f
@@ -550,14 +550,14 @@ def load_release_trace(path: str | Path) -> list[dict]:
 # %% ../../nbs/05a_vllm_releases.ipynb #919d18a9
 def replay_release(ops, version: str, strict: bool = False):
     "The decision for each op, as vLLM release `version` makes it."
-    _check_ops(ops); replayer = ReleaseTraceReplayer(profile_for_version(version), strict)
+    check_ops(ops); replayer = ReleaseTraceReplayer(profile_for_version(version), strict)
     for op in ops: yield replayer.apply(op)
 
 # %% ../../nbs/05a_vllm_releases.ipynb #d73cc4d3
 def _vector_inputs(entry: dict) -> dict:
     "The hashing inputs of one release vector (its `lora` carries the int id old releases hash)."
     lora = entry.get("lora")
-    return dict(cache_salt=entry.get("cache_salt"), lora=_lora_from_json(lora), mm_items=_mm_from_json(entry.get("mm")),
+    return dict(cache_salt=entry.get("cache_salt"), lora=lora_from_json(lora), mm_items=mm_from_json(entry.get("mm")),
                 lora_int_id=lora.get("int_id") if isinstance(lora, dict) else None, pythonhashseed=entry.get("pythonhashseed"))
 
 # %% ../../nbs/05a_vllm_releases.ipynb #23bab5df
@@ -598,7 +598,7 @@ class ReleaseMismatch:
 # %% ../../nbs/05a_vllm_releases.ipynb #f0614d2b
 def check_release_vectors(path: str | Path) -> tuple[int, ReleaseMismatch | None]:
     "Recompute every vector of a release's `block-hashes.json` with the profile of its `vllm_version`."
-    _check_path(path)
+    check_path(path)
     try: data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e: raise ValueError(f"{path}: cannot read: {e}") from None
     if not isinstance(data, dict): raise ValueError(f"{path}: no 'vectors' list: checking nothing is not a pass")
@@ -647,7 +647,7 @@ def _explains(profile: VllmProfile, mistake: str, entry: dict) -> bool:
 # %% ../../nbs/05a_vllm_releases.ipynb #6c956db3
 def diagnose(path: str | Path) -> list[tuple[str, str]]:
     "Every (profile, mistake) that explains all the hashes a consumer computed in the vector file at `path`."
-    _check_path(path)
+    check_path(path)
     try: vectors = json.loads(Path(path).read_text(encoding="utf-8"))["vectors"]
     except (OSError, ValueError, KeyError, TypeError) as e: raise ValueError(f"{path}: not a vector file: {e}") from None
     _checked_vectors(path, vectors, "nothing to diagnose")

@@ -22,12 +22,12 @@ import kvref.core.mamba  # registers the Mamba group kind (hybrid traces)
 
 # %% auto #0
 __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'MAX_LINE_CHARS', 'FILE_KINDS',
-           'HYBRID_OPS', 'HYBRID_FIELDS', 'FIELDS', 'VECTOR_KINDS', 'validate_op', 'trace_config', 'AllocatorAdapter',
-           'Protocol1', 'as_protocol2', 'KVRefAdapter', 'RequestState', 'step', 'decision', 'is_hybrid', 'TraceDriver',
-           'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter', 'read_jsonl', 'load_trace', 'load_decisions',
-           'jsonl_kind', 'file_kind', 'validate_hybrid_op', 'hybrid_config', 'HybridAllocatorAdapter',
-           'KVRefHybridAdapter', 'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector',
-           'golden_dir', 'list_vectors', 'vector_path']
+           'HYBRID_OPS', 'HYBRID_FIELDS', 'FIELDS', 'VECTOR_KINDS', 'validate_op', 'check_ops', 'trace_config',
+           'AllocatorAdapter', 'Protocol1', 'as_protocol2', 'KVRefAdapter', 'RequestState', 'step', 'decision',
+           'is_hybrid', 'TraceDriver', 'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter', 'read_jsonl',
+           'load_trace', 'load_decisions', 'jsonl_kind', 'file_kind', 'validate_hybrid_op', 'hybrid_config',
+           'HybridAllocatorAdapter', 'KVRefHybridAdapter', 'apply_changes', 'Divergence', 'Lockstep', 'recorded',
+           'replay_lockstep', 'Vector', 'golden_dir', 'list_vectors', 'vector_path']
 
 # %% ../../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
@@ -121,7 +121,7 @@ def _config_version(op: dict) -> int:
     return version
 
 # %% ../../nbs/05_replay.ipynb #92986a84
-def _check_ops(ops, name: str = "ops", path_ok: bool = False) -> None:
+def check_ops(ops, name: str = "ops", path_ok: bool = False) -> None:
     "Refuse anything but an iterable of ops (a str, bytes or dict is not a trace), naming `name`."
     if path_ok and isinstance(ops, (str, Path)): return
     if isinstance(ops, (str, bytes, dict)) or not hasattr(ops, "__iter__"):
@@ -431,7 +431,7 @@ def replay(ops: Iterable[dict],              # trace ops, `config` first
            **kwargs,                         # `version`, `free_queue_every`: as for `TraceDriver`
           ) -> Iterator[dict]:
     "The decision for each op, in order, as the ops are applied."
-    _check_ops(ops); replayer = TraceReplayer(behavior, strict, **kwargs)
+    check_ops(ops); replayer = TraceReplayer(behavior, strict, **kwargs)
     for op in ops: yield replayer.apply(op)
 
 # %% ../../nbs/05_replay.ipynb #e1b8903a
@@ -758,6 +758,14 @@ def _release(path: Path, root: Path, source: str = "") -> str | None:
     if found := re.search(r"vllm (\d+\.\d+\.\d+\S*)", source, re.IGNORECASE): return found.group(1)
     return None if folder in ("mooncake", "attention") or source.startswith("kvref") else "0.33.0"
 
+# %% ../../nbs/05_replay.ipynb #c46e9ad3
+_STREAM_SOURCE = "a KV event stream recorded from a vLLM {} engine (one published batch per line)"
+
+def _is_stream(path: Path) -> bool:
+    "Whether an events file is a recorded stream (`seq` and `payload_b64` per line) rather than one line per trace op."
+    with path.open(encoding="utf-8") as f: first = json.loads(next((line for line in f if line.strip()), "{}"))
+    return isinstance(first, dict) and "payload_b64" in first and "op" not in first
+
 def _describe(path: Path, root: Path) -> tuple[str, int, str, str | None]:
     "The source, case count, kind and release of one vector file (a JSON file names its own source)."
     folder = path.relative_to(root).parts[0]
@@ -771,7 +779,7 @@ def _describe(path: Path, root: Path) -> tuple[str, int, str, str | None]:
     if kind == "request-log": return "Mooncake request log (FAST'25 release, Apache-2.0; see mooncake/PROVENANCE.md)", count, kind, None
     if folder == "rules": return "a rule an allocator must follow (see rules/PROVENANCE.md), vLLM 0.33.0's decisions", count, kind, "0.33.0"
     release = _release(path, root)
-    return _SOURCES[kind].format(release), count, kind, release
+    return (_STREAM_SOURCE if kind == "events" and _is_stream(path) else _SOURCES[kind]).format(release), count, kind, release
 
 # %% ../../nbs/05_replay.ipynb #37db91cc
 def _decisions_of(trace: Path) -> Path | None:

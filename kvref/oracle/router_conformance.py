@@ -20,13 +20,14 @@ from ..distributed.kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEven
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.fast_allocator import FastKVCacheManager
 from ..guards import check_choice, check_int
-from .replay import TraceDriver, kvref_factory, load_trace, validate_op, _check_ops
+from .replay import TraceDriver, kvref_factory, load_trace, validate_op, check_ops
 
 # %% auto #0
 __all__ = ['END_SEQ', 'OpBatch', 'EventfulKVCacheManager', 'op_batches', 'event_records', 'offset_endpoint_port',
            'EventPublisher', 'RouterAdapter', 'reference_router', 'ExampleRouter', 'FirstBytesRouter',
            'DropAllCopiesRouter', 'SaltBlindRouter', 'ClearBlindRouter', 'Prompt', 'trace_prompts', 'RouterDivergence',
-           'check_router', 'shrink_router', 'publish_trace']
+           'router_answer', 'shared_router_config', 'interleaved_batches', 'check_router', 'shrink_router',
+           'publish_trace']
 
 # %% ../../nbs/07d_router_conformance.ipynb #14ae6bc8
 @dataclass(slots=True)
@@ -46,7 +47,7 @@ class EventfulKVCacheManager(FastKVCacheManager):
 # %% ../../nbs/07d_router_conformance.ipynb #ba9e6918
 def _trace_ops(trace: Iterable[dict] | str | Path) -> list[dict]:
     "The ops of a trace file or an op list, refusing anything else (a trace starts with its config op) by name."
-    _check_ops(trace, "trace", path_ok=True)
+    check_ops(trace, "trace", path_ok=True)
     ops = load_trace(trace) if isinstance(trace, (str, Path)) else list(trace)
     if ops and not (isinstance(ops[0], dict) and ops[0].get("op") == "config"):
         raise ValueError(f"op 0: the first op must be 'config', got {ops[0]!r:.60}")
@@ -60,7 +61,7 @@ def op_batches(trace: Iterable[dict] | str | Path,  # ops (config first) or a JS
     "Each op of the trace with the events kvref's allocator (vLLM 0.33 behaviour) emits for it."
     check_choice("hash_form", hash_form, HASH_FORMS)
     if data_parallel_rank is not None: check_int("data_parallel_rank", data_parallel_rank)
-    _check_ops(trace, "trace", path_ok=True)
+    check_ops(trace, "trace", path_ok=True)
     driver, lora_ids, seq = TraceDriver(kvref_factory("vllm_0_33", EventfulKVCacheManager)), {}, 0
     for i, op in enumerate(_trace_ops(trace)):
         try: driver.apply(op)
@@ -276,7 +277,7 @@ class Prompt:
 def trace_prompts(stream: str, ops: list[dict]) -> list[Prompt]:
     "The prompts a trace's requests add, and the longer token lists they grow to by `append`."
     if not isinstance(stream, str): raise TypeError(f"stream must be a str, got {type(stream).__name__}")
-    _check_ops(ops); prompts, grown = {}, {}
+    check_ops(ops); prompts, grown = {}, {}
     for i, op in enumerate(ops):
         if not (isinstance(op, dict) and op.get("op") == "config"):  # a hybrid trace's config is not validate_op's
             try: validate_op(op)
@@ -308,7 +309,7 @@ class RouterDivergence:
                 f"  expected {self.expected}\n  got      {self.got}")
 
 # %% ../../nbs/07d_router_conformance.ipynb #1e2be14f
-def _answer(router, prompt: Prompt) -> dict | str:
+def router_answer(router, prompt: Prompt) -> dict | str:
     "The router's answer without engines at 0, or the error it raised, as text."
     try: answer = prompt.ask(router)
     except Exception as e: return f"{type(e).__name__}: {e}"
@@ -328,7 +329,7 @@ def _named_traces(traces) -> dict[str, list[dict]]:
     return named
 
 # %% ../../nbs/07d_router_conformance.ipynb #e6ebeb75
-def _router_config(traces: dict[str, list[dict]], hash_form: str) -> dict:
+def shared_router_config(traces: dict[str, list[dict]], hash_form: str) -> dict:
     "The configuration all engines share; ValueError if the traces' block sizes or hash algorithms differ."
     if not traces: raise ValueError("no traces given: checking nothing is not a pass")
     seen = {(ops[0].get("block_size"), ops[0].get("hash_algo", "sha256")) for ops in traces.values() if ops}
@@ -338,7 +339,7 @@ def _router_config(traces: dict[str, list[dict]], hash_form: str) -> dict:
     return {"block_size": block_size, "hash_algo": hash_algo, "hash_form": hash_form, "seed": None}
 
 # %% ../../nbs/07d_router_conformance.ipynb #19a53c7c
-def _interleaved(traces: dict[str, list[dict]], hash_form: str) -> Iterator[tuple[str, OpBatch]]:
+def interleaved_batches(traces: dict[str, list[dict]], hash_form: str) -> Iterator[tuple[str, OpBatch]]:
     "Every engine's batches, op by op across the engines (engine order within an op index)."
     streams = {}
     for stream, ops in traces.items():
@@ -359,16 +360,16 @@ def check_router(factory: Callable[[dict], RouterAdapter],  # config dict -> the
     if prompts is not None and (not isinstance(prompts, list) or not all(isinstance(p, Prompt) for p in prompts)):
         raise TypeError(f"prompts must be a list of Prompt (see trace_prompts), got {prompts!r:.60}")
     named = _named_traces(traces)
-    config = _router_config(named, hash_form)
+    config = shared_router_config(named, hash_form)
     reference, router = reference_router(dict(config)), factory(dict(config))
     prompts = prompts if prompts is not None else [p for s, ops in named.items() for p in trace_prompts(s, ops)]
     compared = 0
-    for stream, batch in _interleaved(named, hash_form):
+    for stream, batch in interleaved_batches(named, hash_form):
         reference.apply(stream, batch.seq, batch.payload)
         try: router.apply(stream, batch.seq, batch.payload)
         except Exception as e: return RouterDivergence(named, stream, batch.seq, Prompt("(apply)", ()), {}, f"{type(e).__name__}: {e}")
         for prompt in prompts:
-            expected, got = _answer(reference, prompt), _answer(router, prompt)
+            expected, got = router_answer(reference, prompt), router_answer(router, prompt)
             if got != expected: return RouterDivergence(named, stream, batch.seq, prompt, expected, got)
         compared += len(prompts)
     if not compared:  # like every check in kvref: nothing compared is not a pass

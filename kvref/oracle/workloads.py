@@ -16,8 +16,8 @@ from ..pictures import follow
 
 # %% auto #0
 __all__ = ['WORKLOADS', 'RequestSpec', 'Workload', 'shared_system_prompts', 'multi_turn_chat', 'long_documents',
-           'adversarial_tiny_pool', 'salted_tenants', 'lora_mix', 'to_trace', 'write_trace', 'ReplayStats',
-           'replay_stats']
+           'adversarial_tiny_pool', 'salted_tenants', 'lora_mix', 'add_op', 'decode_step', 'to_trace', 'write_trace',
+           'ReplayStats', 'replay_stats']
 
 # %% ../../nbs/05b_workloads.ipynb #779e9762
 @dataclass(slots=True)
@@ -233,11 +233,12 @@ WORKLOADS = {f.__name__: f for f in (shared_system_prompts, multi_turn_chat, lon
                                       salted_tenants, lora_mix)}
 
 # %% ../../nbs/05b_workloads.ipynb #d165b03d
-def _add_op(r: RequestSpec) -> dict:
+def add_op(r: RequestSpec) -> dict:
+    "The `add` op that admits request `r` to a trace."
     return {"op": "add", "id": r.id, "prompt": list(r.prompt), "cache_salt": r.cache_salt, "lora": r.lora}
 
 # %% ../../nbs/05b_workloads.ipynb #cacedecb
-def _tick(live: list[list], ops: list[dict]) -> list[RequestSpec]:
+def decode_step(live: list[list], ops: list[dict]) -> list[RequestSpec]:
     "Schedule every live `[request, tokens emitted]` once, append its next token; free and return the finished."
     done = []
     for entry in list(live):
@@ -261,8 +262,8 @@ def to_trace(workload: Workload,  # what to send
     live = []  # [request, tokens emitted so far]
     while ready or live:
         while ready and len(live) < max_live:
-            r = heapq.heappop(ready)[1]; live.append([r, 0]); ops.append(_add_op(r))
-        for r in _tick(live, ops):
+            r = heapq.heappop(ready)[1]; live.append([r, 0]); ops.append(add_op(r))
+        for r in decode_step(live, ops):
             for waiter in blocked.pop(r.id, []): heapq.heappush(ready, (order[waiter.id], waiter))
     return ops
 
