@@ -1046,7 +1046,7 @@ def offload_curves_svg(results: Sequence[OffloadSizeResult], title: str = "") ->
     gpus = sorted({r.gpu_blocks for r in results})
     with _drawing():
         from matplotlib.figure import Figure; from matplotlib import colormaps
-        fig = Figure(figsize=(12, 5.5)); ax = fig.add_axes((0.07, 0.11, 0.68, 0.8))
+        fig = Figure(figsize=(7.5, 5.2)); ax = fig.add_axes((0.11, 0.1, 0.56, 0.8))  # 540 pt: the site's 736 px column, unscaled
         for p in policies:
             for i, c in enumerate(cpus):
                 points = sorted((r.gpu_blocks, r.hit_rate) for r in results if r.eviction_policy == p and r.cpu_blocks == c)
