@@ -27,6 +27,7 @@ from fuzz_table import ENTRIES, SP
 from kvref.core import fast_allocator, hybrid, kv_cache_manager, scheduler
 from kvref.distributed import kv_events
 from kvref.kv_offload import OffloadConfig
+from kvref.oracle import workloads
 from kvref.sample import sampling_params
 
 HUGE = 10**18
@@ -78,6 +79,52 @@ EXTRA += [
         ("seed", 1, "int"), ("max_tokens", 8, "positive"), ("min_tokens", 1, "count"))),
 ]
 
+
+
+def _manager():
+    m = kv_cache_manager.KVCacheManager(16, 4, max_model_len=64)
+    m.allocate_slots(kv_cache_manager.Request("a", list(range(9))), 9)
+    return m
+
+
+def _hybrid():
+    m = hybrid.HybridKVCacheManager([hybrid.FullAttentionSpec(4), hybrid.SlidingWindowSpec(4, 8)], 16, max_model_len=64)
+    m.allocate_slots(hybrid.HybridRequest("a", list(range(9))), 9)
+    return m
+
+
+for _make, _cls, _name in ((_manager, kv_cache_manager.Request, "KVCacheManager"), (_fast_manager, kv_cache_manager.Request, "FastKVCacheManager"),
+                           (_hybrid, hybrid.HybridRequest, "HybridKVCacheManager")):
+    for _kw, _ok, _kind in (("num_new_tokens", 6, "positive"), ("num_lookahead_tokens", 0, "count"),
+                            ("full_sequence_must_fit", False, "bool"), ("delay_cache_blocks", False, "bool"),
+                            ("reserved_blocks", 0, "count")):
+        if _name == "HybridKVCacheManager" and _kw in ("delay_cache_blocks", "reserved_blocks"): continue
+        EXTRA.append(Entry(f"{_name}.allocate_slots {_kw}", _make,
+                           lambda m, v, _kw=_kw, _cls=_cls: m.allocate_slots(_cls("b", list(range(6))), **{"num_new_tokens": 6, _kw: v}),
+                           (_ok,), (_kind,), skip={(0, "10**30"): ""}))
+for _field, _ok, _kind in (("cache_salt", "s", "str"), ("num_computed_tokens", 0, "count"), ("num_output_placeholders", 0, "count")):
+    EXTRA.append(Entry(f"Request.{_field}", lambda: None,
+                       lambda _, v, _f=_field: kv_cache_manager.Request("a", [1, 2, 3], **{_f: v}), (_ok,), (_kind,)))
+    EXTRA.append(Entry(f"HybridRequest.{_field}", lambda: None,
+                       lambda _, v, _f=_field: hybrid.HybridRequest("a", [1, 2, 3], **{_f: v}), (_ok,), (_kind,)))
+EXTRA.append(Entry("HybridRequest.shared_prefix_boundary", lambda: None,
+                   lambda _, v: hybrid.HybridRequest("a", [1, 2, 3], shared_prefix_boundary=v), (0,), ("count",)))
+
+
+def _sched():
+    s = scheduler.Scheduler(kv_cache_manager.KVCacheManager(16, 4, max_model_len=32))
+    s.add_request(workloads.RequestSpec("a", [1, 2, 3, 4, 5], [6, 7]))
+    s.step()
+    return s
+
+
+for _field, _ok, _kind in (("id", "b", "str"), ("prompt", [1, 2, 3], "tokens"), ("output", [4], "tokens"), ("cache_salt", "s", "str"),
+                           ("after", "a", "str"), ("priority", 0, "int"), ("arrival", 0, "count"), ("think", 0, "count"),
+                           ("max_tokens", 1, "positive")):
+    EXTRA.append(Entry(f"Scheduler.add_request RequestSpec.{_field}", _sched,
+                       lambda s, v, _f=_field: s.add_request(workloads.RequestSpec(**{"id": "b", "prompt": [1, 2, 3], "output": [4], _f: v})),
+                       (_ok,), (_kind,)))
+
 TARGETS = [e for e in ENTRIES if SCOPE.match(e.name) and "release" not in e.name and "replay" not in e.name] + EXTRA
 
 # Verdicts by the kind of value, whichever entry point takes it (the reason says where the chapter says so).
@@ -87,7 +134,7 @@ BY_VALUE = {
     repr([np.int64(3)]): NUMPY_TOKENS, repr(np.array([1, 2])): NUMPY_TOKENS,
     repr((1, 2)): "in range: a sequence of ints, as vLLM's Sequence[int] (01 'Token ids')",
     repr([HUGE]): "in range: a token id in [0, 2**64), the range 01 checks",
-    repr(HUGE): "in range: an int with no upper bound in vLLM 0.33 either (checked against a pool or vocabulary later)",
+    repr(HUGE): "in range: a count or size with no upper limit in vLLM 0.33 either",
     repr([]): "in range: empty (no tokens, items, events or sizes yet) is a value vLLM 0.33 takes too",
     repr(()): "in range: empty (no tokens, items, events or sizes yet) is a value vLLM 0.33 takes too",
 }
@@ -128,6 +175,26 @@ BY_CALL = {
     ("OffloadConfig.block_size", 0, "None"): "in range: None is 'the GPU's block size'",
     ("KVCacheManager max_model_len", 0, "None"): "in range: None is 'no cap'",
 }
+SALT = "accepted as vLLM 0.33 does: an empty cache_salt is no salt (03a, Where vLLM differs)"
+for _name in ("Request", "HybridRequest", "Scheduler.add_request RequestSpec"):
+    BY_CALL[(f"{_name}.cache_salt", 0, "''")] = SALT
+    BY_CALL[(f"{_name}.cache_salt", 0, "None")] = "in range: None is the default (no salt)"
+BY_CALL[("Scheduler.add_request RequestSpec.after", 0, "None")] = "in range: None is the default (no dependency)"
+BY_CALL[("Scheduler.add_request RequestSpec.after", 0, "''")] = (
+    "in range: Scheduler.add_request admits at once; only run_workload reads `after`, and Workload.check refuses one "
+    "that never runs")
+BY_CALL[("Scheduler.add_request RequestSpec.max_tokens", 0, "None")] = "in range: None is 'as many as output scripts'"
+for _name in ("KVCacheManager", "FastKVCacheManager", "HybridKVCacheManager"):
+    BY_CALL[(f"{_name}.allocate_slots num_lookahead_tokens", 0, repr(HUGE))] = (
+        "accepted as vLLM 0.33 does: the slots are capped at max_model_len (04, Allocating slots)")
+BY_CALL[("FastKVCacheManager.allocate_slots", 2, repr(HUGE))] = BY_CALL[("KVCacheManager.allocate_slots num_lookahead_tokens", 0, repr(HUGE))]
+for _name in ("Request", "HybridRequest"):
+    BY_CALL[(f"{_name}.num_output_placeholders", 0, repr(HUGE))] = (
+        "accepted as vLLM 0.33 does: a plain attribute its scheduler sets; slots run ahead at most to max_model_len (04, What can go wrong)")
+BY_CALL[("HybridRequest.shared_prefix_boundary", 0, repr(HUGE))] = (
+    "accepted as vLLM 0.33 does: a plain attribute its scheduler sets; past the prompt it is never reached (04a, allocate_slots)")
+for _name in ("KVCacheManager", "FastKVCacheManager"):
+    BY_CALL[(f"{_name}.allocate_slots reserved_blocks", 0, repr(HUGE))] = "in range: a load that does not fit: None, nothing changes"
 for _name in ("ThinkingBudgetStateHolder.update_state", "VllmThinkingBudgetStateHolder.update_state"):
     for _i in (0, 1): BY_CALL.update({(_name, _i, v): HOLDER_ROWS for v in ("[[]]", "[]", "()")})
 for _i in (0, 1, 2): BY_CALL.update({("thinking_budget_vllm.find_last", _i, v): "in range: a pure search over tokens the holder checked"
