@@ -543,6 +543,7 @@ def split_spec_groups(specs: Sequence) -> list[SpecGroup]:
 def max_admission_blocks_per_request(spec, max_in_flight_tokens: int, max_model_len: int) -> int | None:
     "Most blocks a request of this spec holds at once, for the admission gate; None: no cap (full attention)."
     check_int("max_in_flight_tokens", max_in_flight_tokens, 1); check_int("max_model_len", max_model_len, 1)
+    check_instance("spec", spec, tuple(MANAGER_FOR_SPEC), "a KV cache spec (" + ", ".join(t.__name__ for t in MANAGER_FOR_SPEC) + ")")
     if isinstance(spec, SlidingWindowSpec):
         return cdiv(min(spec.sliding_window - 1 + max_in_flight_tokens, max_model_len), spec.block_size) + 1
     if isinstance(spec, ChunkedLocalAttentionSpec):

@@ -13,7 +13,7 @@ from fastcore.basics import patch
 from ..core import block_pool
 from ..core.hashing import LoRARequest, MultiModalItem, block_hash_to_int64
 from ..core.fast_hashing import hash_request_tokens
-from ..guards import check_choice, check_int
+from ..guards import check_choice, check_int, refuse
 
 # %% auto #0
 __all__ = ['MEDIUM_GPU', 'HASH_FORMS', 'ExternalBlockHash', 'KVCacheEvent', 'EVENT_TYPES', 'WIRE_SCHEMA', 'WIRE_CLASSES',
@@ -257,6 +257,8 @@ def encode_batch(batch: KVEventBatch,
     rank = batch.data_parallel_rank
     if rank is not None and (type(rank) is not int or rank < 0):
         raise ValueError(f"KVEventBatch.data_parallel_rank must be None or an int >= 0, got {rank!r}")
+    for i, event in enumerate(batch.events):  # msgspec would encode anything; no consumer could decode it
+        if type(event) not in (BlockStored, BlockRemoved, AllBlocksCleared): refuse(f"KVEventBatch.events[{i}]", "a BlockStored, BlockRemoved or AllBlocksCleared", event, TypeError)
     out = bytearray()
     _pack(out, batch, schema)
     return bytes(out)
