@@ -48,6 +48,7 @@ def decision_fields(fields: Iterable[str] | None, hybrid: bool) -> list[str]:
     "The decision fields to compare (None: every field of the trace's format); a field the format lacks is refused."
     known = HYBRID_FIELDS if hybrid else FIELDS
     fields = list(known if fields is None else _checked_fields(fields))
+    if not fields: refuse("fields", "at least one decision field (none compares nothing)", fields)
     if unknown := set(fields) - set(known): raise ValueError(f"unknown fields {sorted(unknown)}; choose from {known}")
     return fields
 

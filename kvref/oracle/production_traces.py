@@ -294,6 +294,7 @@ def ideal_hit_rate(requests: Sequence[MooncakeRequest], block_size: int = 16, ha
                    hashes: Sequence[list[bytes]] | None = None) -> float:
     "Hits / queries with an infinite cache, requests one after another in arrival order."
     _check_requests(requests, hash_block_size, block_size=block_size); _check_hashes(hashes, requests, block_size)
+    if not requests: refuse("requests", "at least one request (the hit rate of none is 0/0)", requests)
     seen, hits, queries = set(), 0, 0
     for i, r in enumerate(requests):
         keys = hashes[i] if hashes is not None else block_hashes(r, block_size, hash_block_size)

@@ -363,7 +363,7 @@ def release_block_hashes(profile: VllmProfile, token_ids: Sequence[int], block_s
                          known_hashes: Sequence = ()) -> list:
     "Hashes of all full blocks of `token_ids` as `profile`'s releases compute them (ints up to 0.10.1, else bytes)."
     check_instance("profile", profile, VllmProfile, "a VllmProfile (see profile_for_version)")
-    algo = algo or profile.default_hash_algo
+    algo = profile.default_hash_algo if algo is None else algo  # '' is no algorithm, refused below
     hash_fn = release_hash_fn(profile, algo, pythonhashseed or "0")
     chain = _builtin_chain if algo == "builtin" else _hash_value_chain  # int hash values, up to 0.10.1
     none_hash = release_none_hash(profile, algo, pythonhashseed)

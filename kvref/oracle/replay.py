@@ -17,7 +17,7 @@ from ..core.hashing import LoRARequest, MultiModalItem
 from ..core.kv_cache_manager import BEHAVIORS, KVCacheManager, Request
 from ..core.fast_allocator import FastKVCacheManager
 from ..core.hybrid import CONFIG_FIELDS, HYBRID_CONFIG_DEFAULTS, HybridKVCacheManager, HybridRequest, spec_from_group
-from ..guards import check_bool
+from ..guards import check_bool, refuse
 import kvref.core.mamba  # registers the Mamba group kind (hybrid traces)
 
 # %% auto #0
@@ -431,7 +431,7 @@ def replay(ops: Iterable[dict],              # trace ops, `config` first
            **kwargs,                         # `version`, `free_queue_every`: as for `TraceDriver`
           ) -> Iterator[dict]:
     "The decision for each op, in order, as the ops are applied."
-    check_ops(ops); replayer = TraceReplayer(behavior, strict, **kwargs)
+    check_ops(ops); replayer = TraceReplayer(behavior, check_bool("strict", strict), **kwargs)
     for op in ops: yield replayer.apply(op)
 
 # %% ../../nbs/05_replay.ipynb #e1b8903a
@@ -802,6 +802,9 @@ def list_vectors(kind: str | None = None,  # only files of this kind (one of `VE
                 ) -> list[Vector]:
     "The shipped vector files, by name, with their kind and release."
     if kind is not None and kind not in VECTOR_KINDS: raise ValueError(f"unknown kind {kind!r}; kinds: {', '.join(VECTOR_KINDS)}")
+    if vllm is not None and not (isinstance(vllm, str) and re.fullmatch(r"\d+\.\d+(\.\d+)?", vllm)):
+        refuse("vllm", "a release such as '0.33' or '0.33.0'", vllm)  # any other string matched nothing: []
+    check_bool("checkable", checkable)
     root, out = golden_dir(), []
     for p in sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl", ".npz")):
         source, count, found, release = _describe(p, root)

@@ -19,7 +19,7 @@ from ..distributed.kv_events import (AllBlocksCleared, BlockRemoved, KVCacheEven
                              WIRE_SCHEMA, WireSchema)
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.fast_allocator import FastKVCacheManager
-from ..guards import check_choice, check_int
+from ..guards import check_choice, check_instance, check_int
 from .replay import TraceDriver, kvref_factory, load_trace, validate_op, check_ops
 
 # %% auto #0
@@ -196,7 +196,7 @@ def reference_router(config: dict) -> KVIndex:
 class ExampleRouter:
     "A small correct router: copies of each hash per engine, prompts hashed as the engines hash them."
     def __init__(self, config: dict):
-        self.config, self.engines = config, {}
+        self.config, self.engines = check_instance("config", config, dict), {}
 
     def apply(self, stream: str, seq: int, payload: bytes) -> None:
         batch = decode_batch(payload, self.config["hash_form"])

@@ -1,0 +1,154 @@
+"""Issue 32, the accepted inputs, second part: the oracle chapters and the offload replay.
+
+The same census as `test_accepted_inputs.py` (its `MENU`, its verdict rules, its `census`), over the fuzz table's
+oracle entry points (replay, conformance, workloads, production traces, releases, router conformance, live audit,
+event replay, hybrid replay) and a few more (`EXTRA`: `replay`, `list_vectors`, `vector_path`, `load_recording`,
+`MooncakeRequest`, `replay_offload`, `audit_files`). Each accepted value has a verdict: "refused" rows are in `REFUSED`
+(a named `TypeError`/`ValueError`, nothing changed); every other one is "accepted as vLLM 0.33 does: <where>" or
+"in range: <why>". These are kvref's own tools where vLLM has no counterpart: a value that would give a wrong or
+empty answer (a check comparing nothing, a hit rate of no requests, an algorithm silently defaulted) is refused.
+
+Left out of the menu (`TOO_BIG`): 10**18 as the number of requests a workload generator or a synthetic prompt
+builds: it is no wrong answer but a run that never ends (issue 32's resource limits, not this census).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import test_accepted_inputs as base
+from fuzz_support import Entry, snap
+from fuzz_table import ENTRIES, TRACE
+from kvref import kv_offload
+from kvref.oracle import conformance, live_audit, production_traces, recorded_engine, releases, replay, router_conformance
+
+ROOT = Path(__file__).resolve().parents[1]
+HUGE = base.HUGE
+SCOPE = re.compile(r"^(replay\.|TraceReplayer|TraceDriver|conformance|workloads|production_traces|releases|"
+                   r"router_conformance|live_audit|EngineAudit|event_replay|hybrid_replay|HybridTrace)")
+TOO_BIG = {(n, HUGE) for n in ("workloads.shared_system_prompts", "workloads.multi_turn_chat", "workloads.long_documents",
+                               "workloads.adversarial_tiny_pool", "workloads.salted_tenants", "workloads.lora_mix",
+                               "production_traces.synthesize_prompt")}
+MOONCAKE = list(production_traces.read_mooncake(ROOT / "golden" / "mooncake" / "synthetic-trace-last300.jsonl"))[:3]
+VECTOR = replay.list_vectors()[0].name
+RECORDING = ROOT / "golden" / "events" / "real-engine" / "0.32.0" / "seed-0"
+AUDIT = ROOT / "golden" / "events" / "audit" / "engine-a.jsonl"
+
+
+def nothing(): return None
+
+
+EXTRA = [
+    Entry("replay.replay", nothing, lambda _, o, b, s: list(replay.replay(o, b, s)), (TRACE, "vllm_0_33", False),
+          ("seq", "name", "bool")),
+    Entry("replay.list_vectors", nothing, lambda _, k, v, c: replay.list_vectors(k, v, c), (None, None, False),
+          ("name", "name", "bool")),
+    Entry("replay.vector_path", nothing, lambda _, n: replay.vector_path(n), (VECTOR,), ("name",)),
+    Entry("recorded_engine.load_recording", nothing, lambda _, f: recorded_engine.load_recording(f), (RECORDING,), ("str",)),
+    Entry("production_traces.MooncakeRequest", nothing,
+          lambda _, t, i, o, h: production_traces.read_mooncake.__globals__["_check_mooncake"](
+              production_traces.MooncakeRequest(t, i, o, h), 512, 16), (0, 20, 2, [1]), ("count", "positive", "count", "tokens")),
+    Entry("kv_offload.replay_offload", nothing, lambda _, r, g, c, p: kv_offload.replay_offload(r, g, c, p, block_size=256),
+          (MOONCAKE, 900, 600, "lru"), ("seq", "positive", "count", "name")),
+    Entry("live_audit.audit_files", nothing, lambda _, c, p: live_audit.audit_files(c, p),
+          ([live_audit.EngineConfig("a", "0.33.0", "sha256", 4)], [AUDIT]), ("seq", "seq")),
+]
+TARGETS = [e for e in ENTRIES if SCOPE.match(e.name)] + EXTRA
+
+EMPTY_TRACE = "in range: an empty trace replays to nothing; the commands and checks refuse a run that compared nothing"
+SEED = ("accepted as vLLM 0.33 does: init_none_hash hashes any PYTHONHASHSEED that is set, '' included "
+        "(05a, Where vLLM differs)")
+BY_CALL = {
+    ("workloads.RequestSpec lora", 0, "None"): "in range: None is the default (no LoRA)",
+    ("workloads.RequestSpec cache_salt", 0, "''"): base.SALT,
+    ("workloads.RequestSpec cache_salt", 0, "None"): "in range: None is the default (no salt)",
+    ("workloads.RequestSpec output", 0, "[]"): "in range: a request that finishes on its first step",
+    ("workloads.write_trace", 0, "b'x'"): "in range: a bytes path, as open() takes",
+    ("releases.siphash13", 2, "b'x'"): "in range: the bytes siphash13 hashes",
+    ("releases.release_hash_fn", 2, "''"): SEED, ("releases.release_none_hash", 2, "''"): SEED,
+    ("live_audit.EngineConfig", 4, "''"): SEED,
+    ("releases.release_block_hashes salt", 0, "''"): base.SALT,
+    ("router_conformance.offset_endpoint_port", 0, "''"): (
+        "accepted as vLLM 0.33 does: ZmqEventPublisher.offset_endpoint_port returns an empty endpoint as given"),
+    ("router_conformance.trace_prompts", 0, "''"): "in range: a stream name is any str, used only to name the trace",
+    ("EngineAudit.check", 1, "b'x'"): "in range: the payload is bytes; one that does not decode is a finding, not an error",
+    ("production_traces.format_results", 0, "[]"): "in range: a table of no rows",
+    ("production_traces.format_results", 0, "()"): "in range: a table of no rows",
+    ("replay.list_vectors", 0, "None"): "in range: None is every kind",
+    ("replay.list_vectors", 1, "None"): "in range: None is every release",
+    ("replay.list_vectors", 2, "0"): "in range: a bool's int twin, as the filter reads it",
+    ("replay.list_vectors", 2, "1"): "in range: a bool's int twin, as the filter reads it",
+}
+for _name in ("hybrid_replay.replay_hybrid", "releases.replay_release", "router_conformance.op_batches",
+              "router_conformance.event_records", "router_conformance.trace_prompts", "replay.replay"):
+    for _v in ("[]", "()"): BY_CALL[(_name, 0 if _name != "router_conformance.trace_prompts" else 1, _v)] = EMPTY_TRACE
+
+
+def verdict(entry, i, value) -> str | None:
+    return BY_CALL.get((entry.name, i, repr(value))) or base.verdict(entry, i, value)
+
+
+def census():
+    "(tried, [(entry, argument, value, verdict or None)] for every value accepted)."
+    tried, accepted = 0, []
+    for entry in TARGETS:
+        for i, kind in enumerate(entry.kinds):
+            for value in base.MENU.get(kind, ()) if kind else ():
+                if type(value) is int and (entry.name, value) in TOO_BIG: continue
+                args = list(entry.args); args[i] = value
+                tried += 1
+                try: entry.call(entry.make(), *args)
+                except Exception: continue
+                accepted.append((entry.name, i, repr(value)[:40], verdict(entry, i, value)))
+    return tried, accepted
+
+
+P033 = releases.profile_for_version("0.33.0")
+CONFIG = {"op": "config", "num_blocks": 8, "block_size": 4}
+# Accepted before this round, refused now: each gave a wrong or empty answer.
+REFUSED = [
+    (lambda v: releases.release_block_hashes(P033, [1, 2, 3, 4], 4, v), ("",), ValueError,
+     "offers hash algorithms"),  # '' was read as "the release default"
+    (lambda v: conformance.check(conformance.kvref_factory(), [CONFIG], fields=v), ([], ()), ValueError,
+     "fields must be at least one decision field"),  # a pass that compared nothing
+    (lambda v: router_conformance.ExampleRouter(v), (None, np.int64(1), b"x"), TypeError,
+     "config must be a dict"),  # failed later, on the first event, with a KeyError
+    (lambda v: production_traces.ideal_hit_rate(v), ([], ()), ValueError,
+     "requests must be at least one request"),  # 0.0: the hit rate of no requests
+    (lambda v: list(replay.replay(TRACE, "vllm_0_33", v)), (None, 0, 1, "True", np.True_), TypeError,
+     "strict must be a bool"),  # 'True' and None were read as truthiness
+    (lambda v: replay.list_vectors(vllm=v), ("", "SHA256"), ValueError, "vllm must be a release"),  # matched nothing: []
+    (lambda v: replay.list_vectors(checkable=v), (None, "True", np.True_), TypeError, "checkable must be a bool"),
+]
+REFUSED_CALLS = {("releases.release_block_hashes", 3, "''"), ("conformance.check fields", 0, "[]"),
+                 ("conformance.check fields", 0, "()"), ("router_conformance.ExampleRouter", 0, "None"),
+                 ("router_conformance.ExampleRouter", 0, "np.int64(1)"), ("router_conformance.ExampleRouter", 0, "b'x'"),
+                 ("production_traces.ideal_hit_rate", 0, "[]"), ("production_traces.ideal_hit_rate", 0, "()"),
+                 ("replay.replay", 2, "None"), ("replay.list_vectors", 1, "''"), ("replay.list_vectors", 2, "None")}
+
+
+def test_every_accepted_oracle_input_has_a_verdict():
+    tried, accepted = census()
+    undecided = [a for a in accepted if a[3] is None]
+    assert not undecided, "accepted with no verdict:\n" + "\n".join(map(str, undecided))
+    assert tried > 500 and len(accepted) > 60
+    assert not [a for a in accepted if a[:3] in REFUSED_CALLS]  # what REFUSED names, the census sees refused too
+
+
+@pytest.mark.parametrize("row", range(len(REFUSED)))
+def test_refused_by_name(row):
+    call, values, error, message = REFUSED[row]
+    for value in values:
+        before = snap(value)
+        with pytest.raises(error, match=re.escape(message)): call(value)
+        assert snap(value) == before
+
+
+def test_accepted_as_vllm_behave_as_vllm():
+    "The executed checks behind this file's 'accepted as vLLM 0.33 does' rows."
+    assert router_conformance.offset_endpoint_port("", 1) == ""  # vLLM: `if not endpoint ...: return endpoint`
+    # PYTHONHASHSEED='' is set: hashed as '', not the unset default
+    assert releases.release_none_hash(P033, "sha256", "") != releases.release_none_hash(P033, "sha256", None)
