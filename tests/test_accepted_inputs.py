@@ -24,7 +24,7 @@ import pytest
 
 from fuzz_support import ALIASES, Entry, snap
 from fuzz_table import ENTRIES, SP
-from kvref.core import fast_allocator, hybrid, kv_cache_manager, scheduler
+from kvref.core import block_pool, fast_allocator, hybrid, kv_cache_manager, scheduler
 from kvref.distributed import kv_events
 from kvref.kv_offload import OffloadConfig
 from kvref.oracle import workloads
@@ -143,8 +143,6 @@ HOLDER_ROWS = "accepted as vLLM 0.33 does: its holder reads the sampler's rows u
 BY_CALL = {
     ("hashing.hash_block_tokens", 0, "np.int64(1)"): "accepted as vLLM 0.33 does: it hashes whatever parent it is given (01, Hashing one block)",
     ("hashing.hash_block_tokens", 0, "b'x'"): "accepted as vLLM 0.33 does: it hashes whatever parent it is given (01, Hashing one block)",
-    ("BlockPool.get_cached_block", 0, "np.int64(1)"): "in range: a lookup under a key no block has is a miss and changes nothing (vLLM 0.33 raises numpy's UFuncNoLoopError instead)",
-    ("BlockPool.get_cached_block", 0, "None"): "in range: a lookup under a key no block has is a miss and changes nothing (vLLM 0.33 raises TypeError instead)",
     ("BlockPool.get_cached_block", 0, "b'x'"): "in range: a bytes hash that no block has: a miss",
     ("SamplingParams temperature", 0, "np.float64(0.5)"): "accepted as vLLM 0.33 does: float settings kept as given (07b, What can go wrong)",
     ("SamplingParams temperature", 0, "1"): "accepted as vLLM 0.33 does: float settings kept as given (07b, What can go wrong)",
@@ -207,9 +205,15 @@ REFUSED = [
      TypeError, "KVEventBatch.events[0] must be a BlockStored, BlockRemoved or AllBlocksCleared"),  # no consumer decodes it
     (lambda v: hybrid.max_admission_blocks_per_request(v, 16, 64), (None, [], np.int64(1), b"x"),
      TypeError, "spec must be a KV cache spec"),  # returned None: a window group admitted with no cap
+    (lambda v: block_pool.BlockPool(4).get_cached_block(v), (np.int64(1), None),
+     TypeError, "block_hash must be bytes"),  # a miss where vLLM 0.33 raises; every pool keys blocks by bytes (03)
 ]
 
 REFUSED_ARGS = {("kv_events.encode_batch event", 0), ("hybrid.max_admission_blocks_per_request", 0)}
+NUMPY_SETTING = ("accepted as vLLM 0.33 does: its pydantic SchedulerConfig converts a numpy integer to int, and kvref "
+                 "stores the int (06, Where vLLM differs)")
+for _f in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"):
+    BY_CALL.update({(f"SchedulerConfig.{_f}", 0, v): NUMPY_SETTING for v in ("np.int64(3)", "np.int32(3)")})
 
 
 def _prior(entry, i, value) -> str | None:
@@ -270,7 +274,8 @@ def test_accepted_as_vllm_behave_as_vllm():
     assert index.prompt_hashes([1, 2, 3, 4], cache_salt="") == index.prompt_hashes([1, 2, 3, 4])
     # a negative ts goes out as msgspec writes it: float64 -1.0, no events, no rank
     assert kv_events.encode_batch(kv_events.KVEventBatch(-1.0, [])) == b"\x93\xcb\xbf\xf0" + bytes(6) + b"\x90\xc0"
-    # a lookup under a key no block has is a miss
-    from kvref.core import block_pool
-    assert block_pool.BlockPool(4).get_cached_block(np.int64(1)) is None
+    # a bytes key no block has is a miss; a numpy integer setting is the int it stands for (vLLM's pydantic converts it)
+    assert block_pool.BlockPool(4).get_cached_block(b"x") is None
+    cfg = scheduler.SchedulerConfig(max_num_batched_tokens=np.int64(64), max_num_seqs=np.int32(4))
+    assert (cfg.max_num_batched_tokens, type(cfg.max_num_batched_tokens), type(cfg.max_num_seqs)) == (64, int, int)
     assert hybrid.hash_with_group_id(b"x", 1) == b"x\x00\x00\x00\x01"

@@ -42,7 +42,7 @@ def _named_refusals():
         (lambda: index.cached_prefix(None), TypeError, "hashes must be a list of external block hashes"),
         (lambda: index.cached_prefix([[1]]), TypeError, "hashes must be a list of external block hashes"),
         (lambda: list(router_conformance.op_batches(5)), TypeError, "trace must be a list of ops or a trace file's path, got int"),
-        (lambda: block_pool.BlockPool(8).get_cached_block([b"x"]), TypeError, "block_hash must be bytes, got list"),
+        (lambda: block_pool.BlockPool(8).get_cached_block([b"x"]), TypeError, "block_hash must be bytes, got [b'x']"),
         (lambda: kv_cache_manager.KVCacheManager(8, 4).get_block_ids(["a"]), TypeError, "request_id must be a str, got list"),
         (lambda: fast_hashing.hash_request_tokens([1, 2, 3, 4], 4, known_hashes=None), TypeError, "known_hashes must be a list"),
         (lambda: production_traces.MooncakeRequest("x", 20, 2, [1]), ValueError, "field 'timestamp' must be an int >= 0"),

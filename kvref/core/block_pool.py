@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 from fastcore.basics import patch
 from .free_queue import KVCacheBlock, FreeKVCacheBlockQueue, block_ids, checked_blocks
-from ..guards import check_bool, check_instance, check_int
+from ..guards import check_bool, check_instance, check_int, refuse
 
 # %% auto #0
 __all__ = ['KVCacheEvent', 'MAX_NUM_BLOCKS', 'BlockHashToBlockMap', 'BlockStored', 'BlockRemoved', 'AllBlocksCleared',
@@ -217,8 +217,10 @@ def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
 @patch
 def get_cached_block(self: BlockPool, block_hash: bytes) -> KVCacheBlock | None:
     "The block cached earliest under `block_hash`, or None on a miss."
-    try: return self.cached_block_hash_to_block.get_one_block(block_hash)
-    except TypeError: raise TypeError(f"block_hash must be bytes, got {type(block_hash).__name__}") from None  # unhashable
+    try: block = self.cached_block_hash_to_block.get_one_block(block_hash)
+    except TypeError: block = None  # unhashable
+    if block is None and not isinstance(block_hash, bytes): refuse("block_hash", "bytes", block_hash, TypeError)  # as vLLM
+    return block
 
 # %% ../../nbs/03_block_pool.ipynb #834c1a46
 @patch

@@ -7,6 +7,7 @@ Docs: https://kvref.github.io/kvref/scheduler.html.md"""
 # %% ../../nbs/06_scheduler.ipynb #d73d4cb9
 from __future__ import annotations
 import hashlib, heapq, io, json
+from numbers import Integral
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
@@ -153,6 +154,9 @@ class SchedulerConfig:
     async_scheduling: bool = False  # schedule step t+1 before step t's output is processed
 
     def __post_init__(self):  # each setting refused by name (kvref.guards)
+        for name in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"):
+            v = getattr(self, name)  # a numpy integer is the int it stands for, as vLLM's pydantic config reads it
+            if isinstance(v, Integral) and type(v) not in (int, bool): object.__setattr__(self, name, int(v))
         for name in ("max_num_batched_tokens", "max_num_seqs"): check_int(name, getattr(self, name), 1)
         check_choice("policy", self.policy, ("fcfs", "priority"))
         check_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
