@@ -800,10 +800,11 @@ def events_main(argv: list[str] | None = None) -> int:
     from kvref.oracle.router_conformance import event_records, publish_trace
     args = _events_parser().parse_args(argv)
     ops, schema = load_trace_for_cli(args.trace), _events_schema(args.vllm_version)
+    if not (0 <= args.wait_s <= 60 and 0 <= args.serve_s <= 3600):  # checked with or without --publish (nan too)
+        raise ValueError(f"--wait-s must be 0-60 and --serve-s 0-3600, got {args.wait_s} and {args.serve_s}")
     if args.publish is None:
         for record in event_records(ops, args.hash_form, args.dp_rank, schema): print(json.dumps(record))
         return 0
-    if not (0 <= args.wait_s <= 60 and 0 <= args.serve_s <= 3600): raise ValueError("--wait-s and --serve-s must be 0-60 and 0-3600")
     sent = publish_trace(ops, args.publish, args.replay, args.hash_form, args.dp_rank or 0, args.wait_s, args.serve_s, schema)
     print(f"kvref events: published {sent} batches on {args.publish}")
     return 0

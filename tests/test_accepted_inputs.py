@@ -214,6 +214,8 @@ NUMPY_SETTING = ("accepted as vLLM 0.33 does: its pydantic SchedulerConfig conve
                  "stores the int (06, Where vLLM differs)")
 for _f in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"):
     BY_CALL.update({(f"SchedulerConfig.{_f}", 0, v): NUMPY_SETTING for v in ("np.int64(3)", "np.int32(3)")})
+for _name in ("scheduler.Scheduler", "scheduler.run_workload"):  # max_num_batched_tokens, max_num_seqs: to SchedulerConfig
+    BY_CALL.update({(_name, i, v): NUMPY_SETTING for i in (1, 2) for v in ("np.int64(3)", "np.int32(3)")})
 
 
 def _prior(entry, i, value) -> str | None:

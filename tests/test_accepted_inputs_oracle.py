@@ -152,3 +152,56 @@ def test_accepted_as_vllm_behave_as_vllm():
     assert router_conformance.offset_endpoint_port("", 1) == ""  # vLLM: `if not endpoint ...: return endpoint`
     # PYTHONHASHSEED='' is set: hashed as '', not the unset default
     assert releases.release_none_hash(P033, "sha256", "") != releases.release_none_hash(P033, "sha256", None)
+
+
+# The command line: every subcommand's flags that take a number or a choice, each given the bad texts of `BAD_TEXT`.
+# A text the parser takes must be refused by the command (exit 2, one line on stderr) or be in range (`CLI_IN_RANGE`).
+from kvref import cli  # noqa: E402
+
+BAD_TEXT = ["-1", "0", "1.5", "x", "", "1e3", "9" * 30, "nan", "SHA256"]
+CLI_FILL = {"hash": ["1"], "events": [str(ROOT / "golden" / "traces" / "design-doc-example.jsonl")]}
+CLI_IN_RANGE = {("cudagraph", "--num-speculative-tokens", "0"): "no speculative tokens, the default",
+                ("events", "--dp-rank", "0"): "rank 0, the first engine", ("events", "--wait-s", "0"): "publish at once",
+                ("events", "--wait-s", "1.5"): "in 0-60", ("events", "--serve-s", "0"): "no replays served, the default",
+                ("events", "--serve-s", "1.5"): "in 0-3600", ("events", "--serve-s", "1e3"): "in 0-3600"}
+
+
+class _Parsed(Exception): pass
+
+
+def cli_parsers(monkeypatch) -> dict:
+    "Each subcommand's parser, caught as it is asked to parse."
+    found = {}
+    def grab(self, args=None, namespace=None): raise _Parsed(self)
+    with monkeypatch.context() as m:
+        m.setattr(cli.CommandParser, "parse_args", grab)
+        for sub in cli.SUBCOMMANDS:
+            try: cli.main([sub])
+            except _Parsed as p: found[sub] = p.args[0]
+    return found
+
+
+def test_every_cli_flag_value_is_refused_or_in_range(monkeypatch, capsys):
+    parsers, tried, parsed = cli_parsers(monkeypatch), 0, []
+    assert len(parsers) == len(cli.SUBCOMMANDS)
+    original = cli.CommandParser.parse_args
+    def parse(self, args=None, namespace=None): raise _Parsed(original(self, args, namespace))
+    for sub, p in parsers.items():
+        fill = CLI_FILL.get(sub, ["x"] * sum(1 for a in p._actions if not a.option_strings and a.nargs in (None, "+", 1)))
+        for a in p._actions:
+            if not a.option_strings or (a.type is None and a.choices is None) or a.nargs == 0: continue
+            for text in BAD_TEXT:
+                tried += 1
+                with monkeypatch.context() as m:
+                    m.setattr(cli.CommandParser, "parse_args", parse)
+                    try: cli.main([sub, *fill, a.option_strings[-1], text])
+                    except _Parsed: parsed.append((sub, a.option_strings[-1], text))
+                    except SystemExit as e: assert e.code == 2
+                capsys.readouterr()
+    undecided = []
+    for sub, flag, text in parsed:  # the parser took it: the command refuses it, or it is in range
+        if (sub, flag, text) in CLI_IN_RANGE: continue
+        status, err = cli.main([sub, *CLI_FILL.get(sub, []), flag, text]), capsys.readouterr().err
+        if not (status == 2 and err.count("\n") == 1 and "Traceback" not in err): undecided.append((sub, flag, text, status, err))
+    assert not undecided, undecided
+    assert tried > 250 and len(parsed) >= 20
