@@ -60,7 +60,7 @@ TARGETS = [e for e in ENTRIES if SCOPE.match(e.name)] + EXTRA
 
 EMPTY_TRACE = "in range: an empty trace replays to nothing; the commands and checks refuse a run that compared nothing"
 SEED = ("accepted as vLLM 0.33 does: init_none_hash hashes any PYTHONHASHSEED that is set, '' included "
-        "(05a, Where vLLM differs)")
+        "(05a, Hash functions and NONE_HASH)")
 BY_CALL = {
     ("workloads.RequestSpec lora", 0, "None"): "in range: None is the default (no LoRA)",
     ("workloads.RequestSpec cache_salt", 0, "''"): base.SALT,
@@ -72,15 +72,14 @@ BY_CALL = {
     ("live_audit.EngineConfig", 4, "''"): SEED,
     ("releases.release_block_hashes salt", 0, "''"): base.SALT,
     ("router_conformance.offset_endpoint_port", 0, "''"): (
-        "accepted as vLLM 0.33 does: ZmqEventPublisher.offset_endpoint_port returns an empty endpoint as given"),
+        "accepted as vLLM 0.33 does: ZmqEventPublisher.offset_endpoint_port returns an empty endpoint as given "
+        "(07d, Publishing over ZMQ)"),
     ("router_conformance.trace_prompts", 0, "''"): "in range: a stream name is any str, used only to name the trace",
     ("EngineAudit.check", 1, "b'x'"): "in range: the payload is bytes; one that does not decode is a finding, not an error",
     ("production_traces.format_results", 0, "[]"): "in range: a table of no rows",
     ("production_traces.format_results", 0, "()"): "in range: a table of no rows",
     ("replay.list_vectors", 0, "None"): "in range: None is every kind",
     ("replay.list_vectors", 1, "None"): "in range: None is every release",
-    ("replay.list_vectors", 2, "0"): "in range: a bool's int twin, as the filter reads it",
-    ("replay.list_vectors", 2, "1"): "in range: a bool's int twin, as the filter reads it",
 }
 for _name in ("hybrid_replay.replay_hybrid", "releases.replay_release", "router_conformance.op_batches",
               "router_conformance.event_records", "router_conformance.trace_prompts", "replay.replay"):
@@ -121,7 +120,7 @@ REFUSED = [
     (lambda v: list(replay.replay(TRACE, "vllm_0_33", v)), (None, 0, 1, "True", np.True_), TypeError,
      "strict must be a bool"),  # 'True' and None were read as truthiness
     (lambda v: replay.list_vectors(vllm=v), ("", "SHA256"), ValueError, "vllm must be a release"),  # matched nothing: []
-    (lambda v: replay.list_vectors(checkable=v), (None, "True", np.True_), TypeError, "checkable must be a bool"),
+    (lambda v: replay.list_vectors(checkable=v), (None, 0, 1, "True", np.True_), TypeError, "checkable must be a bool"),
 ]
 REFUSED_CALLS = {("releases.release_block_hashes", 3, "''"), ("conformance.check fields", 0, "[]"),
                  ("conformance.check fields", 0, "()"), ("router_conformance.ExampleRouter", 0, "None"),
