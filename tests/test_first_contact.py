@@ -295,7 +295,7 @@ MY_ENGINE = "from kvref.oracle.replay import KVRefAdapter as make  # an engine t
 def readme_commands() -> list[str]:
     "The shell lines of the README's 'Use it as an oracle' section, the pip installs left out."
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Use it as an oracle"):text.index("From Python: ")]
+    section = text[text.index("## Use it as an oracle"):text.index("From Python, ")]
     return [line for block in re.findall(r"```sh\n(.*?)```", section, re.S) for line in block.splitlines()
             if line.strip() and not line.startswith("pip ")]
 
