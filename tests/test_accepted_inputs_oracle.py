@@ -8,8 +8,9 @@ event replay, hybrid replay) and a few more (`EXTRA`: `replay`, `list_vectors`, 
 "in range: <why>". These are kvref's own tools where vLLM has no counterpart: a value that would give a wrong or
 empty answer (a check comparing nothing, a hit rate of no requests, an algorithm silently defaulted) is refused.
 
-Left out of the menu (`TOO_BIG`): 10**18 as the number of requests a workload generator or a synthetic prompt
-builds: it is no wrong answer but a run that never ends (issue 32's resource limits, not this census).
+Left out of the menu (`TOO_BIG`): 10**18 as a workload generator's count or size: it is no wrong answer but a run
+that never ends (issue 32's resource limits, not this census). (`synthesize_prompt` with a hash block of 10**18
+tokens built the whole block before cutting it at the prompt's length; it now builds only the prompt.)
 """
 from __future__ import annotations
 
@@ -30,8 +31,7 @@ HUGE = base.HUGE
 SCOPE = re.compile(r"^(replay\.|TraceReplayer|TraceDriver|conformance|workloads|production_traces|releases|"
                    r"router_conformance|live_audit|EngineAudit|event_replay|hybrid_replay|HybridTrace)")
 TOO_BIG = {(n, HUGE) for n in ("workloads.shared_system_prompts", "workloads.multi_turn_chat", "workloads.long_documents",
-                               "workloads.adversarial_tiny_pool", "workloads.salted_tenants", "workloads.lora_mix",
-                               "production_traces.synthesize_prompt")}
+                               "workloads.adversarial_tiny_pool", "workloads.salted_tenants", "workloads.lora_mix")}
 MOONCAKE = list(production_traces.read_mooncake(ROOT / "golden" / "mooncake" / "synthetic-trace-last300.jsonl"))[:3]
 VECTOR = replay.list_vectors()[0].name
 RECORDING = ROOT / "golden" / "events" / "real-engine" / "0.32.0" / "seed-0"

@@ -10,7 +10,7 @@ import csv, io, json, multiprocessing, os, sys, textwrap
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Iterable, Iterator
 from ..core.kv_cache_manager import KVCacheManager, Request, cdiv
@@ -115,7 +115,7 @@ def synthesize_prompt(hash_ids: Sequence[int], input_length: int, hash_block_siz
         raise ValueError(f"{len(hash_ids)} hash ids cover {len(hash_ids) * hash_block_size} tokens in blocks of "
                          f"{hash_block_size}, but input_length is {input_length}")
     spans = (range(h * hash_block_size, (h + 1) * hash_block_size) for h in hash_ids[:cdiv(input_length, hash_block_size)])
-    return list(chain.from_iterable(spans))[:input_length]
+    return list(islice(chain.from_iterable(spans), input_length))  # a huge hash_block_size costs only the prompt
 
 # %% ../../nbs/06c_production_traces.ipynb #c156e1a3
 OUTPUT_BASE = 1 << 48  # output token ids start here, above every prompt token of a trace with ids < 2**39
