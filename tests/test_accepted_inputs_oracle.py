@@ -24,7 +24,7 @@ import test_accepted_inputs as base
 from fuzz_support import Entry, snap
 from fuzz_table import ENTRIES, TRACE
 from kvref import kv_offload
-from kvref.oracle import conformance, live_audit, production_traces, recorded_engine, releases, replay, router_conformance
+from kvref.oracle import conformance, live_audit, workloads, production_traces, recorded_engine, releases, replay, router_conformance
 
 ROOT = Path(__file__).resolve().parents[1]
 HUGE = base.HUGE
@@ -53,6 +53,10 @@ EXTRA = [
               production_traces.MooncakeRequest(t, i, o, h), 512, 16), (0, 20, 2, [1]), ("count", "positive", "count", "tokens")),
     Entry("kv_offload.replay_offload", nothing, lambda _, r, g, c, p: kv_offload.replay_offload(r, g, c, p, block_size=256),
           (MOONCAKE, 900, 600, "lru"), ("seq", "positive", "count", "name")),
+    Entry("kv_offload.offload_sweep", nothing,
+          lambda _, r, g, c, p: kv_offload.offload_sweep(r, g, c, p, block_size=256, jobs=1),
+          (MOONCAKE, [900], [0], ("lru",)), ("seq", "seq", "seq", "seq")),
+    Entry("recorded_engine.check_recording", nothing, lambda _, f: recorded_engine.check_recording(f), (RECORDING,), ("str",)),
     Entry("live_audit.audit_files", nothing, lambda _, c, p: live_audit.audit_files(c, p),
           ([live_audit.EngineConfig("a", "0.33.0", "sha256", 4)], [AUDIT]), ("seq", "seq")),
 ]
@@ -76,6 +80,13 @@ BY_CALL = {
         "(07d, Publishing over ZMQ)"),
     ("router_conformance.trace_prompts", 0, "''"): "in range: a stream name is any str, used only to name the trace",
     ("EngineAudit.check", 1, "b'x'"): "in range: the payload is bytes; one that does not decode is a finding, not an error",
+    ("conformance.check_recorded", 0, "[]"): "in range: no recorded decisions is a divergence at op 0, not a pass",
+    ("conformance.check_recorded", 0, "()"): "in range: no recorded decisions is a divergence at op 0, not a pass",
+    ("workloads.Workload", 0, "[]"): ("in range: a workload of no requests runs no steps; 06 builds one to get a manager "
+                                      "from a config alone"),
+    ("releases.release_block_hashes", 1, "[]"): "in range: no tokens, no full blocks: no hashes, as vLLM 0.33",
+    ("releases.release_event_block_hashes", 1, "[]"): "in range: no hashes published, none mapped",
+    ("releases.release_event_block_hashes", 1, "()"): "in range: no hashes published, none mapped",
     ("production_traces.format_results", 0, "[]"): "in range: a table of no rows",
     ("production_traces.format_results", 0, "()"): "in range: a table of no rows",
     ("replay.list_vectors", 0, "None"): "in range: None is every kind",
@@ -119,6 +130,8 @@ REFUSED = [
      "requests must be at least one request"),  # 0.0: the hit rate of no requests
     (lambda v: list(replay.replay(TRACE, "vllm_0_33", v)), (None, 0, 1, "True", np.True_), TypeError,
      "strict must be a bool"),  # 'True' and None were read as truthiness
+    (lambda v: workloads.write_trace(v, "/nonexistent/kvref/never-written.jsonl"), ([], ), ValueError,
+     "ops must hold at least the config op"),  # wrote an empty file that every reader refuses
     (lambda v: replay.list_vectors(vllm=v), ("", "SHA256"), ValueError, "vllm must be a release"),  # matched nothing: []
     (lambda v: replay.list_vectors(checkable=v), (None, 0, 1, "True", np.True_), TypeError, "checkable must be a bool"),
 ]
@@ -126,7 +139,7 @@ REFUSED_CALLS = {("releases.release_block_hashes", 3, "''"), ("conformance.check
                  ("conformance.check fields", 0, "()"), ("router_conformance.ExampleRouter", 0, "None"),
                  ("router_conformance.ExampleRouter", 0, "np.int64(1)"), ("router_conformance.ExampleRouter", 0, "b'x'"),
                  ("production_traces.ideal_hit_rate", 0, "[]"), ("production_traces.ideal_hit_rate", 0, "()"),
-                 ("replay.replay", 2, "None"), ("replay.list_vectors", 1, "''"), ("replay.list_vectors", 2, "None")}
+                 ("replay.replay", 2, "None"), ("replay.list_vectors", 1, "''"), ("workloads.write_trace", 0, "[]"), ("replay.list_vectors", 2, "None")}
 
 
 def test_every_accepted_oracle_input_has_a_verdict():

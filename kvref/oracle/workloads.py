@@ -271,6 +271,8 @@ def to_trace(workload: Workload,  # what to send
 def write_trace(ops: list[dict], path: str | Path) -> Path:
     "Write `ops` as JSONL (one op per line), the format `kvref replay` reads."
     path = Path(path)
+    if isinstance(ops, list) and not ops:  # an empty file, which every reader refuses
+        raise ValueError("ops must hold at least the config op, got []")
     path.write_text("".join(json.dumps(op) + "\n" for op in ops))
     return path
 
