@@ -15,9 +15,9 @@ from ..guards import check_instance, check_int
 from ..pictures import follow
 
 # %% auto #0
-__all__ = ['WORKLOADS', 'RequestSpec', 'Workload', 'shared_system_prompts', 'multi_turn_chat', 'long_documents',
-           'adversarial_tiny_pool', 'salted_tenants', 'lora_mix', 'add_op', 'decode_step', 'to_trace', 'write_trace',
-           'ReplayStats', 'replay_stats']
+__all__ = ['MAX_WORKLOAD_SIZE', 'WORKLOADS', 'RequestSpec', 'Workload', 'shared_system_prompts', 'multi_turn_chat',
+           'long_documents', 'adversarial_tiny_pool', 'salted_tenants', 'lora_mix', 'add_op', 'decode_step', 'to_trace',
+           'write_trace', 'ReplayStats', 'replay_stats']
 
 # %% ../../nbs/05b_workloads.ipynb #779e9762
 @dataclass(slots=True)
@@ -113,13 +113,15 @@ def _checked(workload: Workload) -> Workload:
     return check_instance("workload", workload, Workload).check()
 
 # %% ../../nbs/05b_workloads.ipynb #2bc71ef5
+MAX_WORKLOAD_SIZE = 1 << 20  # the most requests, turns or tokens any one size argument of a generator may ask for
+
 def _check_sizes(**sizes):
-    "Refuse, by name, the first size argument that is not an int >= 1."
-    for name, value in sizes.items(): check_int(name, value, 1)
+    "Refuse, by name, the first size argument that is not an int in [1, MAX_WORKLOAD_SIZE]."
+    for name, value in sizes.items(): check_int(name, value, 1, MAX_WORKLOAD_SIZE)
 
 # %% ../../nbs/05b_workloads.ipynb #d8acbff8
 def _config(num_blocks, block_size, hash_algo="sha256", enable_caching=True, max_model_len=65536) -> dict:
-    _check_sizes(num_blocks=num_blocks, block_size=block_size)
+    check_int("num_blocks", num_blocks, 1); check_int("block_size", block_size, 1)  # the manager names its own limit
     return dict(num_blocks=num_blocks, block_size=block_size, enable_caching=enable_caching,
                 hash_algo=hash_algo, max_model_len=max_model_len)
 
