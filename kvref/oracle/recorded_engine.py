@@ -75,13 +75,14 @@ def _pythonhashseed(seed: str | None):
 def replay_recording(rec: EngineRecording) -> tuple[list[dict], Scheduler]:
     "The events kvref publishes serving `rec`'s waves (each run to completion, as `LLM.generate` does), and its scheduler."
     s, schema, events = _scheduler(rec), wire_schema(rec.settings["vllm_version"].split("+")[0]), []
+    publish = lambda: events.extend(event_to_json(e, schema) for e in wire_events(s.kv.take_events()))
     with _pythonhashseed(rec.settings["pythonhashseed"]):  # NONE_HASH, as the engine's
         for wave in rec.waves:
             if wave == "reset": s.reset_prefix_cache()
             else:
                 for r in wave: s.add_request(RequestSpec(r["id"], r["prompt"], r["output"], cache_salt=r["cache_salt"]))
-            while s.busy: s.step(); events += [event_to_json(e, schema) for e in wire_events(s.kv.take_events())]
-            events += [event_to_json(e, schema) for e in wire_events(s.kv.take_events())]
+            while s.busy: s.step(); publish()  # one published batch per engine step
+            publish()  # a reset's AllBlocksCleared, published with no step
     return events, s
 
 # %% ../../nbs/07g_real_engine.ipynb #293d1413
