@@ -28,11 +28,11 @@ from .oracle.workloads import replay_stats
 
 # %% auto #0
 __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
-           'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json', 'read_json', 'subcommand',
-           'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
-           'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs', 'thinking_budget_main',
-           'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'schedule_main', 'events_main',
-           'check_router_main', 'audit_main', 'vectors_main', 'main']
+           'RAY_ADDRESS', 'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json',
+           'read_json', 'subcommand', 'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main',
+           'load_trace_for_cli', 'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs',
+           'thinking_budget_main', 'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main',
+           'schedule_main', 'events_main', 'check_router_main', 'audit_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -650,6 +650,8 @@ def _sweep_parser() -> CommandParser:
     p.add_argument("--max-num-seqs", type=int_arg(1, 1 << 20), default=256, help="requests running at once (256)")
     p.add_argument("--ms-per-step", type=float, default=None, help="admit requests by timestamp at this pace")
     p.add_argument("--jobs", type=int_arg(1, 256), default=None, help="worker processes (default: one per core)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help="run each grid point as a Ray task: on a Ray "
+                   "started here, or on the cluster at ADDRESS (host:port, ray://host:port); needs pip install 'kvref[ray]'")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format (table)")
     p.add_argument("--plot", metavar="OUT", help="also draw OUT.png and OUT.svg (with --cpu-blocks: OUT-heatmap.svg and "
                    "OUT-curves.svg); needs matplotlib")
@@ -657,6 +659,18 @@ def _sweep_parser() -> CommandParser:
     p.add_argument("--policy", help="with --cpu-blocks: the CPU pool's eviction policy, lru, arc, or both: lru,arc (lru)")
     add_scheduler_flags(p)
     return p
+
+# %% ../nbs/12_cli.ipynb #139d520e
+RAY_ADDRESS = re.compile(r"(ray://)?[\w.\-]+:\d{1,5}")  # a head node's host:port, or the Ray client's ray://host:port
+
+def _ray_address(a: argparse.Namespace) -> str | None:
+    "`--ray`'s address, checked (\"local\": start Ray here); None without `--ray`: local processes."
+    if a.ray is None: return None
+    if a.jobs is not None: raise ValueError("--jobs and --ray: choose one (--jobs runs local processes, --ray Ray tasks)")
+    if a.ray != "local" and not RAY_ADDRESS.fullmatch(a.ray):
+        raise ValueError(f"--ray {a.ray!r}: give host:port or ray://host:port, or no address to start Ray on this machine")
+    if importlib.util.find_spec("ray") is None: raise ValueError("--ray needs Ray: pip install 'kvref[ray]'")
+    return a.ray
 
 # %% ../nbs/12_cli.ipynb #2472db27
 def _too_small(requests: list, blocks: list[int], block_size: int) -> dict[int, str]:
@@ -697,7 +711,7 @@ def _offload_grid(a: argparse.Namespace, requests: list, blocks: list[int], too_
     from kvref.kv_offload import format_offload_results, offload_curves_svg, offload_heatmap_svg, offload_sweep
     cpu, policies = _grid_args(a, blocks, too_small)
     results = offload_sweep(requests, blocks, cpu, policies, a.block_size, a.max_num_batched_tokens, a.max_num_seqs,
-                            a.ms_per_step, a.hash_block_size, a.jobs, **scheduler_settings(a))
+                            a.ms_per_step, a.hash_block_size, a.jobs, ray=a.ray, **scheduler_settings(a))
     sys.stdout.write(format_offload_results(results, a.format))
     if a.plot:
         for name, draw in (("heatmap", offload_heatmap_svg), ("curves", offload_curves_svg)):
@@ -707,16 +721,17 @@ def _offload_grid(a: argparse.Namespace, requests: list, blocks: list[int], too_
 # %% ../nbs/12_cli.ipynb #ee30196d
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
-    "`kvref sweep TRACE --blocks 1000,2000 [--cpu-blocks 0,4000 [--policy lru,arc]] [--format table|csv|json] [--plot OUT]`."
+    "`kvref sweep TRACE --blocks 1000,2000 [--cpu-blocks 0,4000 [--policy lru,arc]] [--jobs N | --ray [ADDRESS]] [--format F] [--plot OUT]`."
     from kvref.oracle.production_traces import format_results, ideal_hit_rate, plot_sweep, read_mooncake, sweep
     a = _sweep_parser().parse_args(argv)
+    a.ray = _ray_address(a)  # refused before the trace is read
     blocks = [parse_int(b, "--blocks", 1, MAX_NUM_BLOCKS) for b in a.blocks.split(",")]
     requests = list(read_mooncake(a.trace, a.hash_block_size))
     too_small = _too_small(requests, blocks, a.block_size)
     if len(too_small) == len(blocks): raise ValueError(f"no size in --blocks can hold the trace: {too_small[max(blocks)]}")
     if a.cpu_blocks is not None or a.policy is not None: return _offload_grid(a, requests, blocks, too_small)
     results = sweep(requests, [n for n in blocks if n not in too_small], a.block_size, a.max_num_batched_tokens,
-                    a.max_num_seqs, a.ms_per_step, a.hash_block_size, a.jobs, **scheduler_settings(a))
+                    a.max_num_seqs, a.ms_per_step, a.hash_block_size, a.jobs, ray=a.ray, **scheduler_settings(a))
     sys.stdout.write(_with_too_small(format_results(results, a.format), a.format, blocks, too_small))
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0

@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/offload.html.md"""
 
 # %% ../nbs/06d_offload.ipynb #649d69d4
 from __future__ import annotations
-import csv, hashlib, heapq, io, json, multiprocessing, os
+import csv, hashlib, heapq, io, json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -15,7 +15,7 @@ from .guards import check_bool, check_choice, check_instance, check_int, check_i
 from .core.kv_cache_manager import KVCacheManager, Request
 from .core.scheduler import SchedulerConfig
 from .pictures import FONT_SIZE, progress
-from .oracle.production_traces import MooncakeRequest, block_hashes, replay_mooncake
+from .oracle.production_traces import MooncakeRequest, block_hashes, map_grid, replay_mooncake
 
 
 # %% auto #0
@@ -942,6 +942,7 @@ def offload_sweep(requests: Sequence[MooncakeRequest],
                   ms_per_step: float | None = None, hash_block_size: int = 512,
                   jobs: int | None = None,  # processes (default: one per core, at most one per point)
                   offload: dict | None = None,  # other `OffloadConfig` settings
+                  ray: str | None = None,  # None: `jobs` local processes; else a Ray address (chapter 06c's `map_grid`)
                   **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
                   ) -> list[OffloadSizeResult]:
     "Replay the trace at every policy x CPU size x GPU size; results in that order."
@@ -949,11 +950,8 @@ def offload_sweep(requests: Sequence[MooncakeRequest],
     points = [(g, c, p) for p in policies for c in cpu_blocks for g in blocks]
     settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                     ms_per_step=ms_per_step, hash_block_size=hash_block_size, offload=offload, **settings)
-    jobs = min(jobs or os.cpu_count() or 1, len(points))
-    if jobs == 1:
-        _init_grid(requests, settings); return list(progress(map(_replay_point, points), len(points), "offload sweep"))
-    with multiprocessing.get_context("fork").Pool(jobs, _init_grid, (requests, settings)) as pool:
-        return list(progress(pool.imap(_replay_point, points), len(points), "offload sweep"))
+    grid = map_grid(_replay_point, points, _init_grid, (requests, settings), jobs, ray)
+    return list(progress(grid, len(points), "offload sweep"))
 
 # %% ../nbs/06d_offload.ipynb #77e961d6
 def _check_grid(requests, blocks, cpu_blocks, policies, block_size, offload, settings) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import chain, islice
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 from ..core.kv_cache_manager import KVCacheManager, Request, cdiv
 from ..core.fast_allocator import FastKVCacheManager
 from ..guards import check_instance, check_int, check_ints, refuse
@@ -24,7 +24,8 @@ from .workloads import RequestSpec, add_op, decode_step
 __all__ = ['FIELDS', 'MOONCAKE_MAX_LINE_BYTES', 'MAX_SYNTHESIZED_TOKENS', 'OUTPUT_BASE', 'MooncakeRequest', 'parse_mooncake_line',
            'read_mooncake', 'synthesize_prompt', 'synthesize_output', 'mooncake_to_spec', 'convert_mooncake',
            'block_hashes', 'SyntheticTokenIds', 'TraceRequest', 'trace_request', 'CacheSizeResult', 'replay_mooncake',
-           'max_model_len_for', 'ideal_hit_rate', 'sweep', 'format_results', 'sweep_svg', 'plot_sweep']
+           'max_model_len_for', 'ideal_hit_rate', 'map_grid', 'sweep', 'format_results', 'sweep_svg', 'plot_sweep',
+           'ray_map_grid']
 
 # %% ../../nbs/06c_production_traces.ipynb #a522cde4
 @dataclass(slots=True)
@@ -314,12 +315,26 @@ def _init_worker(requests, settings) -> None:
 def _replay_one(num_blocks: int) -> CacheSizeResult:
     return replay_mooncake(_WORKER["requests"], num_blocks, hashes=_WORKER["hashes"], **_WORKER["settings"])
 
+# %% ../../nbs/06c_production_traces.ipynb #12c06bef
+def map_grid(point_fn: Callable,  # one grid point's replay: a module-level function (workers find it by name)
+             points: Sequence,  # the grid, in the order its results come back
+             init: Callable, init_args: tuple,  # `init(*init_args)` runs once in each worker, before its first point
+             jobs: int | None = None,  # local processes (default: one per core, at most one per point)
+             ray: str | None = None,  # None: local processes; else where Ray runs (`ray_map_grid`)
+             ) -> Iterator:
+    "Yield `point_fn(p)` for each of `points`, in their order, each as soon as it and those before it are done."
+    if ray is not None: yield from ray_map_grid(point_fn, points, init, init_args, ray); return
+    jobs = min(jobs or os.cpu_count() or 1, len(points))
+    if jobs == 1: init(*init_args); yield from map(point_fn, points); return
+    with multiprocessing.get_context("fork").Pool(jobs, init, init_args) as pool: yield from pool.imap(point_fn, points)
+
 # %% ../../nbs/06c_production_traces.ipynb #cd5d11ff
 def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache sizes, in blocks
           block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
           ms_per_step: float | None = None, hash_block_size: int = 512,
           jobs: int | None = None,  # processes (default: one per core, at most one per size)
           advance=None,  # `replay_mooncake`'s: the event-driven replay's `advance_decode`, or None
+          ray: str | None = None,  # None: `jobs` local processes; else a Ray address (`map_grid`)
           **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
           ) -> list[CacheSizeResult]:
     "Replay the trace at every size in `blocks`; results in the order of `blocks`."
@@ -328,14 +343,8 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
     SchedulerConfig.of(settings, strict=True)  # a bad setting is named before any worker starts
     settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                     ms_per_step=ms_per_step, hash_block_size=hash_block_size, advance=advance, **settings)
-    jobs = min(jobs or os.cpu_count() or 1, len(blocks))
-    if jobs == 1:
-        _init_worker(requests, settings)
-        results = list(progress(map(_replay_one, blocks), len(blocks), "sweep"))
-    else:
-        with multiprocessing.get_context("fork").Pool(jobs, _init_worker, (requests, settings)) as pool:
-            results = list(progress(pool.imap(_replay_one, blocks), len(blocks), "sweep"))
-    return results
+    grid = map_grid(_replay_one, blocks, _init_worker, (requests, settings), jobs, ray)
+    return list(progress(grid, len(blocks), "sweep"))
 
 # %% ../../nbs/06c_production_traces.ipynb #62aabb24
 def format_results(results: Sequence[CacheSizeResult], fmt: str = "table") -> str:
@@ -385,3 +394,42 @@ def plot_sweep(results: Sequence[CacheSizeResult], ideal: float, out: str | Path
         paths = [Path(out).with_suffix(s) for s in (".png", ".svg")]
         for p in paths: fig.savefig(p)
     return paths
+
+# %% ../../nbs/06c_production_traces.ipynb #82deab45
+def _import_ray():
+    "The `ray` module, imported only when a sweep asks for it."
+    try: import ray
+    except ImportError: raise ImportError("sweeping on Ray needs Ray: pip install 'kvref[ray]'") from None
+    return ray
+
+# %% ../../nbs/06c_production_traces.ipynb #a911b663
+_RAY_TRACE: dict = {}  # per Ray worker process: the object id of the trace its `init` last read
+
+def _ray_point(point_fn: Callable, init: Callable, shared: list, point):
+    "One Ray task: `init` from the object store's trace if this worker has not yet read it, then `point_fn(point)`."
+    ray, ref = _import_ray(), shared[0]  # a reference inside a list reaches the task unread
+    if _RAY_TRACE.get("id") != ref.hex(): init(*ray.get(ref)); _RAY_TRACE["id"] = ref.hex()
+    return point_fn(point)
+
+# %% ../../nbs/06c_production_traces.ipynb #d9039f0a
+def ray_map_grid(point_fn: Callable, points: Sequence, init: Callable, init_args: tuple,  # as `map_grid`'s
+                 address: str = "local",  # "local": start Ray here; "host:port" or "ray://host:port": join that cluster
+                 ) -> Iterator:
+    "`map_grid` on Ray: one task per point, the trace put in the object store once, results yielded in grid order."
+    ray = _import_ray()
+    joined = not ray.is_initialized()  # a caller that already joined a cluster keeps it
+    if joined: ray.init(address=address, log_to_driver=False, logging_level="WARNING", **_ray_start_options(address))
+    try:
+        shared = [ray.put(init_args)]
+        task = ray.remote(num_cpus=1)(_ray_point)
+        pending = [task.remote(point_fn, init, shared, p) for p in points]
+        for ref in pending: yield ray.get(ref)
+    finally:
+        if joined: ray.shutdown()
+
+# %% ../../nbs/06c_production_traces.ipynb #03725645
+def _ray_start_options(address: str) -> dict:
+    "A new local Ray runs this very kvref; a cluster gets it as a module (`py_modules`), so both replay the same code."
+    if address == "local": return dict(include_dashboard=False)
+    import kvref
+    return dict(runtime_env={"py_modules": [kvref]})

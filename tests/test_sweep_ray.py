@@ -1,0 +1,111 @@
+"""Sweep grids on Ray (chapter 06c, *Beyond one machine: Ray*): a Ray head node that this module starts on loopback
+gives exactly the local processes' results, for the cache-size sweep, the GPU x CPU grid and `kvref sweep --ray`,
+with the trace put in the object store once and the results streamed in grid order. The node is stopped after the
+module, also when a test fails. Without Ray installed only the refusals run."""
+import contextlib, io, signal, socket, subprocess, sys, time
+from pathlib import Path
+import pytest
+from kvref.cli import sweep_main
+from kvref.kv_offload import offload_sweep
+from kvref.oracle import production_traces
+from kvref.oracle.production_traces import map_grid, read_mooncake, sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "golden/mooncake/synthetic-trace-last300.jsonl"
+TINY = list(read_mooncake(SAMPLE))[:30]
+SIZES = [40_000, 12_500, 20_000]  # not in order: results come back in the grid's order, not by size or by finish
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    "A Ray head node on 127.0.0.1 with 2 CPUs (`ray start --block`): its address; SIGTERM stops every process it started."
+    pytest.importorskip("ray")
+    log = tmp_path_factory.mktemp("ray") / "head.log"
+    port, client_port = _free_port(), _free_port()
+    with open(log, "w") as out:
+        node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
+                                 f"--ray-client-server-port={client_port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+                                 "--include-dashboard=false", "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while "Ray runtime started" not in log.read_text():
+            assert node.poll() is None and time.monotonic() < deadline, f"ray start failed:\n{log.read_text()[-2000:]}"
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        node.send_signal(signal.SIGTERM)
+        try: node.wait(60)
+        except subprocess.TimeoutExpired: node.kill(); node.wait()
+
+
+def _sweep_cli(*argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): status = sweep_main([str(a) for a in argv])
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_kvref_sweep_ray_prints_what_jobs_prints_and_disconnects(head, tmp_path):
+    "The whole path: `--ray ADDRESS` joins the cluster (shipping this kvref), prints the same table, and leaves."
+    import ray
+    trace = tmp_path / "tiny.jsonl"
+    trace.write_text("".join(SAMPLE.read_text().splitlines(keepends=True)[:30]))
+    sizes = ",".join(map(str, SIZES))
+    on_ray = _sweep_cli(trace, "--blocks", sizes, "--ray", head, "--format", "json")
+    assert on_ray == _sweep_cli(trace, "--blocks", sizes, "--jobs", "2", "--format", "json")[:2] + (on_ray[2],)
+    assert on_ray[0] == 0 and not ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def joined(head):
+    "This process joined to the head node once (workers reused across the tests below); left after them."
+    import ray
+    ray.init(address=head, log_to_driver=False, logging_level="WARNING", **production_traces._ray_start_options(head))
+    yield head
+    ray.shutdown()
+
+
+def test_sweep_on_ray_equals_the_local_processes_and_puts_the_trace_once(joined, monkeypatch):
+    import ray
+    puts = []
+    monkeypatch.setattr(ray, "put", lambda value, put=ray.put: puts.append(value) or put(value))
+    on_ray = sweep(TINY, SIZES, ray=joined)
+    assert [r.num_blocks for r in on_ray] == SIZES
+    assert on_ray == sweep(TINY, SIZES, jobs=2) == sweep(TINY, SIZES, jobs=1)
+    assert len(puts) == 1 and puts[0][0] is TINY  # the trace, once: each task carries only a reference to it
+    assert ray.is_initialized()  # a caller's own connection is kept
+
+
+def test_the_offload_grid_on_ray_equals_the_local_processes(joined):
+    grid = dict(blocks=[12_500, 20_000], cpu_blocks=[0, 8_000], policies=("lru", "arc"))
+    assert offload_sweep(TINY, **grid, ray=joined) == offload_sweep(TINY, **grid, jobs=1)
+
+
+def test_results_stream_back_in_grid_order_as_they_are_done(joined):
+    "A point that takes 3 s does not hold back the one before it: the first result arrives while the second runs."
+    results = map_grid(time.sleep, [0.0, 3.0], time.sleep, (0.0,), ray=joined)
+    next(results); first = time.monotonic()
+    next(results); assert time.monotonic() - first > 1.5
+    assert list(results) == []
+
+
+def test_without_ray_the_sweep_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'kvref\[ray\]'"): sweep(TINY, [40_000], ray="local")
+    status, out, err = _sweep_cli(SAMPLE, "--blocks", "40000", "--ray")
+    assert (status, out) == (2, "") and err == "kvref sweep: error: --ray needs Ray: pip install 'kvref[ray]'\n"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ray", "nowhere"], "--ray 'nowhere': give host:port or ray://host:port"),
+    (["--ray", "10.0.0.1:x"], "--ray '10.0.0.1:x': give host:port"),
+    (["--jobs", "2", "--ray"], "--jobs and --ray: choose one"),
+    (["--ray", "127.0.0.1:6379", "--jobs", "1"], "--jobs and --ray: choose one"),
+])
+def test_kvref_sweep_refuses_bad_ray_use_in_one_line(args, words):
+    status, out, err = _sweep_cli(SAMPLE, "--blocks", "40000", *args)
+    assert (status, out) == (2, "") and err.count("\n") == 1 and err.startswith("kvref sweep: error: ") and words in err, err
