@@ -2,7 +2,7 @@
 gives exactly the local processes' results, for the cache-size sweep, the GPU x CPU grid and `kvref sweep --ray`,
 with the trace put in the object store once and the results streamed in grid order. The node is stopped after the
 module, also when a test fails. Without Ray installed only the refusals run."""
-import contextlib, io, signal, socket, subprocess, sys, time
+import contextlib, io, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest
 from kvref.cli import sweep_main
@@ -23,20 +23,28 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
-    "A Ray head node on 127.0.0.1 with 2 CPUs (`ray start --block`): its address; SIGTERM stops every process it started."
+    """A Ray head node with 2 CPUs listening on 127.0.0.1 only (`ray start --block`): its address. SIGTERM stops every
+    process it started. Ray replaces a loopback address by the machine's own unless, as on one-machine platforms, its
+    cluster mode is off: off in the node's environment and in this process, so nothing listens beyond loopback."""
     pytest.importorskip("ray")
+    import ray._private.ray_constants as ray_constants
     log = tmp_path_factory.mktemp("ray") / "head.log"
-    port, client_port = _free_port(), _free_port()
+    port = _free_port()  # every port named: the raylet waits at most 15 s for an agent to report one it chose itself
+    ports = [f"--{name}-port={_free_port()}" for name in ("ray-client-server", "dashboard-agent-grpc", "dashboard-agent-listen",
+                                                          "runtime-env-agent", "metrics-export")]
+    env = dict(os.environ, **{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"})
     with open(log, "w") as out:
-        node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
-                                 f"--ray-client-server-port={client_port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-                                 "--include-dashboard=false", "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT)
+        node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}", *ports,
+                                 "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
+                                 "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 180
-        while "Ray runtime started" not in log.read_text():
-            assert node.poll() is None and time.monotonic() < deadline, f"ray start failed:\n{log.read_text()[-2000:]}"
-            time.sleep(0.5)
-        yield f"127.0.0.1:{port}"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+            deadline = time.monotonic() + 180
+            while "Ray runtime started" not in log.read_text():
+                assert node.poll() is None and time.monotonic() < deadline, f"ray start failed:\n{log.read_text()[-2000:]}"
+                time.sleep(0.5)
+            yield f"127.0.0.1:{port}"
     finally:
         node.send_signal(signal.SIGTERM)
         try: node.wait(60)
