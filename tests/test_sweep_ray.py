@@ -104,6 +104,7 @@ def test_results_stream_back_in_grid_order_as_they_are_done(joined):
 def test_without_ray_the_sweep_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if it were not installed
     with pytest.raises(ImportError, match=r"pip install 'kvref\[ray\]'"): sweep(TINY, [40_000], ray="local")
+    with pytest.raises(TypeError, match="ray must be None or a Ray address"): sweep(TINY, [40_000], ray=6379)
     status, out, err = _sweep_cli(SAMPLE, "--blocks", "40000", "--ray")
     assert (status, out) == (2, "") and err == "kvref sweep: error: --ray needs Ray: pip install 'kvref[ray]'\n"
 

@@ -323,7 +323,9 @@ def map_grid(point_fn: Callable,  # one grid point's replay: a module-level func
              ray: str | None = None,  # None: local processes; else where Ray runs (`ray_map_grid`)
              ) -> Iterator:
     "Yield `point_fn(p)` for each of `points`, in their order, each as soon as it and those before it are done."
-    if ray is not None: yield from ray_map_grid(point_fn, points, init, init_args, ray); return
+    if ray is not None:
+        check_instance("ray", ray, str, "None or a Ray address ('local', 'host:port', 'ray://host:port')")
+        yield from ray_map_grid(point_fn, points, init, init_args, ray); return
     jobs = min(jobs or os.cpu_count() or 1, len(points))
     if jobs == 1: init(*init_args); yield from map(point_fn, points); return
     with multiprocessing.get_context("fork").Pool(jobs, init, init_args) as pool: yield from pool.imap(point_fn, points)
