@@ -651,7 +651,7 @@ def _sweep_parser() -> CommandParser:
     p.add_argument("--ms-per-step", type=float, default=None, help="admit requests by timestamp at this pace")
     p.add_argument("--jobs", type=int_arg(1, 256), default=None, help="worker processes (default: one per core)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help="run each grid point as a Ray task: on a Ray "
-                   "started here, or on the cluster at ADDRESS (host:port, ray://host:port); needs pip install 'kvref[ray]'")
+                   "started here, or on the cluster at ADDRESS (host:port, ray://host:port, auto); needs pip install 'kvref[ray]'")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format (table)")
     p.add_argument("--plot", metavar="OUT", help="also draw OUT.png and OUT.svg (with --cpu-blocks: OUT-heatmap.svg and "
                    "OUT-curves.svg); needs matplotlib")
@@ -667,8 +667,8 @@ def _ray_address(a: argparse.Namespace) -> str | None:
     "`--ray`'s address, checked (\"local\": start Ray here); None without `--ray`: local processes."
     if a.ray is None: return None
     if a.jobs is not None: raise ValueError("--jobs and --ray: choose one (--jobs runs local processes, --ray Ray tasks)")
-    if a.ray != "local" and not RAY_ADDRESS.fullmatch(a.ray):
-        raise ValueError(f"--ray {a.ray!r}: give host:port or ray://host:port, or no address to start Ray on this machine")
+    if a.ray not in ("local", "auto") and not RAY_ADDRESS.fullmatch(a.ray):
+        raise ValueError(f"--ray {a.ray!r}: give host:port, ray://host:port or auto, or no address to start Ray here")
     if importlib.util.find_spec("ray") is None: raise ValueError("--ray needs Ray: pip install 'kvref[ray]'")
     return a.ray
 

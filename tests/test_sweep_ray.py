@@ -110,7 +110,7 @@ def test_without_ray_the_sweep_says_how_to_install_it(monkeypatch):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--ray", "nowhere"], "--ray 'nowhere': give host:port or ray://host:port"),
+    (["--ray", "nowhere"], "--ray 'nowhere': give host:port, ray://host:port or auto"),
     (["--ray", "10.0.0.1:x"], "--ray '10.0.0.1:x': give host:port"),
     (["--jobs", "2", "--ray"], "--jobs and --ray: choose one"),
     (["--ray", "127.0.0.1:6379", "--jobs", "1"], "--jobs and --ray: choose one"),

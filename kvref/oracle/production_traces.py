@@ -415,7 +415,7 @@ def _ray_point(point_fn: Callable, init: Callable, shared: list, point):
 
 # %% ../../nbs/06c_production_traces.ipynb #d9039f0a
 def ray_map_grid(point_fn: Callable, points: Sequence, init: Callable, init_args: tuple,  # as `map_grid`'s
-                 address: str = "local",  # "local": start Ray here; "host:port" or "ray://host:port": join that cluster
+                 address: str = "local",  # "local": start Ray here; "host:port", "auto", "ray://host:port": join a cluster
                  ) -> Iterator:
     "`map_grid` on Ray: one task per point, the trace put in the object store once, results yielded in grid order."
     ray = _import_ray()
