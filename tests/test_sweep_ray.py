@@ -22,19 +22,21 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory):
-    """A Ray head node with 2 CPUs listening on 127.0.0.1 only (`ray start --block`): its address. SIGTERM stops every
+def cluster(tmp_path_factory):
+    """A Ray head node with 2 CPUs listening on 127.0.0.1 only (`ray start --block`): its address and its Ray client's
+    address. SIGTERM stops every
     process it started. Ray replaces a loopback address by the machine's own unless, as on one-machine platforms, its
     cluster mode is off: off in the node's environment and in this process, so nothing listens beyond loopback."""
     pytest.importorskip("ray")
     import ray._private.ray_constants as ray_constants
     log = tmp_path_factory.mktemp("ray") / "head.log"
-    port = _free_port()  # every port named: the raylet waits at most 15 s for an agent to report one it chose itself
-    ports = [f"--{name}-port={_free_port()}" for name in ("ray-client-server", "dashboard-agent-grpc", "dashboard-agent-listen",
-                                                          "runtime-env-agent", "metrics-export")]
+    port, client_port = _free_port(), _free_port()  # every port named: the raylet waits at most 15 s for an agent to
+    ports = [f"--{name}-port={_free_port()}" for name in ("dashboard-agent-grpc", "dashboard-agent-listen",  # report one
+                                                          "runtime-env-agent", "metrics-export")]  # it chose itself
     env = dict(os.environ, **{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"})
     with open(log, "w") as out:
-        node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}", *ports,
+        node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
+                                 f"--ray-client-server-port={client_port}", *ports,
                                  "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
                                  "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
@@ -44,11 +46,16 @@ def head(tmp_path_factory):
             while "Ray runtime started" not in log.read_text():
                 assert node.poll() is None and time.monotonic() < deadline, f"ray start failed:\n{log.read_text()[-2000:]}"
                 time.sleep(0.5)
-            yield f"127.0.0.1:{port}"
+            yield f"127.0.0.1:{port}", f"ray://127.0.0.1:{client_port}"
     finally:
         node.send_signal(signal.SIGTERM)
         try: node.wait(60)
         except subprocess.TimeoutExpired: node.kill(); node.wait()
+
+
+@pytest.fixture(scope="module")
+def head(cluster) -> str:
+    return cluster[0]
 
 
 def _sweep_cli(*argv) -> tuple[int, str, str]:
@@ -57,14 +64,15 @@ def _sweep_cli(*argv) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
-def test_kvref_sweep_ray_prints_what_jobs_prints_and_disconnects(head, tmp_path):
-    "The whole path: `--ray ADDRESS` joins the cluster (shipping this kvref), prints the same table, and leaves."
+def test_kvref_sweep_through_the_ray_client_prints_what_jobs_prints_and_disconnects(cluster, tmp_path):
+    """The whole path, as from a laptop: `--ray ray://HOST:PORT` connects through the Ray client's server (shipping
+    this kvref to the workers), prints the same table as local processes, and disconnects."""
     import ray
     trace = tmp_path / "tiny.jsonl"
     trace.write_text("".join(SAMPLE.read_text().splitlines(keepends=True)[:30]))
     sizes = ",".join(map(str, SIZES))
-    on_ray = _sweep_cli(trace, "--blocks", sizes, "--ray", head, "--format", "json")
-    assert on_ray == _sweep_cli(trace, "--blocks", sizes, "--jobs", "2", "--format", "json")[:2] + (on_ray[2],)
+    on_ray = _sweep_cli(trace, "--blocks", sizes, "--ray", cluster[1], "--format", "json")
+    assert on_ray[:2] == _sweep_cli(trace, "--blocks", sizes, "--jobs", "2", "--format", "json")[:2]
     assert on_ray[0] == 0 and not ray.is_initialized()
 
 

@@ -420,8 +420,8 @@ def ray_map_grid(point_fn: Callable, points: Sequence, init: Callable, init_args
     "`map_grid` on Ray: one task per point, the trace put in the object store once, results yielded in grid order."
     ray = _import_ray()
     joined = not ray.is_initialized()  # a caller that already joined a cluster keeps it
-    if joined: ray.init(address=address, log_to_driver=False, logging_level="WARNING", **_ray_start_options(address))
     try:
+        if joined: ray.init(address=address, log_to_driver=False, logging_level="WARNING", **_ray_start_options(address))
         shared = [ray.put(init_args)]
         task = ray.remote(num_cpus=1)(_ray_point)
         pending = [task.remote(point_fn, init, shared, p) for p in points]
@@ -434,4 +434,4 @@ def _ray_start_options(address: str) -> dict:
     "A new local Ray runs this very kvref; a cluster gets it as a module (`py_modules`), so both replay the same code."
     if address == "local": return dict(include_dashboard=False)
     import kvref
-    return dict(runtime_env={"py_modules": [kvref]})
+    return dict(runtime_env={"py_modules": [str(Path(kvref.__file__).parent)]})  # the folder: a module object fails via ray://
