@@ -90,7 +90,7 @@ def read_json(path: str) -> object:
 # %% ../nbs/12_cli.ipynb #aeb6e1dc
 def _one_line(e: Exception) -> str:
     "The error as one line: an output that cannot be written named as such, whitespace runs collapsed."
-    if isinstance(e, OSError): return f"{e.filename}: {e.strerror}" if e.filename else f"cannot write output: {e.strerror or e}"
+    if isinstance(e, OSError) and not isinstance(e, ConnectionError): return f"{e.filename}: {e.strerror}" if e.filename else f"cannot write output: {e.strerror or e}"
     return " ".join(str(e).split())
 
 # %% ../nbs/12_cli.ipynb #1897cfa2

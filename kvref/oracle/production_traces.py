@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/production_traces.html.md"""
 
 # %% ../../nbs/06c_production_traces.ipynb #85e3ea3d
 from __future__ import annotations
-import csv, io, json, multiprocessing, os, sys, textwrap
+import csv, io, json, multiprocessing, os, socket, sys, textwrap
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -421,7 +421,9 @@ def ray_map_grid(point_fn: Callable, points: Sequence, init: Callable, init_args
     ray = _import_ray()
     joined = not ray.is_initialized()  # a caller that already joined a cluster keeps it
     try:
-        if joined: ray.init(address=address, log_to_driver=False, logging_level="WARNING", **_ray_start_options(address))
+        if joined:
+            _check_ray_address(address)
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING", **_ray_start_options(address))
         shared = [ray.put(init_args)]
         task = ray.remote(num_cpus=1)(_ray_point)
         pending = [task.remote(point_fn, init, shared, p) for p in points]
@@ -435,3 +437,12 @@ def _ray_start_options(address: str) -> dict:
     if address == "local": return dict(include_dashboard=False)
     import kvref
     return dict(runtime_env={"py_modules": [str(Path(kvref.__file__).parent)]})  # the folder: a module object fails via ray://
+
+# %% ../../nbs/06c_production_traces.ipynb #f2b21381
+def _check_ray_address(address: str, timeout_s: float = 10) -> None:
+    "A cluster's address must answer a connection at once: Ray itself would retry an unreachable one for minutes."
+    if address in ("local", "auto"): return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit(): refuse("ray", "'local', 'auto', 'host:port' or 'ray://host:port'", address)
+    try: socket.create_connection((host, int(port)), timeout_s).close()
+    except OSError as e: raise ConnectionError(f"no Ray cluster answers at {address}: {e}") from None
