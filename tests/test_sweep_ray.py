@@ -21,6 +21,28 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
 
+# Refusals first: they run before this process joins the cluster below (a joined process keeps its connection).
+def test_without_ray_the_sweep_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'kvref\[ray\]'"): sweep(TINY, [40_000], ray="local")
+    with pytest.raises(TypeError, match="ray must be None or a Ray address"): sweep(TINY, [40_000], ray=6379)
+    status, out, err = _sweep_cli(SAMPLE, "--blocks", "40000", "--ray")
+    assert (status, out) == (2, "") and err == "kvref sweep: error: --ray needs Ray: pip install 'kvref[ray]'\n"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ray", "nowhere"], "--ray 'nowhere': give host:port, ray://host:port or auto"),
+    (["--ray", "10.0.0.1:x"], "--ray '10.0.0.1:x': give host:port"),
+    (["--jobs", "2", "--ray"], "--jobs and --ray: choose one"),
+    (["--ray", "127.0.0.1:6379", "--jobs", "1"], "--jobs and --ray: choose one"),
+    (["--ray", "127.0.0.1:9"], "no Ray cluster answers at 127.0.0.1:9"),  # at once: Ray would retry for minutes
+])
+def test_kvref_sweep_refuses_bad_ray_use_in_one_line(args, words):
+    if "127.0.0.1:9" in args: pytest.importorskip("ray")
+    status, out, err = _sweep_cli(SAMPLE, "--blocks", "40000", *args)
+    assert (status, out) == (2, "") and err.count("\n") == 1 and err.startswith("kvref sweep: error: ") and words in err, err
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A Ray head node with 2 CPUs listening on 127.0.0.1 only (`ray start --block`): its address and its Ray client's
@@ -107,24 +129,3 @@ def test_results_stream_back_in_grid_order_as_they_are_done(joined):
     next(results); first = time.monotonic()
     next(results); assert time.monotonic() - first > 1.5
     assert list(results) == []
-
-
-def test_without_ray_the_sweep_says_how_to_install_it(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if it were not installed
-    with pytest.raises(ImportError, match=r"pip install 'kvref\[ray\]'"): sweep(TINY, [40_000], ray="local")
-    with pytest.raises(TypeError, match="ray must be None or a Ray address"): sweep(TINY, [40_000], ray=6379)
-    status, out, err = _sweep_cli(SAMPLE, "--blocks", "40000", "--ray")
-    assert (status, out) == (2, "") and err == "kvref sweep: error: --ray needs Ray: pip install 'kvref[ray]'\n"
-
-
-@pytest.mark.parametrize("args, words", [
-    (["--ray", "nowhere"], "--ray 'nowhere': give host:port, ray://host:port or auto"),
-    (["--ray", "10.0.0.1:x"], "--ray '10.0.0.1:x': give host:port"),
-    (["--jobs", "2", "--ray"], "--jobs and --ray: choose one"),
-    (["--ray", "127.0.0.1:6379", "--jobs", "1"], "--jobs and --ray: choose one"),
-    (["--ray", "127.0.0.1:9"], "no Ray cluster answers at 127.0.0.1:9"),  # at once: Ray would retry for minutes
-])
-def test_kvref_sweep_refuses_bad_ray_use_in_one_line(args, words):
-    if "127.0.0.1:9" in args: pytest.importorskip("ray")
-    status, out, err = _sweep_cli(SAMPLE, "--blocks", "40000", *args)
-    assert (status, out) == (2, "") and err.count("\n") == 1 and err.startswith("kvref sweep: error: ") and words in err, err

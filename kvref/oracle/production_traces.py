@@ -419,7 +419,7 @@ def ray_map_grid(point_fn: Callable, points: Sequence, init: Callable, init_args
                  ) -> Iterator:
     "`map_grid` on Ray: one task per point, the trace put in the object store once, results yielded in grid order."
     ray = _import_ray()
-    joined = not ray.is_initialized()  # a caller that already joined a cluster keeps it
+    joined = not ray.is_initialized()  # a caller that already joined a cluster keeps it (`address` unused)
     try:
         if joined:
             _check_ray_address(address)
