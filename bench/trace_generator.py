@@ -33,7 +33,7 @@ def compare(source: list, drawn: list) -> dict:
     row = lambda t, sh: dict(requests=len(t), turn_share=round(sh.turn_share, 4), branch_share=round(sh.branch_share, 4),
                              shared_token_share=round(sh.shared_token_share, 4), ideal_512=round(ideal_hit_rate(t, 512), 4),
                              ideal_16_first_10k=round(ideal_hit_rate(t[:10_000], 16), 4),
-                             input_p10_p50_p90=[sh.input_length[j] for j in (19, 99, 179)],
+                             input_p10_p50_p90=[sorted(r.input_length for r in t)[len(t) * q // 10] for q in (1, 5, 9)],
                              mean_input=round(sum(r.input_length for r in t) / len(t)))
     return dict(source=row(source, s), drawn=row(drawn, d))
 

@@ -60,7 +60,7 @@ def conversations(relations: Iterable[PrefixRelation]) -> list[int]:
     return opened
 
 # %% ../../nbs/06g_trace_generator.ipynb #a25ea578
-QUANTILE_POINTS = 200  # entries in each distribution's table
+QUANTILE_POINTS = 1000  # entries in each distribution's table
 
 def quantiles(values: Iterable[int], points: int = QUANTILE_POINTS) -> list[int]:
     "`points` quantiles of `values`: entry `j` is the value at fraction `(j + 1/2) / points` of the sorted sample."
