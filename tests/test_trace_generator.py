@@ -7,6 +7,7 @@ from itertools import islice
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kvref import cli
 from kvref.oracle import trace_generator as tg
@@ -144,7 +145,8 @@ def test_the_worked_example():
     (lambda: generate_trace(5, seed=-1), ValueError, "seed must be an int >= 0, got -1"),
     (lambda: generate_trace(5, seed=1.5), TypeError, "seed must be an int"),
     (lambda: generate_trace(5, shape={"turns": [1]}), TypeError, "shape must be"),
-    (lambda: trace_shape([]), ValueError, "requests must be at least one request"),
+    (lambda: trace_shape([]), ValueError, "requests must be at least two requests"),
+    (lambda: trace_shape(generate_trace(1)), ValueError, "requests must be at least two requests (a gap between arrivals)"),
     (lambda: replace(default_shape(), turn_share=1.5), ValueError, "turn_share must be a fraction from 0 to 1"),
     (lambda: replace(default_shape(), branch_share="x"), TypeError, "branch_share must be a fraction from 0 to 1"),
     (lambda: replace(default_shape(), turns=[]), ValueError, "turns must be a non-empty table"),
@@ -187,4 +189,14 @@ def test_gen_trace_refuses_an_output_folder_that_does_not_exist(tmp_path, capsys
 def test_gen_trace_refuses_an_empty_like_trace(tmp_path, capsys):
     (tmp_path / "empty.jsonl").write_text("")
     assert cli.main(["gen-trace", str(tmp_path / "t.jsonl"), "--requests", "5", "--like", str(tmp_path / "empty.jsonl")]) == 2
-    assert "requests must be at least one request" in capsys.readouterr().err
+    assert "requests must be at least two requests" in capsys.readouterr().err
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 60), seed=st.integers(0, 1 << 32), m=st.integers(1, 200))
+def test_any_measured_shape_draws_valid_traces(n, seed, m):
+    "A shape measured from any short trace (two requests, no turns, no branches) draws valid requests again."
+    shape = trace_shape(generate_trace(n, seed=seed))
+    drawn = list(generate_trace(m, shape, seed))
+    assert all(len(r.hash_ids) == -(-r.input_length // 512) and r.input_length <= shape.max_input_length for r in drawn)
+    assert all(a.timestamp <= b.timestamp for a, b in zip(drawn, drawn[1:]))

@@ -116,7 +116,7 @@ def _check_shape(shape: TraceShape) -> TraceShape:
 def trace_shape(requests: Iterable[MooncakeRequest], hash_block_size: int = 512, source: str = "") -> TraceShape:
     "The `TraceShape` of `requests`, in arrival order."
     requests = list(requests)
-    if not requests: refuse("requests", "at least one request", requests)
+    if len(requests) < 2: refuse("requests", "at least two requests (a gap between arrivals)", requests)
     relations = list(prefix_relations(requests, hash_block_size))
     opened = conversations(relations); turns = Counter(opened)
     of = lambda kind, field: quantiles(getattr(r, field) for r in relations if r.kind == kind)
