@@ -18,6 +18,7 @@ from kvref.oracle.trace_generator import (TraceShape, default_shape, generate_tr
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "mooncake"
 SOURCE = GOLDEN / "synthetic_trace.jsonl"
 DRAWN = 20_000
+SHAPE = default_shape()  # measured once for the module (a fifth of a second each time)
 
 # Tolerances for a 20,000-request trace drawn from the shipped trace's shape. Measured (seed 1): KS distance 0.027 for
 # prompt lengths, 0.012 for output lengths, 0.005 for gaps; turn share 0.316 vs 0.334; ideal hit rate 0.625 vs 0.650
@@ -35,7 +36,7 @@ def source():
 
 @pytest.fixture(scope="module")
 def drawn():
-    return list(generate_trace(DRAWN, seed=1))
+    return list(generate_trace(DRAWN, SHAPE, seed=1))
 
 
 def ks(a: list[int], b: list[int]) -> float:
@@ -70,31 +71,31 @@ def test_a_drawn_trace_has_its_sources_shape(source, drawn):
 def test_a_planted_bug_is_caught(source, monkeypatch):
     "A generator whose turns share nothing with the turn before (no prefix sharing) fails the shape check."
     monkeypatch.setattr(tg, "next_turn", lambda shape, length, ids, rng: (tg.draw(shape.opening_length, rng), []))
-    found = mismatches(source, list(generate_trace(DRAWN, seed=1)))
+    found = mismatches(source, list(generate_trace(DRAWN, SHAPE, seed=1)))
     assert any(m.startswith("ideal_hit_rate") for m in found) and any(m.startswith("turn_share") for m in found), found
 
 
 def test_a_generator_without_branches_is_caught(source):
     "Conversations that never open on an earlier prompt's blocks (no shared documents) lose 17 points of hit rate."
-    found = mismatches(source, list(generate_trace(DRAWN, replace(default_shape(), branch_share=0.0), seed=1)))
+    found = mismatches(source, list(generate_trace(DRAWN, replace(SHAPE, branch_share=0.0), seed=1)))
     assert any(m.startswith("ideal_hit_rate") for m in found), found
 
 
 def test_the_same_seed_draws_the_same_trace():
-    assert list(generate_trace(2000, seed=5)) == list(generate_trace(2000, seed=5))
-    assert list(generate_trace(2000, seed=5)) != list(generate_trace(2000, seed=6))
+    assert list(generate_trace(2000, SHAPE, seed=5)) == list(generate_trace(2000, SHAPE, seed=5))
+    assert list(generate_trace(2000, SHAPE, seed=5)) != list(generate_trace(2000, SHAPE, seed=6))
 
 
 def test_a_shorter_trace_is_the_start_of_a_longer_one():
     "The generator streams: the first m requests of n do not depend on n."
-    assert list(generate_trace(500, seed=3)) == list(islice(generate_trace(5000, seed=3), 500))
+    assert list(generate_trace(500, SHAPE, seed=3)) == list(islice(generate_trace(5000, SHAPE, seed=3), 500))
 
 
 def test_written_traces_read_back_valid(tmp_path):
     path = tmp_path / "drawn.jsonl"
-    assert write_mooncake(generate_trace(5000, seed=2), path) == 5000
+    assert write_mooncake(generate_trace(5000, SHAPE, seed=2), path) == 5000
     back = list(read_mooncake(path))  # checks every field, the ids' cover, nondecreasing timestamps
-    assert back == list(generate_trace(5000, seed=2))
+    assert back == list(generate_trace(5000, SHAPE, seed=2))
     assert all(len(r.hash_ids) == -(-r.input_length // 512) for r in back)
     assert all(a.timestamp <= b.timestamp for a, b in zip(back, back[1:]))
     assert path.read_text().splitlines()[0].startswith('{"timestamp": 0, "input_length": ')
@@ -108,10 +109,11 @@ def test_turns_extend_and_ids_mean_prefixes(drawn):
             assert parent.setdefault(h, (k, r.hash_ids[k - 1] if k else None)) == (k, r.hash_ids[k - 1] if k else None)
 
 
-def test_the_stored_default_shape_is_what_the_source_measures():
-    stored = default_shape()
-    assert asdict(replace(trace_shape(read_mooncake(SOURCE)), source=stored.source)) == asdict(stored)
-    assert stored.requests == 3993 and len(stored.input_length) == tg.QUANTILE_POINTS
+def test_the_default_shape_is_the_shipped_traces():
+    stored = SHAPE
+    assert list(generate_trace(300)) == list(generate_trace(300, SHAPE))  # no shape: this one
+    assert (stored.requests, round(stored.turn_share, 4), round(stored.shared_token_share, 4)) == (3993, 0.3338, 0.6512)
+    assert len(stored.input_length) == tg.QUANTILE_POINTS and stored.max_input_length == 191378
 
 
 def test_a_shape_saved_loads_the_same(tmp_path):
@@ -122,7 +124,7 @@ def test_memory_does_not_grow_with_the_trace():
     "Peak memory drawing 24,000 requests is about that of 6,000: the state is the live conversations, not the trace."
     def peak(n):
         tracemalloc.start()
-        for _ in generate_trace(n, seed=4): pass
+        for _ in generate_trace(n, SHAPE, seed=4): pass
         top = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
         return top
     small, large = peak(6_000), peak(24_000)
@@ -139,21 +141,21 @@ def test_the_worked_example():
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda: generate_trace(0), ValueError, "n must be an int >= 1 and <= 4294967296, got 0"),
-    (lambda: generate_trace(1 << 40), ValueError, "n must be an int >= 1"),
-    (lambda: generate_trace("5"), TypeError, "n must be an int"),
-    (lambda: generate_trace(5, seed=-1), ValueError, "seed must be an int >= 0, got -1"),
-    (lambda: generate_trace(5, seed=1.5), TypeError, "seed must be an int"),
+    (lambda: generate_trace(0, SHAPE), ValueError, "n must be an int >= 1 and <= 4294967296, got 0"),
+    (lambda: generate_trace(1 << 40, SHAPE), ValueError, "n must be an int >= 1"),
+    (lambda: generate_trace("5", SHAPE), TypeError, "n must be an int"),
+    (lambda: generate_trace(5, SHAPE, seed=-1), ValueError, "seed must be an int >= 0, got -1"),
+    (lambda: generate_trace(5, SHAPE, seed=1.5), TypeError, "seed must be an int"),
     (lambda: generate_trace(5, shape={"turns": [1]}), TypeError, "shape must be"),
     (lambda: trace_shape([]), ValueError, "requests must be at least two requests"),
-    (lambda: trace_shape(generate_trace(1)), ValueError, "requests must be at least two requests (a gap between arrivals)"),
-    (lambda: replace(default_shape(), turn_share=1.5), ValueError, "turn_share must be a fraction from 0 to 1"),
-    (lambda: replace(default_shape(), branch_share="x"), TypeError, "branch_share must be a fraction from 0 to 1"),
-    (lambda: replace(default_shape(), turns=[]), ValueError, "turns must be a non-empty table"),
-    (lambda: replace(default_shape(), output_length=[1, -2]), ValueError, "output_length[1] must be an int >= 0"),
-    (lambda: replace(default_shape(), single_length=[], opening_length=[]), ValueError, "single_length must be a non-empty"),
-    (lambda: replace(default_shape(), branch_back=[]), ValueError, "branch_back must be non-empty tables"),
-    (lambda: replace(default_shape(), hash_block_size=0), ValueError, "hash_block_size must be an int >= 1"),
+    (lambda: trace_shape(generate_trace(1, SHAPE)), ValueError, "requests must be at least two requests (a gap between arrivals)"),
+    (lambda: replace(SHAPE, turn_share=1.5), ValueError, "turn_share must be a fraction from 0 to 1"),
+    (lambda: replace(SHAPE, branch_share="x"), TypeError, "branch_share must be a fraction from 0 to 1"),
+    (lambda: replace(SHAPE, turns=[]), ValueError, "turns must be a non-empty table"),
+    (lambda: replace(SHAPE, output_length=[1, -2]), ValueError, "output_length[1] must be an int >= 0"),
+    (lambda: replace(SHAPE, single_length=[], opening_length=[]), ValueError, "single_length must be a non-empty"),
+    (lambda: replace(SHAPE, branch_back=[]), ValueError, "branch_back must be non-empty tables"),
+    (lambda: replace(SHAPE, hash_block_size=0), ValueError, "hash_block_size must be an int >= 1"),
 ])
 def test_bad_arguments_are_refused_by_name(call, error, message):
     with pytest.raises(error) as e: call()
@@ -196,7 +198,7 @@ def test_gen_trace_refuses_an_empty_like_trace(tmp_path, capsys):
 @given(n=st.integers(2, 60), seed=st.integers(0, 1 << 32), m=st.integers(1, 200))
 def test_any_measured_shape_draws_valid_traces(n, seed, m):
     "A shape measured from any short trace (two requests, no turns, no branches) draws valid requests again."
-    shape = trace_shape(generate_trace(n, seed=seed))
+    shape = trace_shape(generate_trace(n, SHAPE, seed))
     drawn = list(generate_trace(m, shape, seed))
     assert all(len(r.hash_ids) == -(-r.input_length // 512) and r.input_length <= shape.max_input_length for r in drawn)
     assert all(a.timestamp <= b.timestamp for a, b in zip(drawn, drawn[1:]))

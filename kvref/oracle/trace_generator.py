@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
 from ..guards import check_instance, check_int, check_ints, refuse
-from .production_traces import MooncakeRequest
+from .production_traces import MooncakeRequest, read_mooncake
 from .replay import golden_dir
 
 # %% auto #0
@@ -142,8 +142,9 @@ def save_shape(shape: TraceShape, path: str | Path) -> Path:
     Path(path).write_text("{\n" + body + "\n}\n"); return Path(path)
 
 def default_shape() -> TraceShape:
-    "The shape of the Mooncake synthetic trace kvref ships (3,993 requests)."
-    return load_shape(golden_dir() / "mooncake" / "synthetic-trace-shape.json")
+    "The shape of the Mooncake synthetic trace kvref ships (3,993 requests), measured."
+    path = golden_dir() / "mooncake" / "synthetic_trace.jsonl"
+    return trace_shape(read_mooncake(path), source="the Mooncake FAST'25 synthetic trace (golden/mooncake/synthetic_trace.jsonl)")
 
 # %% ../../nbs/06g_trace_generator.ipynb #48f6f9b7
 BRANCH_SEARCH = 32  # prompts looked at, from the drawn distance back, for one a branch can share its blocks with
