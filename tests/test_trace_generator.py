@@ -117,7 +117,14 @@ def test_the_default_shape_is_the_shipped_traces():
 
 
 def test_a_shape_saved_loads_the_same(tmp_path):
-    assert load_shape(save_shape(default_shape(), tmp_path / "shape.json")) == default_shape()
+    assert load_shape(save_shape(SHAPE, tmp_path / "shape.json")) == SHAPE
+    (tmp_path / "extra.json").write_text(json.dumps({**asdict(SHAPE), "colour": "red"}))
+    with pytest.raises(ValueError, match="path must be a TraceShape saved by save_shape"): load_shape(tmp_path / "extra.json")
+
+
+def test_writing_refuses_what_is_not_a_request(tmp_path):
+    with pytest.raises(TypeError, match=r"requests\[1\] must be a MooncakeRequest"):
+        write_mooncake([MooncakeRequest(0, 1, 1, [0]), "x"], tmp_path / "t.jsonl")
 
 
 def test_memory_does_not_grow_with_the_trace():
@@ -156,6 +163,12 @@ def test_the_worked_example():
     (lambda: replace(SHAPE, single_length=[], opening_length=[]), ValueError, "single_length must be a non-empty"),
     (lambda: replace(SHAPE, branch_back=[]), ValueError, "branch_back must be non-empty tables"),
     (lambda: replace(SHAPE, hash_block_size=0), ValueError, "hash_block_size must be an int >= 1"),
+    (lambda: trace_shape(None), TypeError, "requests must be an iterable of MooncakeRequest, got None"),
+    (lambda: trace_shape([MooncakeRequest(0, 1, 1, [0]), {"timestamp": 1}]), TypeError, "requests[1] must be a MooncakeRequest"),
+    (lambda: trace_shape(generate_trace(5, SHAPE), hash_block_size=0), ValueError, "hash_block_size must be an int >= 1"),
+    (lambda: write_mooncake([MooncakeRequest(0, 1, 1, [0])], 5), TypeError, "path must be a str or Path, got 5"),
+    (lambda: save_shape({"turns": [1]}, "shape.json"), TypeError, "shape must be a TraceShape"),
+    (lambda: load_shape(SOURCE), ValueError, "path must be a TraceShape saved by save_shape"),
 ])
 def test_bad_arguments_are_refused_by_name(call, error, message):
     with pytest.raises(error) as e: call()

@@ -112,11 +112,19 @@ def _check_shape(shape: TraceShape) -> TraceShape:
         refuse("branch_back", "non-empty tables when branch_share > 0", shape.branch_back)
     return shape
 
+# %% ../../nbs/06g_trace_generator.ipynb #b40f07a7
+def _checked_requests(requests) -> list[MooncakeRequest]:
+    "`requests` as a list of at least two `MooncakeRequest`s; else refused by name."
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Iterable):
+        refuse("requests", "an iterable of MooncakeRequest", requests, TypeError)
+    requests = [check_instance(f"requests[{i}]", r, MooncakeRequest) for i, r in enumerate(requests)]
+    if len(requests) < 2: refuse("requests", "at least two requests (a gap between arrivals)", requests)
+    return requests
+
 # %% ../../nbs/06g_trace_generator.ipynb #409381ed
 def trace_shape(requests: Iterable[MooncakeRequest], hash_block_size: int = 512, source: str = "") -> TraceShape:
     "The `TraceShape` of `requests`, in arrival order."
-    requests = list(requests)
-    if len(requests) < 2: refuse("requests", "at least two requests (a gap between arrivals)", requests)
+    requests = _checked_requests(requests); check_int("hash_block_size", hash_block_size, 1)
     relations = list(prefix_relations(requests, hash_block_size))
     opened = conversations(relations); turns = Counter(opened)
     of = lambda kind, field: quantiles(getattr(r, field) for r in relations if r.kind == kind)
@@ -134,10 +142,15 @@ def trace_shape(requests: Iterable[MooncakeRequest], hash_block_size: int = 512,
 # %% ../../nbs/06g_trace_generator.ipynb #0a951015
 def load_shape(path: str | Path) -> TraceShape:
     "A `TraceShape` saved as JSON by `save_shape`."
-    return TraceShape(**json.loads(Path(path).read_text()))
+    try: data = json.loads(Path(path).read_text())
+    except ValueError: data = None  # not JSON (or not UTF-8): refused below, by the file's name
+    if not isinstance(data, dict) or set(data) != {f.name for f in fields(TraceShape)}:
+        refuse("path", "a TraceShape saved by save_shape (its fields, no others)", str(path))
+    return TraceShape(**data)
 
 def save_shape(shape: TraceShape, path: str | Path) -> Path:
     "Write `shape` as JSON (one table a line)."
+    check_instance("shape", shape, TraceShape)
     body = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in asdict(shape).items())
     Path(path).write_text("{\n" + body + "\n}\n"); return Path(path)
 
@@ -202,9 +215,10 @@ def _draw_requests(n: int, shape: TraceShape, rng: random.Random) -> Iterator[Mo
 # %% ../../nbs/06g_trace_generator.ipynb #a957d4f6
 def write_mooncake(requests: Iterable[MooncakeRequest], path: str | Path) -> int:
     "Write `requests` to `path` as Mooncake JSONL, a line at a time; the number written."
-    count = 0
+    check_instance("path", path, (str, Path), "a str or Path"); count = 0
     with open(path, "w") as f:
         for r in requests:
+            check_instance(f"requests[{count}]", r, MooncakeRequest)
             f.write(json.dumps({"timestamp": r.timestamp, "input_length": r.input_length,
                                 "output_length": r.output_length, "hash_ids": r.hash_ids}) + "\n")
             count += 1
