@@ -24,8 +24,8 @@ from .workloads import RequestSpec, add_op, decode_step
 __all__ = ['FIELDS', 'MOONCAKE_MAX_LINE_BYTES', 'MAX_SYNTHESIZED_TOKENS', 'OUTPUT_BASE', 'MooncakeRequest', 'parse_mooncake_line',
            'read_mooncake', 'synthesize_prompt', 'synthesize_output', 'mooncake_to_spec', 'convert_mooncake',
            'block_hashes', 'SyntheticTokenIds', 'TraceRequest', 'trace_request', 'CacheSizeResult', 'replay_mooncake',
-           'max_model_len_for', 'ideal_hit_rate', 'map_grid', 'sweep', 'format_results', 'sweep_svg', 'plot_sweep',
-           'ray_map_grid']
+           'check_pace', 'check_requests', 'max_model_len_for', 'check_blocks', 'ideal_hit_rate', 'map_grid', 'sweep',
+           'format_results', 'sweep_svg', 'plot_sweep', 'ray_map_grid']
 
 # %% ../../nbs/06c_production_traces.ipynb #a522cde4
 @dataclass(slots=True)
@@ -228,7 +228,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
-    check_int("num_blocks", num_blocks, 1); _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
+    check_int("num_blocks", num_blocks, 1); check_requests(requests, hash_block_size, block_size=block_size); check_pace(ms_per_step)
     _check_hashes(hashes, requests, block_size)
     kv = FastKVCacheManager(num_blocks, block_size, max_model_len=max_model_len_for(requests, num_blocks, block_size))
     s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
@@ -248,13 +248,13 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
     return _result(s, s.num_steps, preemptions, peak)
 
 # %% ../../nbs/06c_production_traces.ipynb #154e43e0
-def _check_pace(ms_per_step) -> None:
+def check_pace(ms_per_step) -> None:
     "`ms_per_step` is None (everything arrives at once) or a finite number of milliseconds > 0."
     if ms_per_step is not None and (type(ms_per_step) not in (int, float) or not 0 < ms_per_step < float("inf")):
         raise ValueError(f"ms_per_step must be a finite number > 0 or None, got {ms_per_step!r}")
 
 # %% ../../nbs/06c_production_traces.ipynb #0a8290a3
-def _check_requests(requests, hash_block_size: int, block_size: int) -> None:
+def check_requests(requests, hash_block_size: int, block_size: int) -> None:
     "A sequence of `MooncakeRequest`s, each one's full blocks covered by its hash ids: refused by name."
     check_int("block_size", block_size, 1)
     if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
@@ -283,7 +283,7 @@ def max_model_len_for(requests: Sequence[MooncakeRequest], num_blocks: int, bloc
     return max_model_len
 
 # %% ../../nbs/06c_production_traces.ipynb #d5640e8e
-def _check_blocks(requests: Sequence[MooncakeRequest], blocks, block_size: int) -> None:
+def check_blocks(requests: Sequence[MooncakeRequest], blocks, block_size: int) -> None:
     "`blocks` is a non-empty list of cache sizes, each able to hold the trace's longest request."
     if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
         raise ValueError(f"blocks must be a non-empty list of cache sizes, got {blocks!r:.40}")
@@ -294,7 +294,7 @@ def _check_blocks(requests: Sequence[MooncakeRequest], blocks, block_size: int) 
 def ideal_hit_rate(requests: Sequence[MooncakeRequest], block_size: int = 16, hash_block_size: int = 512,
                    hashes: Sequence[list[bytes]] | None = None) -> float:
     "Hits / queries with an infinite cache, requests one after another in arrival order."
-    _check_requests(requests, hash_block_size, block_size=block_size); _check_hashes(hashes, requests, block_size)
+    check_requests(requests, hash_block_size, block_size=block_size); _check_hashes(hashes, requests, block_size)
     if not requests: refuse("requests", "at least one request (the hit rate of none is 0/0)", requests)
     seen, hits, queries = set(), 0, 0
     for i, r in enumerate(requests):
@@ -340,8 +340,8 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
           **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
           ) -> list[CacheSizeResult]:
     "Replay the trace at every size in `blocks`; results in the order of `blocks`."
-    _check_requests(requests, hash_block_size, block_size=block_size); _check_pace(ms_per_step)
-    _check_blocks(requests, blocks, block_size)
+    check_requests(requests, hash_block_size, block_size=block_size); check_pace(ms_per_step)
+    check_blocks(requests, blocks, block_size)
     SchedulerConfig.of(settings, strict=True)  # a bad setting is named before any worker starts
     settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                     ms_per_step=ms_per_step, hash_block_size=hash_block_size, advance=advance, **settings)
