@@ -78,8 +78,11 @@ def _check_field(name: str, key: str, value: object, version: int) -> None:
 # %% ../../nbs/05_replay.ipynb #e0f791f6
 def _check_fields(op: dict, name: str, version: int) -> None:
     "Names, types and presence of the op's fields."
+    fields = OP_FIELDS[name]
     for key, value in op.items():
-        if key != "op": _check_field(name, key, value, version)
+        known = fields.get(key)  # (types, required, since), or None
+        if key != "op" and (known is None or type(value) not in known[0] or known[2] > version):
+            _check_field(name, key, value, version)  # raises, saying what is wrong
     for key in _REQUIRED[name]:
         if key not in op: raise ValueError(f"op {name!r} is missing field {key!r}")
 
