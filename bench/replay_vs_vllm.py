@@ -26,7 +26,8 @@ Run (a Python where vLLM 0.33 imports, kvref on the path):
     PYTHONPATH=$PWD /work/vvenv/bin/python bench/replay_vs_vllm.py [--trace FILE] [--repeat 5] [--mooncake]
 Without --trace it writes the default trace (`shared_system_prompts`, 2,400 requests, 120,001 ops) to a temporary
 folder. `--mooncake` also replays the shipped Mooncake sample converted by `kvref convert` (set to format 2).
-`--profile` runs the in-process kvref side under cProfile and prints the top functions.
+`--profile` runs the in-process kvref side under cProfile and prints the top functions. `--before TREE` also times
+`kvref replay` of another kvref tree (PYTHONPATH=TREE; e.g. a worktree of main before a change) in the same rotation.
 """
 from __future__ import annotations
 import argparse, cProfile, datetime, gc, io, json, os, platform, pstats, statistics, subprocess, sys, tempfile, time
@@ -130,10 +131,11 @@ def kvref_in_process(path: Path, out) -> None:
     if status != 0: raise RuntimeError(f"kvref replay {path} exited {status}")
 
 
-def kvref_cli(path: Path) -> tuple[float, float]:
-    "Wall and CPU seconds (user + system) of `kvref replay FILE` as a subprocess."
+def kvref_cli(path: Path, tree: Path | None = None) -> tuple[float, float]:
+    "Wall and CPU seconds (user + system) of `kvref replay FILE` as a subprocess (kvref from `tree`, else this one's)."
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     t = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-c", CLI, "replay", str(path)], stdout=subprocess.DEVNULL)
+    child = subprocess.Popen([sys.executable, "-c", CLI, "replay", str(path)], stdout=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0: raise RuntimeError(f"kvref replay {path} exited {child.returncode}")
@@ -167,15 +169,16 @@ def same_decisions(path: Path, v) -> str:
             f"{sum(d['hit_tokens'] for d in theirs if d['op'] == 'schedule'):,} hit tokens), final free queue equal")
 
 
-def compare(path: Path, v, repeat: int) -> dict:
-    "Interleaved repetitions of the three sides; per-repetition times and ratios."
+def compare(path: Path, v, repeat: int, before: Path | None = None) -> dict:
+    "Interleaved repetitions of the sides (the CLI of kvref tree `before` too, if given); per-repetition times."
     devnull = open(os.devnull, "w")
     sides = {"cli": lambda: kvref_cli(path), "kvref": lambda: timed(lambda: kvref_in_process(path, devnull)),
              "vllm": lambda: timed(lambda: vllm_replay(path, v, devnull))}
+    if before is not None: sides["before"] = lambda: kvref_cli(path, before)
     runs = {k: [] for k in sides}
     loads = [os.getloadavg()[0]]
     for i in range(repeat):
-        order = list(sides)[i % 3:] + list(sides)[:i % 3]
+        order = list(sides)[i % len(sides):] + list(sides)[:i % len(sides)]
         for k in order: runs[k].append(sides[k]())
         loads.append(os.getloadavg()[0])
     return {"runs": runs, "loads": loads}
@@ -184,7 +187,9 @@ def compare(path: Path, v, repeat: int) -> dict:
 def summary(result: dict) -> list[str]:
     runs, rows = result["runs"], []
     med = lambda xs: statistics.median(xs)
-    for k, name in (("cli", "kvref CLI (subprocess)"), ("kvref", "kvref in-process"), ("vllm", "vLLM 0.33 manager")):
+    names = (("before", "kvref CLI before (subprocess)"), ("cli", "kvref CLI (subprocess)"), ("kvref", "kvref in-process"),
+             ("vllm", "vLLM 0.33 manager"))
+    for k, name in ((k, name) for k, name in names if k in runs):
         rows.append(f"| {name} | {med([c for _, c in runs[k]]):.2f} | {med([w for w, _ in runs[k]]):.2f} "
                     + (f"| {ratio(runs[k], runs['vllm'], 1)} | {ratio(runs[k], runs['vllm'], 0)} |" if k != "vllm" else "| 1 | 1 |"))
     return rows
@@ -208,6 +213,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--mooncake", action="store_true", help="also the Mooncake sample through `kvref convert`")
     p.add_argument("--profile", action="store_true", help="profile kvref in-process on the trace, and stop")
+    p.add_argument("--before", type=Path, help="another kvref tree (say main) whose `kvref replay` is timed beside")
     a = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="kvref-replay-bench-"))
     traces = [a.trace or default_trace(folder / "shared-system-prompts.jsonl")]
@@ -220,11 +226,13 @@ def main() -> int:
     for path in traces:
         lines = sum(1 for _ in open(path))
         print(f"{path.name}: {lines:,} ops, {path.stat().st_size / 1e6:.1f} MB; " + same_decisions(path, v))
-        result = compare(path, v, a.repeat)
+        result = compare(path, v, a.repeat, a.before)
         print(f"{a.repeat} interleaved repetitions, load average {min(result['loads']):.1f}-{max(result['loads']):.1f}\n")
         print("| side | CPU s (median) | wall s (median) | kvref / vLLM, CPU | kvref / vLLM, wall |")
         print("|---|---|---|---|---|")
         print("\n".join(summary(result)) + "\n")
+        print("per repetition (wall, CPU): " + "; ".join(f"{k} " + ", ".join(f"{w:.2f}/{c:.2f}" for w, c in runs)
+                                                      for k, runs in result["runs"].items()) + "\n")
         sys.stdout.flush()
     return 0
 

@@ -15,7 +15,7 @@ from .core.hashing import HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_has
 from .core.fast_hashing import hash_request_tokens
 from .core.block_pool import MAX_NUM_BLOCKS
 from .core.kv_cache_manager import BEHAVIORS
-from .oracle.replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, Divergence, TraceReplayer, list_vectors, load_decisions,
+from .oracle.replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, Divergence, FastTraceReplayer, list_vectors, load_decisions,
                           load_trace, replay_lockstep, vector_path)
 from .oracle.releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, profile_for_version,
                             release_block_hashes, release_event_block_hashes)
@@ -304,8 +304,8 @@ def _decider(args, hybrid: bool) -> Callable[[dict], dict]:
         if given: raise ValueError(f"{given[0]} does not apply to a hybrid trace (config with 'groups'): it replays as vLLM 0.33 does, in format 1")
         return HybridTraceReplayer(validate=False).apply  # validate=False: `load_trace_for_cli` checked every op
     if args.vllm_version is None:
-        return TraceReplayer(args.behavior, args.strict, version=args.format, free_queue_every=args.free_queue_every,
-                             validate=False).apply
+        return FastTraceReplayer(args.behavior, args.strict, version=args.format, free_queue_every=args.free_queue_every,
+                                 validate=False).apply
     if args.behavior != "vllm_0_33" or args.format or args.free_queue_every:
         raise ValueError("--vllm-version names the allocator and its decisions: drop --behavior, --format, --free-queue-every")
     return ReleaseTraceReplayer(profile_for_version(args.vllm_version), args.strict, validate=False).apply

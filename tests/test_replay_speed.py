@@ -95,3 +95,63 @@ def test_replay_imports_neither_torch_nor_matplotlib(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.split() == ["0", "[]"]
+
+
+# ---------------------------------------------------------------- FastTraceReplayer, in lockstep with TraceReplayer
+
+def outcomes(replayer, ops) -> list:
+    "Each op's decision, or the error it raised (then the replay stops)."
+    out = []
+    for op in ops:
+        try: out.append(replayer.apply(op))
+        except (ValueError, TypeError) as e: out.append((type(e).__name__, str(e))); break
+    return out
+
+
+def assert_lockstep(ops, **kwargs):
+    from kvref.oracle.replay import FastTraceReplayer
+    want = outcomes(TraceReplayer(**kwargs), ops)
+    got = outcomes(FastTraceReplayer(validate=False, **kwargs), ops)
+    assert got == want
+    assert [list(d) for d in got if isinstance(d, dict)] == [list(d) for d in want if isinstance(d, dict)], "key order"
+
+
+def shipped_traces():
+    from kvref.oracle.replay import list_vectors
+    return [v for v in list_vectors(kind="trace")]
+
+
+@pytest.mark.parametrize("vector", shipped_traces(), ids=lambda v: v.name)
+@pytest.mark.parametrize("every", [None, 3])
+def test_fast_replayer_in_lockstep_on_shipped_traces(vector, every):
+    from kvref.oracle.conformance import load_any_trace
+    ops = load_any_trace(vector.path)
+    assert_lockstep(ops, version=2, free_queue_every=every)
+    assert_lockstep(ops, version=1)
+    assert_lockstep(ops, behavior="design_doc", version=2, strict=True)
+
+
+@st.composite
+def random_trace(draw):
+    "A small pool and a random mix of ops, unknown requests and lookahead slots included."
+    num_blocks, block_size = draw(st.integers(2, 12)), draw(st.integers(1, 4))
+    ops = [{"op": "config", "num_blocks": num_blocks, "block_size": block_size, "version": 2,
+            "enable_caching": draw(st.booleans())}]
+    ids = [f"r{i}" for i in range(4)]
+    for _ in range(draw(st.integers(0, 40))):
+        kind, rid = draw(st.sampled_from(["add", "schedule", "schedule", "append", "append", "preempt", "free",
+                                          "reset_prefix_cache"])), draw(st.sampled_from(ids))
+        if kind == "add": ops.append({"op": "add", "id": rid, "prompt": draw(st.lists(st.integers(0, 3), min_size=1, max_size=9))})
+        elif kind == "schedule":
+            op = {"op": "schedule", "id": rid, "budget": draw(st.one_of(st.none(), st.integers(1, 5)))}
+            if draw(st.integers(0, 3)) == 0: op["num_lookahead_tokens"] = draw(st.integers(1, 3))
+            ops.append(op)
+        elif kind == "append": ops.append({"op": "append", "id": rid, "tokens": draw(st.lists(st.integers(0, 3), min_size=1, max_size=2))})
+        elif kind == "reset_prefix_cache": ops.append({"op": kind})
+        else: ops.append({"op": kind, "id": rid})
+    return ops
+
+
+@given(random_trace(), st.sampled_from([None, 1, 2]))
+def test_fast_replayer_in_lockstep_on_random_traces(ops, every):
+    assert_lockstep(ops, version=2, free_queue_every=every)

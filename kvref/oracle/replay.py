@@ -25,10 +25,10 @@ __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG
            'HYBRID_OPS', 'HYBRID_FIELDS', 'FIELDS', 'VECTOR_KINDS', 'validate_op', 'is_token_list',
            'is_token_list_fast', 'check_ops', 'trace_config', 'AllocatorAdapter', 'Protocol1', 'as_protocol2',
            'KVRefAdapter', 'RequestState', 'step', 'decision', 'is_hybrid', 'TraceDriver', 'kvref_factory',
-           'TraceReplayer', 'replay', 'run_adapter', 'read_jsonl', 'load_trace', 'load_decisions', 'jsonl_kind',
-           'file_kind', 'validate_hybrid_op', 'hybrid_config', 'HybridAllocatorAdapter', 'KVRefHybridAdapter',
-           'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector', 'golden_dir',
-           'list_vectors', 'vector_path']
+           'TraceReplayer', 'replay', 'run_adapter', 'FastTraceReplayer', 'read_jsonl', 'load_trace', 'load_decisions',
+           'jsonl_kind', 'file_kind', 'validate_hybrid_op', 'hybrid_config', 'HybridAllocatorAdapter',
+           'KVRefHybridAdapter', 'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector',
+           'golden_dir', 'list_vectors', 'vector_path']
 
 # %% ../../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
@@ -462,6 +462,26 @@ def run_adapter(factory: Callable[[dict], AllocatorAdapter], ops: Iterable[dict]
     "All decisions of `ops` driven through an adapter made by `factory` (`kwargs` as for `TraceDriver`)."
     driver = TraceDriver(factory, **kwargs)
     return [driver.apply(op) for op in ops]
+
+# %% ../../nbs/05_replay.ipynb #45db8283
+class FastTraceReplayer(TraceReplayer):
+    "`TraceReplayer` with a validated trace's `schedule` and `append` ops decided in one call: the same decisions."
+    def apply(self, op: dict) -> dict:
+        name, adapter, every = op["op"], self.adapter, self.free_queue_every
+        if name not in ("schedule", "append") or type(adapter) is not KVRefAdapter or self.validate or self.version == 1 \
+                or op["id"] not in self.requests or (every is not None and self.num_applied % every == 0):
+            return TraceReplayer.apply(self, op)  # the rest, errors included, as the plain driver
+        rid, request = op["id"], self.requests[op["id"]]
+        if name == "schedule":
+            d = {"op": name, "id": rid, **step(adapter, rid, request, op.get("budget"), op.get("num_lookahead_tokens", 0))}
+        else:
+            adapter.append(rid, op["tokens"]); request.num_tokens += len(op["tokens"])
+            d = {"op": name, "id": rid}
+        self.num_applied += 1
+        if adapter._returned: d.update((k, v) for k, v in adapter.free_queue_changes().items() if v)
+        elif adapter._taken: d["taken"], adapter._taken = adapter._taken, []  # `free_queue_changes` without the walk
+        d["num_free"] = adapter.manager.num_free_blocks
+        return d
 
 # %% ../../nbs/05_replay.ipynb #03922ab3
 MAX_LINE_CHARS = 1 << 24  # 16 Mi characters: a longer trace line is refused, not read whole
