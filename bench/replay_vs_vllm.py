@@ -135,7 +135,8 @@ def kvref_cli(path: Path, tree: Path | None = None) -> tuple[float, float]:
     "Wall and CPU seconds (user + system) of `kvref replay FILE` as a subprocess (kvref from `tree`, else this one's)."
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     t = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-c", CLI, "replay", str(path)], stdout=subprocess.DEVNULL, env=env)
+    child = subprocess.Popen([sys.executable, "-c", CLI, "replay", str(path)], stdout=subprocess.DEVNULL, env=env,
+                             cwd=tree or ROOT)  # `python -c` puts the working folder first on sys.path
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0: raise RuntimeError(f"kvref replay {path} exited {child.returncode}")
@@ -174,7 +175,7 @@ def compare(path: Path, v, repeat: int, before: Path | None = None) -> dict:
     devnull = open(os.devnull, "w")
     sides = {"cli": lambda: kvref_cli(path), "kvref": lambda: timed(lambda: kvref_in_process(path, devnull)),
              "vllm": lambda: timed(lambda: vllm_replay(path, v, devnull))}
-    if before is not None: sides["before"] = lambda: kvref_cli(path, before)
+    if before is not None: sides["before"] = lambda: kvref_cli(path, before.resolve())
     runs = {k: [] for k in sides}
     loads = [os.getloadavg()[0]]
     for i in range(repeat):
@@ -216,7 +217,7 @@ def main() -> int:
     p.add_argument("--before", type=Path, help="another kvref tree (say main) whose `kvref replay` is timed beside")
     a = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="kvref-replay-bench-"))
-    traces = [a.trace or default_trace(folder / "shared-system-prompts.jsonl")]
+    traces = [a.trace.resolve() if a.trace else default_trace(folder / "shared-system-prompts.jsonl")]
     if a.mooncake: traces.append(mooncake_trace(folder / "mooncake-sample.jsonl"))
     if a.profile: profile(traces[0]); return 0
     v = load_vllm()
