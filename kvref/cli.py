@@ -32,7 +32,7 @@ __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_CAPTURE_
            'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main', 'load_trace_for_cli',
            'collector_paused', 'replay_main', 'check_main', 'cudagraph_main', 'recorded_run', 'check_runs',
            'thinking_budget_main', 'convert_main', 'add_scheduler_flags', 'scheduler_settings', 'sweep_main',
-           'schedule_main', 'events_main', 'check_router_main', 'audit_main', 'vectors_main', 'main']
+           'gen_trace_main', 'schedule_main', 'events_main', 'check_router_main', 'audit_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -748,6 +748,31 @@ def sweep_main(argv: list[str] | None = None) -> int:
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0
 
+# %% ../nbs/12_cli.ipynb #e8173f72
+def _gen_trace_parser() -> CommandParser:
+    "The options of `kvref gen-trace`."
+    from kvref.oracle.trace_generator import MAX_GENERATED_REQUESTS
+    p = CommandParser(prog="kvref gen-trace", description="Write a synthetic Mooncake-format trace with a real one's shape.")
+    p.add_argument("out", metavar="OUT.jsonl", help="the trace to write")
+    p.add_argument("--requests", type=int_arg(1, MAX_GENERATED_REQUESTS), required=True, help="requests to draw")
+    p.add_argument("--seed", type=int_arg(0), default=0, help="the same seed draws the same trace (0)")
+    p.add_argument("--like", metavar="TRACE.jsonl", help="measure the shape of this trace (default: the shipped synthetic trace)")
+    p.add_argument("--hash-block-size", type=int_arg(1, 1 << 20), default=512, help="tokens per hash id (512)")
+    return p
+
+# %% ../nbs/12_cli.ipynb #c4d8c34a
+@subcommand("kvref gen-trace")
+def gen_trace_main(argv: list[str] | None = None) -> int:
+    "`kvref gen-trace OUT --requests N [--seed S] [--like TRACE]`; the exit status."
+    from kvref.oracle.production_traces import read_mooncake
+    from kvref.oracle.trace_generator import default_shape, generate_trace, trace_shape, write_mooncake
+    a = _gen_trace_parser().parse_args(argv)
+    if not Path(a.out).parent.is_dir(): raise ValueError(f"{a.out}: no folder {Path(a.out).parent}")
+    shape = trace_shape(read_mooncake(a.like, a.hash_block_size), a.hash_block_size, a.like) if a.like else default_shape()
+    count = write_mooncake(generate_trace(a.requests, shape, a.seed), a.out)
+    print(f"{a.out}: {count} requests with the shape of {a.like or 'the shipped Mooncake synthetic trace'} (seed {a.seed})")
+    return 0
+
 # %% ../nbs/12_cli.ipynb #d93ee4e8
 def _schedule_parser() -> CommandParser:
     "The options of `kvref schedule`."
@@ -960,6 +985,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str] | None], int], str]] = {
     "thinking-budget": (thinking_budget_main, "thinking-budget forcings for one step; --check recorded greedy runs"),
     "convert":   (convert_main, "convert a production request log (Mooncake format) to a kvref trace"),
     "sweep":     (sweep_main, "replay a production trace at several cache sizes: hit rate, preemptions, a plot"),
+    "gen-trace": (gen_trace_main, "write a synthetic Mooncake trace with a real one's shape, a million requests in bounded memory"),
     "schedule":  (schedule_main, "serve scheduler workloads as vLLM 0.33 does, a step record a line; --expect recorded runs"),
     "events":    (events_main, "the KV events vLLM emits for a trace, as JSON and wire bytes; --publish over ZMQ"),
     "check-router": (check_router_main, "check a router's prefix index against kvref's, batch by batch"),
