@@ -22,12 +22,13 @@ import kvref.core.mamba  # registers the Mamba group kind (hybrid traces)
 
 # %% auto #0
 __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG_DEFAULTS', 'MAX_LINE_CHARS', 'FILE_KINDS',
-           'HYBRID_OPS', 'HYBRID_FIELDS', 'FIELDS', 'VECTOR_KINDS', 'validate_op', 'check_ops', 'trace_config',
-           'AllocatorAdapter', 'Protocol1', 'as_protocol2', 'KVRefAdapter', 'RequestState', 'step', 'decision',
-           'is_hybrid', 'TraceDriver', 'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter', 'read_jsonl',
-           'load_trace', 'load_decisions', 'jsonl_kind', 'file_kind', 'validate_hybrid_op', 'hybrid_config',
-           'HybridAllocatorAdapter', 'KVRefHybridAdapter', 'apply_changes', 'Divergence', 'Lockstep', 'recorded',
-           'replay_lockstep', 'Vector', 'golden_dir', 'list_vectors', 'vector_path']
+           'HYBRID_OPS', 'HYBRID_FIELDS', 'FIELDS', 'VECTOR_KINDS', 'validate_op', 'is_token_list',
+           'is_token_list_fast', 'check_ops', 'trace_config', 'AllocatorAdapter', 'Protocol1', 'as_protocol2',
+           'KVRefAdapter', 'RequestState', 'step', 'decision', 'is_hybrid', 'TraceDriver', 'kvref_factory',
+           'TraceReplayer', 'replay', 'run_adapter', 'FastTraceReplayer', 'read_jsonl', 'load_trace', 'load_decisions',
+           'jsonl_kind', 'file_kind', 'validate_hybrid_op', 'hybrid_config', 'HybridAllocatorAdapter',
+           'KVRefHybridAdapter', 'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector',
+           'golden_dir', 'list_vectors', 'vector_path']
 
 # %% ../../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
@@ -68,7 +69,7 @@ def _check_field(name: str, key: str, value: object, version: int) -> None:
     "One field of op `name`: known, of its type, and of a version the trace states."
     if key not in OP_FIELDS[name]: raise ValueError(f"op {name!r} has unknown field {key!r}")
     types, _, since = OP_FIELDS[name][key]
-    if not any(type(value) is t for t in types):
+    if type(value) not in types:  # exact types: a bool is not an int
         raise ValueError(f"op {name!r}: field {key!r} must be {_type_names(types)}, got {json.dumps(value)}")
     if since > version:
         raise ValueError(f"op {name!r}: field {key!r} needs trace format version {since} "
@@ -77,10 +78,24 @@ def _check_field(name: str, key: str, value: object, version: int) -> None:
 # %% ../../nbs/05_replay.ipynb #e0f791f6
 def _check_fields(op: dict, name: str, version: int) -> None:
     "Names, types and presence of the op's fields."
+    fields = OP_FIELDS[name]
     for key, value in op.items():
-        if key != "op": _check_field(name, key, value, version)
-    for key, (_, required, _) in OP_FIELDS[name].items():
-        if required and key not in op: raise ValueError(f"op {name!r} is missing field {key!r}")
+        known = fields.get(key)  # (types, required, since), or None
+        if key != "op" and (known is None or type(value) not in known[0] or known[2] > version):
+            _check_field(name, key, value, version)  # raises, saying what is wrong
+    for key in _REQUIRED[name]:
+        if key not in op: raise ValueError(f"op {name!r} is missing field {key!r}")
+
+_REQUIRED = {name: [key for key, (_, required, _) in fields.items() if required] for name, fields in OP_FIELDS.items()}
+
+# %% ../../nbs/05_replay.ipynb #dfdf522f
+def is_token_list(value: list) -> bool:
+    "A prompt or appended tokens: a non-empty list of ints >= 0 (a `bool` is not an int here)."
+    return bool(value) and all(type(t) is int and t >= 0 for t in value)
+
+def is_token_list_fast(value: list) -> bool:
+    "`is_token_list` in two passes that run in C: every element's type is exactly `int`, and the smallest is >= 0."
+    return bool(value) and list(map(type, value)).count(int) == len(value) and min(value) >= 0
 
 # %% ../../nbs/05_replay.ipynb #a1e0f002
 def _is_mm_item(item: object) -> bool:
@@ -92,7 +107,7 @@ def _is_mm_item(item: object) -> bool:
 def _check_shapes(op: dict, name: str) -> None:
     "Token lists, the LoRA adapter and the multimodal items."
     for key in ("prompt", "tokens"):
-        if key in op and not (op[key] and all(type(t) is int and t >= 0 for t in op[key])):
+        if key in op and not is_token_list_fast(op[key]):
             raise ValueError(f"op {name!r}: field {key!r} must be a non-empty list of ints >= 0")
     lora = op.get("lora")
     if lora is not None and not (set(lora) == {"name", "path"} and all(type(v) is str for v in lora.values())):
@@ -106,9 +121,11 @@ def _check_shapes(op: dict, name: str) -> None:
 _LIMITS = (("num_blocks", 1), ("block_size", 1), ("max_model_len", 1), ("budget", 1), ("num_lookahead_tokens", 0),
            ("free_queue_every", 1))  # field -> smallest value
 
+_LIMITS_OF = {name: [(key, low) for key, low in _LIMITS if key in OP_FIELDS[name]] for name in OP_FIELDS}
+
 def _check_limits(op: dict, name: str) -> None:
-    "The counts' lower limits."
-    for key, low in _LIMITS:
+    "The counts' lower limits (of the fields op `name` has)."
+    for key, low in _LIMITS_OF[name]:
         if op.get(key) is not None and op[key] < low: raise ValueError(f"op {name!r}: {key} must be >= {low}, got {op[key]}")
 
 # %% ../../nbs/05_replay.ipynb #fe8156ca
@@ -238,7 +255,9 @@ def _release(self: KVRefAdapter, request_id: str) -> None:
 
 # %% ../../nbs/05_replay.ipynb #ce5a28f6
 @patch
-def append(self: KVRefAdapter, request_id, tokens): self.requests[request_id].append_output_token_ids(tokens)
+def append(self: KVRefAdapter, request_id, tokens):
+    one = type(tokens) is list and len(tokens) == 1 and type(tokens[0]) is int  # a decode step: the manager's one-token path
+    self.requests[request_id].append_output_token_ids(tokens[0] if one else tokens)
 
 @patch
 def preempt(self: KVRefAdapter, request_id): self._release(request_id)
@@ -261,6 +280,9 @@ def free_queue(self: KVRefAdapter): return self.manager.get_free_queue_ids()
 @patch
 def free_queue_changes(self: KVRefAdapter) -> dict[str, list[int]]:
     "The free queue's changes since the last call: blocks taken out, and blocks put back at the head and the tail."
+    if not self._returned:  # nothing went back (most ops): no walk
+        changes, self._taken = {"taken": self._taken, "to_head": [], "to_tail": []}, []
+        return changes
     returned, queue = {id(b) for b in self._returned}, self.manager.block_pool.free_block_queue
     to_head, block = [], queue.fake_head.next_free_block
     while id(block) in returned: to_head.append(block.block_id); block = block.next_free_block
@@ -299,7 +321,8 @@ def decision(op: dict, outcome: dict, adapter: AllocatorAdapter,
              full_queue: bool = False,  # version 2: include the whole free queue too
             ) -> dict:
     "One op's decision line: the op, what it decided, the free queue's state."
-    d = {"op": op["op"], **({"id": op["id"]} if "id" in op else {}), **outcome}
+    d = {"op": op["op"], "id": op["id"]} if "id" in op else {"op": op["op"]}
+    d.update(outcome)
     changes = adapter.free_queue_changes() if hasattr(adapter, "free_queue_changes") else {}
     if version >= 2: d.update((k, v) for k, v in changes.items() if v)
     if version == 1 or full_queue:
@@ -440,6 +463,26 @@ def run_adapter(factory: Callable[[dict], AllocatorAdapter], ops: Iterable[dict]
     driver = TraceDriver(factory, **kwargs)
     return [driver.apply(op) for op in ops]
 
+# %% ../../nbs/05_replay.ipynb #45db8283
+class FastTraceReplayer(TraceReplayer):
+    "`TraceReplayer` with a validated trace's `schedule` and `append` ops decided in one call: the same decisions."
+    def apply(self, op: dict) -> dict:
+        name, adapter, every = op["op"], self.adapter, self.free_queue_every
+        if name not in ("schedule", "append") or type(adapter) is not KVRefAdapter or self.validate or self.version == 1 \
+                or op["id"] not in self.requests or (every is not None and self.num_applied % every == 0):
+            return TraceReplayer.apply(self, op)  # the rest, errors included, as the plain driver
+        rid, request = op["id"], self.requests[op["id"]]
+        if name == "schedule":
+            d = {"op": name, "id": rid, **step(adapter, rid, request, op.get("budget"), op.get("num_lookahead_tokens", 0))}
+        else:
+            adapter.append(rid, op["tokens"]); request.num_tokens += len(op["tokens"])
+            d = {"op": name, "id": rid}
+        self.num_applied += 1
+        if adapter._returned: d.update((k, v) for k, v in adapter.free_queue_changes().items() if v)
+        elif adapter._taken: d["taken"], adapter._taken = adapter._taken, []  # `free_queue_changes` without the walk
+        d["num_free"] = adapter.manager.num_free_blocks
+        return d
+
 # %% ../../nbs/05_replay.ipynb #03922ab3
 MAX_LINE_CHARS = 1 << 24  # 16 Mi characters: a longer trace line is refused, not read whole
 
@@ -449,11 +492,12 @@ def read_jsonl(path: str | Path) -> list[tuple[int, object]]:
         raise TypeError(f"a trace file is a str or Path, got {type(path).__name__}")
     out, lineno = [], 0
     with open(path, encoding="utf-8") as f:
+        readline, loads = f.readline, json.loads
         try:
-            while line := f.readline(MAX_LINE_CHARS + 1):
+            while line := readline(MAX_LINE_CHARS + 1):
                 lineno += 1
                 if len(line) > MAX_LINE_CHARS: raise ValueError(f"longer than {MAX_LINE_CHARS} characters")
-                if line.strip(): out.append((lineno, json.loads(line)))
+                if not line.isspace(): out.append((lineno, loads(line)))
         except json.JSONDecodeError as e: raise ValueError(f"{path}, line {lineno}: not JSON: {e.msg}") from None
         except RecursionError: raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
         except ValueError as e: raise ValueError(f"{path}, line {lineno + 1 if isinstance(e, UnicodeDecodeError) else lineno}: {e}") from None
