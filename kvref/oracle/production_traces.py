@@ -225,6 +225,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     hashes: Sequence[list[bytes]] | None = None,  # `block_hashes` per request, if computed already
                     fast: bool = True,  # False: full token lists, hashed by the manager
                     advance=None,  # after each step, moves on through the steps it proves (`advance_decode`, chapter 06e)
+                    observe=None,  # called after each step as observe(scheduler, output) (tests hold other replays to it)
                     **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
@@ -242,6 +243,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
             if fast: s.queue(trace_request(r, i, hashes[i], hash_block_size))
             else: s.add_request(mooncake_to_spec(r, i, hash_block_size))
         out = s.step()  # one engine step (async: one call of vLLM's loop with its batch queue of two)
+        if observe is not None: observe(s, out)
         peak, preemptions, now = max(peak, usable - out.num_free_scheduled), preemptions + len(out.preempted), now + 1
         if advance is not None and (moved := advance(s, out, arrival(pending[0][1]) - now if pending else None)):
             now, peak = now + moved, max(peak, usable - kv.num_free_blocks)  # a move only takes blocks: its last step peaks
