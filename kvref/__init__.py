@@ -27,6 +27,7 @@ PUBLIC_NAMES: dict[str, str] = {
     **dict.fromkeys(["Workload", "RequestSpec"], "kvref.oracle.workloads"),
     **dict.fromkeys(["Scheduler", "SchedulerConfig", "run_workload"], "kvref.core.scheduler"),
     **dict.fromkeys(["replay_mooncake", "sweep"], "kvref.oracle.production_traces"),
+    **dict.fromkeys(["replay_arrays", "sweep_arrays"], "kvref.oracle.array_replay"),
     "OffloadConfig": "kvref.kv_offload",
     "SamplingParams": "kvref.sample.sampling_params",
     **dict.fromkeys(["CUDAGraphMode", "CudagraphDispatcher"], "kvref.compilation.cudagraph"),

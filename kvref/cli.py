@@ -685,6 +685,8 @@ def _sweep_parser() -> CommandParser:
                    "OUT-curves.svg); needs matplotlib")
     p.add_argument("--cpu-blocks", help="CPU offload sizes in blocks, comma-separated (0: the GPU alone): a GPU x CPU grid")
     p.add_argument("--policy", help="with --cpu-blocks: the CPU pool's eviction policy, lru, arc, or both: lru,arc (lru)")
+    p.add_argument("--engine", choices=("auto", "arrays", "objects"), default="auto", help="the replay: arrays (chapter 06f, "
+                   "the same counters, about ten times cheaper), objects (chapter 06c, the reference), auto: arrays where they model the settings")
     add_scheduler_flags(p)
     return p
 
@@ -726,6 +728,7 @@ def _with_too_small(text: str, fmt: str, blocks: list[int], too_small: dict[int,
 def _grid_args(a: argparse.Namespace, blocks: list[int], too_small: dict[int, str]) -> tuple[list[int], list[str]]:
     "`--cpu-blocks` and `--policy` as lists; a GPU size too small for the trace is refused (a grid has no row for it)."
     if a.cpu_blocks is None: raise ValueError("--policy needs --cpu-blocks (the CPU sizes to sweep)")
+    if a.engine == "arrays": raise ValueError("--engine arrays does not model the CPU offload tier (--cpu-blocks): use auto or objects")
     if too_small: raise ValueError(f"--blocks {next(iter(too_small))}: {too_small[next(iter(too_small))]}")
     cpu = [parse_int(b, "--cpu-blocks", 0, MAX_NUM_BLOCKS) for b in a.cpu_blocks.split(",")]
     policies = (a.policy or "lru").split(",")
@@ -746,10 +749,20 @@ def _offload_grid(a: argparse.Namespace, requests: list, blocks: list[int], too_
             Path(f"{a.plot}-{name}.svg").write_text(draw(results, Path(a.trace).name))
     return 0
 
+# %% ../nbs/12_cli.ipynb #a7e1f06f
+def _sweep_engine(a: argparse.Namespace):
+    "The sweep `--engine` asks for: chapter 06f's `sweep_arrays`, or 06c's `sweep` (auto: arrays where they model the settings)."
+    from kvref.oracle.array_replay import ARRAY_SETTINGS, sweep_arrays
+    from kvref.oracle.production_traces import sweep
+    if a.engine == "auto":
+        covered = all(scheduler_settings(a).get(name, value) == value for name, value in ARRAY_SETTINGS.items())
+        return sweep_arrays if covered else sweep
+    return sweep_arrays if a.engine == "arrays" else sweep
+
 # %% ../nbs/12_cli.ipynb #ee30196d
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
-    "`kvref sweep TRACE --blocks 1000,2000 [--cpu-blocks 0,4000 [--policy lru,arc]] [--jobs N | --ray [ADDRESS]] [--format F] [--plot OUT]`."
+    "`kvref sweep TRACE --blocks 1000,2000 [--cpu-blocks 0,4000 [--policy lru,arc]] [--engine E] [--jobs N | --ray [ADDRESS]] [--format F] [--plot OUT]`."
     from kvref.oracle.production_traces import format_results, ideal_hit_rate, plot_sweep, read_mooncake, sweep
     a = _sweep_parser().parse_args(argv)
     a.ray = _ray_address(a)  # refused before the trace is read
@@ -758,8 +771,8 @@ def sweep_main(argv: list[str] | None = None) -> int:
     too_small = _too_small(requests, blocks, a.block_size)
     if len(too_small) == len(blocks): raise ValueError(f"no size in --blocks can hold the trace: {too_small[max(blocks)]}")
     if a.cpu_blocks is not None or a.policy is not None: return _offload_grid(a, requests, blocks, too_small)
-    results = sweep(requests, [n for n in blocks if n not in too_small], a.block_size, a.max_num_batched_tokens,
-                    a.max_num_seqs, a.ms_per_step, a.hash_block_size, a.jobs, ray=a.ray, **scheduler_settings(a))
+    results = _sweep_engine(a)(requests, [n for n in blocks if n not in too_small], a.block_size, a.max_num_batched_tokens,
+                               a.max_num_seqs, a.ms_per_step, a.hash_block_size, a.jobs, ray=a.ray, **scheduler_settings(a))
     sys.stdout.write(_with_too_small(format_results(results, a.format), a.format, blocks, too_small))
     if a.plot: plot_sweep(results, ideal_hit_rate(requests, a.block_size, a.hash_block_size), a.plot, Path(a.trace).name)
     return 0

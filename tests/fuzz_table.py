@@ -11,7 +11,7 @@ import torch
 
 from fuzz_support import Entry
 from kvref.core import block_pool, fast_hashing, free_queue, hashing, hybrid, kv_cache_manager, mamba, scheduler
-from kvref.oracle import conformance, event_replay, hybrid_replay, live_audit, production_traces, releases, replay, router_conformance, workloads
+from kvref.oracle import array_replay, conformance, event_replay, hybrid_replay, live_audit, production_traces, releases, replay, router_conformance, workloads
 from kvref.compilation import cudagraph
 from kvref.distributed import kv_events
 from kvref.sample import logits_processors, sampling_params, thinking_budget, thinking_budget_vllm
@@ -335,6 +335,11 @@ SCHEDULING = [
     Entry("production_traces.sweep", nothing,
           lambda _, r, bl: production_traces.sweep(r, bl, 4, hash_block_size=16, jobs=1), ([MOONCAKE], [16]),
           ("seq", "seq"), skip={(1, "[10**30]"): "builds every block up front, like BlockPool"}),
+    Entry("array_replay.replay_arrays", nothing,
+          lambda _, r, n, b: array_replay.replay_arrays(r, n, b, hash_block_size=16), ([MOONCAKE], 16, 4),
+          ("seq", "positive", "positive")),
+    Entry("array_replay.sweep_arrays", nothing,
+          lambda _, r, bl: array_replay.sweep_arrays(r, bl, 4, hash_block_size=16, jobs=1), ([MOONCAKE], [16]), ("seq", "seq")),
     Entry("production_traces.format_results", nothing, lambda _, r, f: production_traces.format_results(r, f),
           ([], "table"), ("seq", "name")),
 ]

@@ -199,3 +199,14 @@ def test_settings_it_does_not_model_are_refused_by_name(sample):
     with pytest.raises(ValueError, match="keys were built for 300 requests"): replay_arrays(reqs[:10], 12_500, keys=keys)
     with pytest.raises(ValueError, match="ms_per_step"): replay_arrays(reqs, 12_500, ms_per_step=0)
     with pytest.raises(ValueError, match="blocks must be a non-empty list"): sweep_arrays(reqs, [])
+
+
+# ---- kvref sweep --engine ----
+
+def test_kvref_sweep_prints_the_same_table_with_either_engine(capsys):
+    from kvref.cli import main
+    tables = {}
+    for engine in ("auto", "arrays", "objects"):
+        assert main(["sweep", str(SAMPLE), "--blocks", "12500,50000", "--jobs", "1", "--format", "csv", "--engine", engine]) == 0
+        tables[engine] = capsys.readouterr().out
+    assert tables["auto"] == tables["arrays"] == tables["objects"] and tables["auto"].count("\n") == 3

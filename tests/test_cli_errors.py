@@ -461,7 +461,9 @@ SWEEP_BAD = [["--blocks", ""], ["--blocks", "8,,64"], ["--blocks", "8,-1"], ["--
              ["--blocks", str(10 ** 30)], ["--blocks", "8,64", "--ms-per-step", "nan"],
              ["--blocks", "8,64", "--ms-per-step", "-1"], ["--blocks", "8,64", "--ms-per-step", "inf"],
              ["--blocks", "8,64", "--jobs", "0"], ["--blocks", "8,64", "--max-num-seqs", "True"],
-             ["--blocks", "2"], ["--blocks", "8", "--format", "xml"]]
+             ["--blocks", "2"], ["--blocks", "8", "--format", "xml"], ["--blocks", "8", "--engine", "fast"],
+             ["--blocks", "8", "--engine", "arrays", "--scheduling-policy", "priority"],
+             ["--blocks", "8", "--engine", "arrays", "--cpu-blocks", "16"]]
 
 
 @pytest.mark.parametrize("args", SWEEP_BAD, ids=[" ".join(a) for a in SWEEP_BAD])
