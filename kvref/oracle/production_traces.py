@@ -221,16 +221,15 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
                     num_blocks: int,  # KV cache blocks, the null block included
                     block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                     ms_per_step: float | None = None,  # None: everything waits from step 0
-                    hash_block_size: int = 512,
-                    hashes: Sequence[list[bytes]] | None = None,  # `block_hashes` per request, if computed already
+                    hash_block_size: int = 512, hashes: Sequence[list[bytes]] | None = None,  # `block_hashes` per request, if computed already
                     fast: bool = True,  # False: full token lists, hashed by the manager
                     advance=None,  # after each step, moves on through the steps it proves (`advance_decode`, chapter 06e)
                     observe=None,  # called after each step as observe(scheduler, output) (tests hold other replays to it)
                     **settings,  # other `SchedulerConfig` fields; vLLM 0.33's defaults for the rest
                     ) -> CacheSizeResult:
     "Serve the trace with a pool of `num_blocks`; the counters of the run."
-    check_int("num_blocks", num_blocks, 1); check_requests(requests, hash_block_size, block_size=block_size); check_pace(ms_per_step)
-    _check_hashes(hashes, requests, block_size)
+    check_int("num_blocks", num_blocks, 1); check_requests(requests, hash_block_size, block_size=block_size)
+    check_pace(ms_per_step); _check_hashes(hashes, requests, block_size)
     kv = FastKVCacheManager(num_blocks, block_size, max_model_len=max_model_len_for(requests, num_blocks, block_size))
     s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
