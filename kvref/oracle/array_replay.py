@@ -157,7 +157,25 @@ def cache(self: ArrayBlockPool, blocks: np.ndarray, keys: np.ndarray,
         if self.first[k] < 0: self.first[k] = b
         else: self.dups.setdefault(k, []).append(b)
 
-# %% ../../nbs/06f_array_replay.ipynb #530d7f2a
+# %% ../../nbs/06f_array_replay.ipynb #90dd6444
+@patch
+def get_new_block(self: ArrayBlockPool) -> int:
+    "`get_new_blocks(1)`, in scalar steps: the head block, its content evicted, held once."
+    queue, lo = self.queue, self.queue.lo
+    while queue.log[lo] < 0: lo += 1  # skip holes
+    block = int(queue.log[lo]); queue.lo = lo + 1; queue.pos[block] = -1; queue.num_free -= 1
+    if self.key[block] >= 0: self.evict(np.array([block]))
+    self.ref[block] = 1
+    return block
+
+@patch
+def cache_block(self: ArrayBlockPool, block: int, key: int) -> None:
+    "`cache([block], [key])`, in scalar steps."
+    self.key[block] = key; self.num_cached += 1
+    if self.first[key] < 0: self.first[key] = block
+    else: self.dups.setdefault(key, []).append(block)
+
+# %% ../../nbs/06f_array_replay.ipynb #30682093
 @patch
 def touch(self: ArrayBlockPool, blocks: np.ndarray, distinct: bool = True) -> None:
     "Take hit blocks into use: out of the free queue if free, count + 1 (`distinct`: no block twice in `blocks`)."
@@ -170,7 +188,7 @@ def touch(self: ArrayBlockPool, blocks: np.ndarray, distinct: bool = True) -> No
     if len(free): self.queue.remove(free)
     self.ref[blocks] += 1
 
-# %% ../../nbs/06f_array_replay.ipynb #195f8dc0
+# %% ../../nbs/06f_array_replay.ipynb #ade12583
 @patch
 def free(self: ArrayBlockPool, blocks: np.ndarray,  # first to be evicted first (a table, last block first)
           distinct: bool = True) -> None:
@@ -186,7 +204,7 @@ def free(self: ArrayBlockPool, blocks: np.ndarray,  # first to be evicted first 
     if not hashed.all(): self.queue.prepend_n(zero[~hashed])
     if hashed.any(): self.queue.append_n(zero[hashed])
 
-# %% ../../nbs/06f_array_replay.ipynb #acb47812
+# %% ../../nbs/06f_array_replay.ipynb #2e2fc4ff
 class TraceKeys:
     "The content ids of each request's blocks: equal prompt keys share one, output blocks own theirs (built on demand)."
     def __init__(self, requests: Sequence[MooncakeRequest], block_size: int, hash_block_size: int):
@@ -203,7 +221,7 @@ class TraceKeys:
         ends = np.arange(max((r.input_length // block_size for r in requests), default=0)) * block_size + block_size - 1
         self.hash_block_of, self.offset_of = ends // hash_block_size, ends % hash_block_size // self.g  # per block index
 
-# %% ../../nbs/06f_array_replay.ipynb #4ac03820
+# %% ../../nbs/06f_array_replay.ipynb #f29496d6
 @patch
 def keys_of(self: TraceKeys, i: int, r: MooncakeRequest) -> np.ndarray:
     "Request `i`'s content ids, one per block it can fill: its full prompt blocks, then its own."
@@ -212,7 +230,7 @@ def keys_of(self: TraceKeys, i: int, r: MooncakeRequest) -> np.ndarray:
     prompt = hids[self.hash_block_of[:full]].astype(np.int64) * self.per + self.offset_of[:full]
     return np.concatenate([prompt, np.arange(self.own_start[i], self.own_start[i + 1])])
 
-# %% ../../nbs/06f_array_replay.ipynb #f111ce94
+# %% ../../nbs/06f_array_replay.ipynb #4d264ba1
 @dataclass(eq=False, slots=True)
 class ArrayRequest:
     "A request of the replay: its content ids, token counts, and block table (an array, filled up to `num_held`)."
@@ -228,7 +246,7 @@ class ArrayRequest:
     num_held: int = 0  # blocks in the table
     num_cached: int = 0  # of which cached (vLLM's num_cached_block)
 
-# %% ../../nbs/06f_array_replay.ipynb #26e8a991
+# %% ../../nbs/06f_array_replay.ipynb #9b926ee9
 class ArrayReplay:
     "vLLM's scheduler over its KV cache manager (chapters 04 and 06) on the array pool: a trace's requests, step by step."
     def __init__(self, requests: Sequence[MooncakeRequest], num_blocks: int, keys: TraceKeys, config: SchedulerConfig):
@@ -241,7 +259,7 @@ class ArrayReplay:
         self.all_decoding = False  # after the last step, every running request has one token to compute and an output
         self.usable = self.pool.queue.num_free
 
-# %% ../../nbs/06f_array_replay.ipynb #d6b2a827
+# %% ../../nbs/06f_array_replay.ipynb #66b3c092
 @patch
 def queue(self: ArrayReplay, i: int) -> None:
     "Request `i` of the trace arrives: at the back of the waiting queue."
@@ -250,7 +268,7 @@ def queue(self: ArrayReplay, i: int) -> None:
                                   max(1, r.output_length), r.input_length))
     self.num_live += 1
 
-# %% ../../nbs/06f_array_replay.ipynb #7eb0ab22
+# %% ../../nbs/06f_array_replay.ipynb #aa5ccb93
 @patch
 def fits(self: ArrayReplay, r: ArrayRequest, num_new: int, hits: np.ndarray, gate: bool) -> bool:
     "Whether `allocate_slots` would grant `num_new` tokens' slots, adopting `hits` (`gate`: the whole sequence must fit)."
@@ -261,7 +279,7 @@ def fits(self: ArrayReplay, r: ArrayRequest, num_new: int, hits: np.ndarray, gat
         return False  # -(-a // b): `cdiv` written out on the hot path
     return not gate or max(-(-min(r.num_tokens, limit) // size) - r.num_held - nh, 0) + evictable <= free
 
-# %% ../../nbs/06f_array_replay.ipynb #3f0be7e4
+# %% ../../nbs/06f_array_replay.ipynb #a93990b8
 _NO_HITS = np.zeros(0, np.int64)
 
 @patch
@@ -273,14 +291,16 @@ def allocate(self: ArrayReplay, r: ArrayRequest, num_new: int, hits: np.ndarray 
     if r.table is None: r.table = np.empty(len(r.keys), np.int64)
     if nh: pool.touch(hits, r.distinct); r.table[:nh] = hits; r.num_held = r.num_cached = nh
     need = -(-min(computed + num_new, self.max_model_len) // size) - r.num_held
-    if need > 0: r.table[r.num_held:r.num_held + need] = pool.get_new_blocks(need); r.num_held += need
+    if need == 1: r.table[r.num_held] = pool.get_new_block(); r.num_held += 1  # a decode step's block
+    elif need > 0: r.table[r.num_held:r.num_held + need] = pool.get_new_blocks(need); r.num_held += need
     full = min(computed + num_new, r.num_tokens) // size
-    if full > r.num_cached:
+    if full == r.num_cached + 1: pool.cache_block(int(r.table[r.num_cached]), int(r.keys[r.num_cached])); r.num_cached = full
+    elif full > r.num_cached:
         pool.cache(r.table[r.num_cached:full], r.keys[r.num_cached:full], r.distinct); r.num_cached = full
     r.num_computed_tokens = computed + num_new
     return True
 
-# %% ../../nbs/06f_array_replay.ipynb #c28dc366
+# %% ../../nbs/06f_array_replay.ipynb #7ada1046
 @patch
 def grant(self: ArrayReplay, r: ArrayRequest, num_new: int) -> bool:
     "A running request's tokens (chapter 06's `_try_allocate`): if its table holds them and no block fills, only the count moves."
@@ -288,14 +308,14 @@ def grant(self: ArrayReplay, r: ArrayRequest, num_new: int) -> bool:
     if r.num_held * self.block_size >= end and end // self.block_size <= r.num_cached: r.num_computed_tokens = end; return True
     return self.allocate(r, num_new)
 
-# %% ../../nbs/06f_array_replay.ipynb #027e02c2
+# %% ../../nbs/06f_array_replay.ipynb #7338576b
 @patch
 def free_request(self: ArrayReplay, r: ArrayRequest) -> None:
     "`KVCacheManager.free`: release the request's blocks, last block first."
     self.pool.free(r.table[r.num_held - 1::-1] if r.num_held else r.table[:0], r.distinct)
     r.table, r.num_held, r.num_cached = None, 0, 0
 
-# %% ../../nbs/06f_array_replay.ipynb #2d222fc1
+# %% ../../nbs/06f_array_replay.ipynb #f8040f54
 @patch
 def lookup(self: ArrayReplay, r: ArrayRequest) -> np.ndarray:
     "`get_computed_blocks`: the blocks of the longest cached prefix of full blocks, leaving one token to compute."
@@ -303,7 +323,7 @@ def lookup(self: ArrayReplay, r: ArrayRequest) -> np.ndarray:
     miss = np.flatnonzero(found < 0)
     return found[:miss[0]] if len(miss) else found
 
-# %% ../../nbs/06f_array_replay.ipynb #5b15de2d
+# %% ../../nbs/06f_array_replay.ipynb #e115291f
 @patch
 def admission(self: ArrayReplay, r: ArrayRequest, budget: int, cap: int) -> tuple[np.ndarray, int] | None:
     "Chapter 06's `_admit` for the head of the waiting queue, without its moves: (hits, tokens) if it is admitted, else None."
@@ -314,20 +334,20 @@ def admission(self: ArrayReplay, r: ArrayRequest, budget: int, cap: int) -> tupl
     num_new = min(num_new, budget)
     return (hits, num_new) if self.fits(r, num_new, hits, self.config.scheduler_reserve_full_isl) else None
 
-# %% ../../nbs/06f_array_replay.ipynb #3a6b8974
+# %% ../../nbs/06f_array_replay.ipynb #e93412f2
 @patch
 def long_prefill_cap(self: ArrayReplay) -> int:
     "This step's cap on one request's chunk: `long_prefill_token_threshold` while more than one request is live."
     return self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
 
-# %% ../../nbs/06f_array_replay.ipynb #02a3ba56
+# %% ../../nbs/06f_array_replay.ipynb #7c87fb8c
 @patch
 def preempt(self: ArrayReplay, victim: ArrayRequest) -> None:
     "Recompute preemption: free the blocks, forget the computed tokens, back to the front of the waiting queue."
     self.free_request(victim); victim.num_computed_tokens = 0; victim.num_preemptions += 1
     self.waiting.appendleft(victim)
 
-# %% ../../nbs/06f_array_replay.ipynb #39b1ae02
+# %% ../../nbs/06f_array_replay.ipynb #b9976bb8
 @patch
 def allocate_or_preempt(self: ArrayReplay, r: ArrayRequest, num_new: int, preempted: list) -> bool:
     "`allocate` for a running request, preempting the last running request until it fits; False if `r` itself went."
@@ -337,7 +357,7 @@ def allocate_or_preempt(self: ArrayReplay, r: ArrayRequest, num_new: int, preemp
         if victim is r: return False
     return True
 
-# %% ../../nbs/06f_array_replay.ipynb #38b90dbf
+# %% ../../nbs/06f_array_replay.ipynb #7562be2f
 @patch
 def schedule_running(self: ArrayReplay, cap: int, scheduled: dict, preempted: list) -> int:
     "Chapter 06's `_schedule_running`: each running request its tokens, the last one preempted while blocks run out."
@@ -355,7 +375,7 @@ def schedule_running(self: ArrayReplay, cap: int, scheduled: dict, preempted: li
         scheduled[r] = num_new; budget -= num_new; i += 1
     return budget
 
-# %% ../../nbs/06f_array_replay.ipynb #c44a002f
+# %% ../../nbs/06f_array_replay.ipynb #6bc96b0a
 @patch
 def schedule_waiting(self: ArrayReplay, budget: int, cap: int, scheduled: dict) -> None:
     "Chapter 06's `_schedule_waiting`: admit the head after its prefix lookup while it fits; count its queries and hits."
@@ -368,7 +388,7 @@ def schedule_waiting(self: ArrayReplay, budget: int, cap: int, scheduled: dict) 
         else: self.queries += r.num_tokens; self.hits += len(hits) * self.block_size
         self.running.append(self.waiting.popleft()); scheduled[r] = num_new; budget -= num_new
 
-# %% ../../nbs/06f_array_replay.ipynb #abb7e006
+# %% ../../nbs/06f_array_replay.ipynb #f25b6d1c
 @patch
 def step(self: ArrayReplay, observe=None) -> None:
     "One engine step: schedule, then each request whose tokens are all computed samples one; finished requests free their blocks."
@@ -385,7 +405,7 @@ def step(self: ArrayReplay, observe=None) -> None:
     if observe is not None: observe(self, scheduled, preempted, finished, free)
     self.num_steps += 1; self.num_preemptions += len(preempted); self.peak = max(self.peak, self.usable - free)
 
-# %% ../../nbs/06f_array_replay.ipynb #17a9b2ac
+# %% ../../nbs/06f_array_replay.ipynb #492917cd
 @patch
 def result(self: ArrayReplay) -> CacheSizeResult:
     "The counters of the finished replay, as chapter 06c's `replay_mooncake` reports them."
@@ -394,7 +414,7 @@ def result(self: ArrayReplay) -> CacheSizeResult:
     return CacheSizeResult(len(self.pool.ref), h / q if q else 0.0, q, h, pq, ph, q - h + pq - ph, pq - ph,
                            self.pool.num_cached - still_cached, self.num_preemptions, self.peak, self.num_steps, self.config.describe())
 
-# %% ../../nbs/06f_array_replay.ipynb #864b7380
+# %% ../../nbs/06f_array_replay.ipynb #96a18314
 ARRAY_SETTINGS = {"policy": "fcfs", "async_scheduling": False}  # the settings the engine models, and the one value it takes
 
 def _checked_arguments(requests, num_blocks, block_size, max_num_batched_tokens, max_num_seqs, ms_per_step, hash_block_size,
@@ -410,7 +430,7 @@ def _checked_arguments(requests, num_blocks, block_size, max_num_batched_tokens,
     if keys is not None: _check_keys(keys, len(requests), block_size, hash_block_size)
     return config
 
-# %% ../../nbs/06f_array_replay.ipynb #1a3d6e1e
+# %% ../../nbs/06f_array_replay.ipynb #d15d2932
 def _check_keys(keys, num_requests: int, block_size: int, hash_block_size: int) -> None:
     "`keys` is a `TraceKeys` built for this trace's request count and block sizes."
     check_instance("keys", keys, TraceKeys, "a TraceKeys or None")
@@ -418,7 +438,7 @@ def _check_keys(keys, num_requests: int, block_size: int, hash_block_size: int) 
         raise ValueError(f"keys were built for {keys.num_requests} requests at block size {keys.block_size} and hash block "
                          f"size {keys.hash_block_size}, not this trace's {num_requests}, {block_size}, {hash_block_size}")
 
-# %% ../../nbs/06f_array_replay.ipynb #d96a46b3
+# %% ../../nbs/06f_array_replay.ipynb #c889ef91
 def replay_arrays(requests: Sequence[MooncakeRequest],  # in timestamp order, e.g. `list(read_mooncake(path))`
                   num_blocks: int,  # KV cache blocks, the null block included
                   block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
@@ -443,7 +463,7 @@ def replay_arrays(requests: Sequence[MooncakeRequest],  # in timestamp order, e.
         now += moved or 1
     return e.result()
 
-# %% ../../nbs/06f_array_replay.ipynb #2009cc9d
+# %% ../../nbs/06f_array_replay.ipynb #df7ae97f
 @patch
 def decode_only(self: ArrayReplay) -> bool:
     "Conditions 1 and 3 at the next step: every running request decodes, and the head of the waiting queue is not admitted."
@@ -453,7 +473,7 @@ def decode_only(self: ArrayReplay) -> bool:
     if not (budget > 0 and self.waiting and len(running) < c.max_num_seqs): return True  # no admission is tried
     return self.admission(self.waiting[0], budget, self.long_prefill_cap()) is None
 
-# %% ../../nbs/06f_array_replay.ipynb #ea9d68d0
+# %% ../../nbs/06f_array_replay.ipynb #5127599e
 @patch
 def decode_events(self: ArrayReplay, k: int) -> list[tuple[int, int, bool]]:
     "The steps of the next `k` at which a running request calls the manager: (step, running position, takes a block), in order."
@@ -467,7 +487,7 @@ def decode_events(self: ArrayReplay, k: int) -> list[tuple[int, int, bool]]:
             if j == fill: fill += size
     return sorted(out)
 
-# %% ../../nbs/06f_array_replay.ipynb #997397ca
+# %% ../../nbs/06f_array_replay.ipynb #cb6d1807
 @patch
 def first_hit_taken(self: ArrayReplay, takes: list[tuple[int, int, bool]]) -> int:
     "The step of `takes` that takes a free block of the waiting head's prefix hit (the stretch's takes are the queue's next blocks)."
@@ -478,7 +498,7 @@ def first_hit_taken(self: ArrayReplay, takes: list[tuple[int, int, bool]]) -> in
     before = int(np.count_nonzero(queue.log[queue.lo:where.min()] >= 0))  # free blocks ahead of the first: taken first
     return takes[before][0] if before < len(takes) else 1 << 62
 
-# %% ../../nbs/06f_array_replay.ipynb #325e9a09
+# %% ../../nbs/06f_array_replay.ipynb #7ee8a5a3
 @patch
 def forward(self: ArrayReplay, horizon: int | None,  # steps before the next arrival (None: none is coming)
              observe=None) -> int:
@@ -495,7 +515,7 @@ def forward(self: ArrayReplay, horizon: int | None,  # steps before the next arr
     self.commit(k, [ev for ev in events if ev[0] < k], observe)
     return k
 
-# %% ../../nbs/06f_array_replay.ipynb #cce5c9de
+# %% ../../nbs/06f_array_replay.ipynb #e87aedeb
 @patch
 def commit(self: ArrayReplay, k: int, events: list, observe=None) -> None:
     "Move every running request `k` decode steps on, making each boundary's `allocate` call in the plain steps' order."
@@ -516,7 +536,7 @@ def commit(self: ArrayReplay, k: int, events: list, observe=None) -> None:
     if observe is None: self.num_steps += k
     self.peak = max(self.peak, self.usable - self.pool.queue.num_free)  # a stretch only takes blocks: its last step peaks
 
-# %% ../../nbs/06f_array_replay.ipynb #b4790aa8
+# %% ../../nbs/06f_array_replay.ipynb #e3604f21
 _WORKER: dict = {}  # per worker process: the trace, its keys and the replay settings
 
 def _init_worker(requests, settings) -> None:
@@ -526,7 +546,7 @@ def _init_worker(requests, settings) -> None:
 def _replay_point(num_blocks: int) -> CacheSizeResult:
     return replay_arrays(_WORKER["requests"], num_blocks, keys=_WORKER["keys"], **_WORKER["settings"])
 
-# %% ../../nbs/06f_array_replay.ipynb #f7798039
+# %% ../../nbs/06f_array_replay.ipynb #63edc671
 def sweep_arrays(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache sizes, in blocks
                  block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                  ms_per_step: float | None = None, hash_block_size: int = 512,
