@@ -8,7 +8,7 @@ Every row replays the same trace both ways, checks the two `CacheSizeResult`s eq
 the clock (06c's `block_hashes`, 06f's `TraceKeys`: their cost is reported apart). **kvref alone.** The million-request
 sweep runs `sweep_arrays` on 2 processes and reports wall time and peak memory per worker.
 """
-import argparse, os, resource, statistics, sys, time
+import argparse, itertools, os, resource, statistics, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,16 +47,17 @@ def prepared(reqs):
     return hashes, keys
 
 
-def million(path, sizes):
+def million(path, sizes, limit=None):
     "The million-request sweep on the array engine: 2 processes, wall time, CPU time, peak memory per worker."
-    start = time.time(); reqs = list(read_mooncake(path)); read = time.time() - start
+    start = time.time(); reqs = list(itertools.islice(read_mooncake(path), limit)); read = time.time() - start
     print(f"read {len(reqs)} requests in {read:.0f} s wall; main process peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB", flush=True)
     start, c0 = time.time(), os.times()
-    results = sweep_arrays(reqs, sizes, jobs=2)
+    results = sweep_arrays(reqs, sizes, jobs=min(2, len(sizes)))
     c1, wall = os.times(), time.time() - start
-    children = c1.children_user + c1.children_system - c0.children_user - c0.children_system
-    print(f"sweep: {len(sizes)} sizes x {len(reqs)} requests in {wall:.0f} s wall, {children:.0f} CPU s in the workers "
+    children = (c1.children_user + c1.children_system - c0.children_user - c0.children_system  # the workers, or this process
+                + (c1.user + c1.system - c0.user - c0.system if len(sizes) == 1 else 0))
+    print(f"sweep: {len(sizes)} sizes x {len(reqs)} requests in {wall:.0f} s wall, {children:.0f} CPU s replaying "
           f"({children * 1e3 / len(sizes) / len(reqs):.3f} ms per request per size); workers' peak RSS "
           f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MB; load {os.getloadavg()[0]:.1f}")
     for r in results: print(f"| {r.num_blocks} | {r.hit_rate:.4f} | {r.evictions} | {r.preemptions} | {r.num_steps} |")
@@ -69,16 +70,19 @@ def main():
     p.add_argument("--full-sizes", default="200000,800000")
     p.add_argument("--million", type=Path, help="a million-request trace: sweep it at --million-sizes")
     p.add_argument("--million-sizes", default="25000,50000,100000,200000,400000,800000,1600000,2000000")
+    p.add_argument("--million-requests", type=int, default=None, help="only the first N requests of the --million trace")
+    p.add_argument("--no-sample", action="store_true", help="skip the sample rows")
     a = p.parse_args()
     print("| load | blocks | steps | step-by-step CPU ms/request | arrays CPU ms/request | speed-up, median (range) | load avg |")
     print("|---|---|---|---|---|---|---|")
-    sample = list(read_mooncake(SAMPLE)); hashes, keys = prepared(sample)
-    for ms, label in ((None, "sample, all queued at step 0"), (10, "sample, 10 ms per step")):
-        for n in SIZES: row(label, sample, hashes, keys, n, ms, a.repeat)
+    if not a.no_sample:
+        sample = list(read_mooncake(SAMPLE)); hashes, keys = prepared(sample)
+        for ms, label in ((None, "sample, all queued at step 0"), (10, "sample, 10 ms per step")):
+            for n in SIZES: row(label, sample, hashes, keys, n, ms, a.repeat)
     if a.full:
         full = list(read_mooncake(a.full)); hashes, keys = prepared(full)
         for n in map(int, a.full_sizes.split(",")): row("whole trace, all queued at step 0", full, hashes, keys, n, None, 1)
-    if a.million: million(a.million, [int(n) for n in a.million_sizes.split(",")])
+    if a.million: million(a.million, [int(n) for n in a.million_sizes.split(",")], a.million_requests)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,11 @@ def test_the_offload_grid_on_ray_equals_the_local_processes(joined):
     assert offload_sweep(TINY, **grid, ray=joined) == offload_sweep(TINY, **grid, jobs=1)
 
 
+def test_the_array_sweep_on_ray_equals_the_reference(joined):
+    from kvref.oracle.array_replay import sweep_arrays
+    assert sweep_arrays(TINY, SIZES, ray=joined) == sweep(TINY, SIZES, jobs=1)
+
+
 def test_results_stream_back_in_grid_order_as_they_are_done(joined):
     "A point that takes 3 s does not hold back the one before it: the first result arrives while the second runs."
     results = map_grid(time.sleep, [0.0, 3.0], time.sleep, (0.0,), ray=joined)

@@ -230,15 +230,16 @@ def keys_of(self: TraceKeys, i: int, r: MooncakeRequest) -> np.ndarray:
     prompt = hids[self.hash_block_of[:full]].astype(np.int64) * self.per + self.offset_of[:full]
     return np.concatenate([prompt, np.arange(self.own_start[i], self.own_start[i + 1])])
 
-# %% ../../nbs/06f_array_replay.ipynb #4d264ba1
+# %% ../../nbs/06f_array_replay.ipynb #4b349c9d
 @dataclass(eq=False, slots=True)
 class ArrayRequest:
     "A request of the replay: its content ids, token counts, and block table (an array, filled up to `num_held`)."
+    index: int  # its line in the trace, from 0
     request_id: str
-    keys: np.ndarray  # content id of every block it can fill
-    distinct: bool  # no content repeats in `keys` (a prompt that repeats a hash id repeats keys)
     max_tokens: int
     num_tokens: int  # prompt and outputs so far
+    keys: np.ndarray | None = None  # content id of every block it can fill (built at its first lookup: a queue holds none)
+    distinct: bool = True  # no content repeats in `keys` (a prompt that repeats a hash id repeats keys)
     num_computed_tokens: int = 0
     num_output: int = 0
     num_preemptions: int = 0
@@ -246,7 +247,7 @@ class ArrayRequest:
     num_held: int = 0  # blocks in the table
     num_cached: int = 0  # of which cached (vLLM's num_cached_block)
 
-# %% ../../nbs/06f_array_replay.ipynb #9b926ee9
+# %% ../../nbs/06f_array_replay.ipynb #961e60dc
 class ArrayReplay:
     "vLLM's scheduler over its KV cache manager (chapters 04 and 06) on the array pool: a trace's requests, step by step."
     def __init__(self, requests: Sequence[MooncakeRequest], num_blocks: int, keys: TraceKeys, config: SchedulerConfig):
@@ -257,15 +258,15 @@ class ArrayReplay:
         self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0  # vLLM's PrefixCacheStats over the run
         self.num_live = self.num_steps = self.num_preemptions = self.peak = 0
         self.all_decoding = False  # after the last step, every running request has one token to compute and an output
+        self.num_moved = 0  # steps moved in bulk (`forward`)
         self.usable = self.pool.queue.num_free
 
-# %% ../../nbs/06f_array_replay.ipynb #66b3c092
+# %% ../../nbs/06f_array_replay.ipynb #70476773
 @patch
 def queue(self: ArrayReplay, i: int) -> None:
     "Request `i` of the trace arrives: at the back of the waiting queue."
     r = self.requests[i]
-    self.waiting.append(ArrayRequest(f"r{i}", self.keys.keys_of(i, r), len(set(r.hash_ids)) == len(r.hash_ids),
-                                  max(1, r.output_length), r.input_length))
+    self.waiting.append(ArrayRequest(i, f"r{i}", max(1, r.output_length), r.input_length))
     self.num_live += 1
 
 # %% ../../nbs/06f_array_replay.ipynb #aa5ccb93
@@ -300,7 +301,21 @@ def allocate(self: ArrayReplay, r: ArrayRequest, num_new: int, hits: np.ndarray 
     r.num_computed_tokens = computed + num_new
     return True
 
-# %% ../../nbs/06f_array_replay.ipynb #7ada1046
+# %% ../../nbs/06f_array_replay.ipynb #04c477d3
+@patch
+def allocate_token(self: ArrayReplay, r: ArrayRequest) -> bool:
+    "`allocate(r, 1)` for a running request (its table holds its computed tokens): a new block if needed, a filled one cached."
+    size, end = self.block_size, r.num_computed_tokens + 1
+    if end > r.num_held * size:  # the token needs a block
+        if not self.pool.queue.num_free: return False
+        r.table[r.num_held] = self.pool.get_new_block(); r.num_held += 1
+    full = end // size  # end <= num_tokens < max_model_len for a running request
+    if full == r.num_cached + 1: self.pool.cache_block(int(r.table[r.num_cached]), int(r.keys[r.num_cached])); r.num_cached = full
+    elif full > r.num_cached: self.pool.cache(r.table[r.num_cached:full], r.keys[r.num_cached:full], r.distinct); r.num_cached = full
+    r.num_computed_tokens = end
+    return True
+
+# %% ../../nbs/06f_array_replay.ipynb #9ba98e8d
 @patch
 def grant(self: ArrayReplay, r: ArrayRequest, num_new: int) -> bool:
     "A running request's tokens (chapter 06's `_try_allocate`): if its table holds them and no block fills, only the count moves."
@@ -308,22 +323,25 @@ def grant(self: ArrayReplay, r: ArrayRequest, num_new: int) -> bool:
     if r.num_held * self.block_size >= end and end // self.block_size <= r.num_cached: r.num_computed_tokens = end; return True
     return self.allocate(r, num_new)
 
-# %% ../../nbs/06f_array_replay.ipynb #7338576b
+# %% ../../nbs/06f_array_replay.ipynb #47b5eb36
 @patch
 def free_request(self: ArrayReplay, r: ArrayRequest) -> None:
     "`KVCacheManager.free`: release the request's blocks, last block first."
     self.pool.free(r.table[r.num_held - 1::-1] if r.num_held else r.table[:0], r.distinct)
     r.table, r.num_held, r.num_cached = None, 0, 0
 
-# %% ../../nbs/06f_array_replay.ipynb #f8040f54
+# %% ../../nbs/06f_array_replay.ipynb #92092c74
 @patch
 def lookup(self: ArrayReplay, r: ArrayRequest) -> np.ndarray:
     "`get_computed_blocks`: the blocks of the longest cached prefix of full blocks, leaving one token to compute."
+    if r.keys is None:  # its first lookup: a million queued requests hold no keys
+        trace_line = self.requests[r.index]
+        r.keys, r.distinct = self.keys.keys_of(r.index, trace_line), len(set(trace_line.hash_ids)) == len(trace_line.hash_ids)
     found = self.pool.first[r.keys[:(r.num_tokens - 1) // self.block_size]]
     miss = np.flatnonzero(found < 0)
     return found[:miss[0]] if len(miss) else found
 
-# %% ../../nbs/06f_array_replay.ipynb #e115291f
+# %% ../../nbs/06f_array_replay.ipynb #54c62b49
 @patch
 def admission(self: ArrayReplay, r: ArrayRequest, budget: int, cap: int) -> tuple[np.ndarray, int] | None:
     "Chapter 06's `_admit` for the head of the waiting queue, without its moves: (hits, tokens) if it is admitted, else None."
@@ -334,30 +352,30 @@ def admission(self: ArrayReplay, r: ArrayRequest, budget: int, cap: int) -> tupl
     num_new = min(num_new, budget)
     return (hits, num_new) if self.fits(r, num_new, hits, self.config.scheduler_reserve_full_isl) else None
 
-# %% ../../nbs/06f_array_replay.ipynb #e93412f2
+# %% ../../nbs/06f_array_replay.ipynb #228c3722
 @patch
 def long_prefill_cap(self: ArrayReplay) -> int:
     "This step's cap on one request's chunk: `long_prefill_token_threshold` while more than one request is live."
     return self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
 
-# %% ../../nbs/06f_array_replay.ipynb #7c87fb8c
+# %% ../../nbs/06f_array_replay.ipynb #bb10aa5d
 @patch
 def preempt(self: ArrayReplay, victim: ArrayRequest) -> None:
     "Recompute preemption: free the blocks, forget the computed tokens, back to the front of the waiting queue."
     self.free_request(victim); victim.num_computed_tokens = 0; victim.num_preemptions += 1
     self.waiting.appendleft(victim)
 
-# %% ../../nbs/06f_array_replay.ipynb #b9976bb8
+# %% ../../nbs/06f_array_replay.ipynb #6d88268c
 @patch
 def allocate_or_preempt(self: ArrayReplay, r: ArrayRequest, num_new: int, preempted: list) -> bool:
     "`allocate` for a running request, preempting the last running request until it fits; False if `r` itself went."
-    while not self.allocate(r, num_new):
+    while not (self.allocate_token(r) if num_new == 1 else self.allocate(r, num_new)):
         victim = self.running.pop()  # fcfs: the last, never one scheduled before `r` (it would hand its tokens back)
         self.preempt(victim); preempted.append(victim)
         if victim is r: return False
     return True
 
-# %% ../../nbs/06f_array_replay.ipynb #7562be2f
+# %% ../../nbs/06f_array_replay.ipynb #5bb577a4
 @patch
 def schedule_running(self: ArrayReplay, cap: int, scheduled: dict, preempted: list) -> int:
     "Chapter 06's `_schedule_running`: each running request its tokens, the last one preempted while blocks run out."
@@ -375,7 +393,7 @@ def schedule_running(self: ArrayReplay, cap: int, scheduled: dict, preempted: li
         scheduled[r] = num_new; budget -= num_new; i += 1
     return budget
 
-# %% ../../nbs/06f_array_replay.ipynb #6bc96b0a
+# %% ../../nbs/06f_array_replay.ipynb #d2685679
 @patch
 def schedule_waiting(self: ArrayReplay, budget: int, cap: int, scheduled: dict) -> None:
     "Chapter 06's `_schedule_waiting`: admit the head after its prefix lookup while it fits; count its queries and hits."
@@ -388,7 +406,7 @@ def schedule_waiting(self: ArrayReplay, budget: int, cap: int, scheduled: dict) 
         else: self.queries += r.num_tokens; self.hits += len(hits) * self.block_size
         self.running.append(self.waiting.popleft()); scheduled[r] = num_new; budget -= num_new
 
-# %% ../../nbs/06f_array_replay.ipynb #f25b6d1c
+# %% ../../nbs/06f_array_replay.ipynb #85cd1e5b
 @patch
 def step(self: ArrayReplay, observe=None) -> None:
     "One engine step: schedule, then each request whose tokens are all computed samples one; finished requests free their blocks."
@@ -405,7 +423,7 @@ def step(self: ArrayReplay, observe=None) -> None:
     if observe is not None: observe(self, scheduled, preempted, finished, free)
     self.num_steps += 1; self.num_preemptions += len(preempted); self.peak = max(self.peak, self.usable - free)
 
-# %% ../../nbs/06f_array_replay.ipynb #492917cd
+# %% ../../nbs/06f_array_replay.ipynb #40349ed2
 @patch
 def result(self: ArrayReplay) -> CacheSizeResult:
     "The counters of the finished replay, as chapter 06c's `replay_mooncake` reports them."
@@ -414,7 +432,7 @@ def result(self: ArrayReplay) -> CacheSizeResult:
     return CacheSizeResult(len(self.pool.ref), h / q if q else 0.0, q, h, pq, ph, q - h + pq - ph, pq - ph,
                            self.pool.num_cached - still_cached, self.num_preemptions, self.peak, self.num_steps, self.config.describe())
 
-# %% ../../nbs/06f_array_replay.ipynb #96a18314
+# %% ../../nbs/06f_array_replay.ipynb #ae3ea76e
 ARRAY_SETTINGS = {"policy": "fcfs", "async_scheduling": False}  # the settings the engine models, and the one value it takes
 
 def _checked_arguments(requests, num_blocks, block_size, max_num_batched_tokens, max_num_seqs, ms_per_step, hash_block_size,
@@ -430,7 +448,7 @@ def _checked_arguments(requests, num_blocks, block_size, max_num_batched_tokens,
     if keys is not None: _check_keys(keys, len(requests), block_size, hash_block_size)
     return config
 
-# %% ../../nbs/06f_array_replay.ipynb #d15d2932
+# %% ../../nbs/06f_array_replay.ipynb #fea32971
 def _check_keys(keys, num_requests: int, block_size: int, hash_block_size: int) -> None:
     "`keys` is a `TraceKeys` built for this trace's request count and block sizes."
     check_instance("keys", keys, TraceKeys, "a TraceKeys or None")
@@ -438,7 +456,7 @@ def _check_keys(keys, num_requests: int, block_size: int, hash_block_size: int) 
         raise ValueError(f"keys were built for {keys.num_requests} requests at block size {keys.block_size} and hash block "
                          f"size {keys.hash_block_size}, not this trace's {num_requests}, {block_size}, {hash_block_size}")
 
-# %% ../../nbs/06f_array_replay.ipynb #c889ef91
+# %% ../../nbs/06f_array_replay.ipynb #93e683ba
 def replay_arrays(requests: Sequence[MooncakeRequest],  # in timestamp order, e.g. `list(read_mooncake(path))`
                   num_blocks: int,  # KV cache blocks, the null block included
                   block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
@@ -463,7 +481,7 @@ def replay_arrays(requests: Sequence[MooncakeRequest],  # in timestamp order, e.
         now += moved or 1
     return e.result()
 
-# %% ../../nbs/06f_array_replay.ipynb #df7ae97f
+# %% ../../nbs/06f_array_replay.ipynb #af59ae08
 @patch
 def decode_only(self: ArrayReplay) -> bool:
     "Conditions 1 and 3 at the next step: every running request decodes, and the head of the waiting queue is not admitted."
@@ -473,7 +491,7 @@ def decode_only(self: ArrayReplay) -> bool:
     if not (budget > 0 and self.waiting and len(running) < c.max_num_seqs): return True  # no admission is tried
     return self.admission(self.waiting[0], budget, self.long_prefill_cap()) is None
 
-# %% ../../nbs/06f_array_replay.ipynb #5127599e
+# %% ../../nbs/06f_array_replay.ipynb #6bfca4b2
 @patch
 def decode_events(self: ArrayReplay, k: int) -> list[tuple[int, int, bool]]:
     "The steps of the next `k` at which a running request calls the manager: (step, running position, takes a block), in order."
@@ -487,7 +505,7 @@ def decode_events(self: ArrayReplay, k: int) -> list[tuple[int, int, bool]]:
             if j == fill: fill += size
     return sorted(out)
 
-# %% ../../nbs/06f_array_replay.ipynb #cb6d1807
+# %% ../../nbs/06f_array_replay.ipynb #4d5a1ce8
 @patch
 def first_hit_taken(self: ArrayReplay, takes: list[tuple[int, int, bool]]) -> int:
     "The step of `takes` that takes a free block of the waiting head's prefix hit (the stretch's takes are the queue's next blocks)."
@@ -498,7 +516,7 @@ def first_hit_taken(self: ArrayReplay, takes: list[tuple[int, int, bool]]) -> in
     before = int(np.count_nonzero(queue.log[queue.lo:where.min()] >= 0))  # free blocks ahead of the first: taken first
     return takes[before][0] if before < len(takes) else 1 << 62
 
-# %% ../../nbs/06f_array_replay.ipynb #7ee8a5a3
+# %% ../../nbs/06f_array_replay.ipynb #8e1a56b2
 @patch
 def forward(self: ArrayReplay, horizon: int | None,  # steps before the next arrival (None: none is coming)
              observe=None) -> int:
@@ -515,7 +533,7 @@ def forward(self: ArrayReplay, horizon: int | None,  # steps before the next arr
     self.commit(k, [ev for ev in events if ev[0] < k], observe)
     return k
 
-# %% ../../nbs/06f_array_replay.ipynb #e87aedeb
+# %% ../../nbs/06f_array_replay.ipynb #f1c6f336
 @patch
 def commit(self: ArrayReplay, k: int, events: list, observe=None) -> None:
     "Move every running request `k` decode steps on, making each boundary's `allocate` call in the plain steps' order."
@@ -528,25 +546,25 @@ def commit(self: ArrayReplay, k: int, events: list, observe=None) -> None:
         while event is not None and event[0] <= j:
             step, p, _ = event; r, c = running[p], start[p][0]
             r.num_computed_tokens, r.num_tokens = c + step, c + step + 1
-            if not self.allocate(r, 1): raise AssertionError(f"a planned block was refused: {r.request_id!r} at step {step}")
+            if not self.allocate_token(r): raise AssertionError(f"a planned block was refused: {r.request_id!r} at step {step}")
             event = next(pending, None)
         if observe is not None:
             at(j + 1); observe(self, dict.fromkeys(running, 1), [], [], self.pool.queue.num_free); self.num_steps += 1
     at(k)
     if observe is None: self.num_steps += k
+    self.num_moved += k
     self.peak = max(self.peak, self.usable - self.pool.queue.num_free)  # a stretch only takes blocks: its last step peaks
 
-# %% ../../nbs/06f_array_replay.ipynb #e3604f21
+# %% ../../nbs/06f_array_replay.ipynb #68498341
 _WORKER: dict = {}  # per worker process: the trace, its keys and the replay settings
 
-def _init_worker(requests, settings) -> None:
-    _WORKER.update(requests=requests, settings=settings,
-                   keys=TraceKeys(requests, settings["block_size"], settings["hash_block_size"]))
+def _init_worker(requests, settings, keys) -> None:
+    _WORKER.update(requests=requests, settings=settings, keys=keys)
 
 def _replay_point(num_blocks: int) -> CacheSizeResult:
     return replay_arrays(_WORKER["requests"], num_blocks, keys=_WORKER["keys"], **_WORKER["settings"])
 
-# %% ../../nbs/06f_array_replay.ipynb #63edc671
+# %% ../../nbs/06f_array_replay.ipynb #114815df
 def sweep_arrays(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache sizes, in blocks
                  block_size: int = 16, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                  ms_per_step: float | None = None, hash_block_size: int = 512,
@@ -559,4 +577,5 @@ def sweep_arrays(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # 
     check_blocks(requests, blocks, block_size)
     settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                     ms_per_step=ms_per_step, hash_block_size=hash_block_size, **settings)
-    return list(progress(map_grid(_replay_point, blocks, _init_worker, (requests, settings), jobs, ray), len(blocks), "sweep"))
+    keys = TraceKeys(requests, block_size, hash_block_size)  # built once: forked workers share it, Ray ships it once
+    return list(progress(map_grid(_replay_point, blocks, _init_worker, (requests, settings, keys), jobs, ray), len(blocks), "sweep"))
