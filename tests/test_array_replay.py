@@ -210,3 +210,9 @@ def test_kvref_sweep_prints_the_same_table_with_either_engine(capsys):
         assert main(["sweep", str(SAMPLE), "--blocks", "12500,50000", "--jobs", "1", "--format", "csv", "--engine", engine]) == 0
         tables[engine] = capsys.readouterr().out
     assert tables["auto"] == tables["arrays"] == tables["objects"] and tables["auto"].count("\n") == 3
+
+
+def test_an_empty_prompt_is_refused_by_both_replays_before_anything_runs():
+    reqs = [MooncakeRequest(0, 0, 3, [], 1), MooncakeRequest(0, 20, 2, [5, 6], 2)]
+    for replay_fn in (replay_mooncake, replay_arrays):
+        with pytest.raises(ValueError, match="line 1: field 'input_length' is 0"): replay_fn(reqs, 64, 4, hash_block_size=16)

@@ -256,11 +256,13 @@ def check_pace(ms_per_step) -> None:
 
 # %% ../../nbs/06c_production_traces.ipynb #0a8290a3
 def check_requests(requests, hash_block_size: int, block_size: int) -> None:
-    "A sequence of `MooncakeRequest`s, each one's full blocks covered by its hash ids: refused by name."
+    "A sequence of `MooncakeRequest`s, each a prompt of at least one token whose full blocks its hash ids cover: refused by name."
     check_int("block_size", block_size, 1)
     if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
         refuse("requests", "a sequence of MooncakeRequest", requests, TypeError)
-    for r in requests: _check_mooncake(r, hash_block_size, block_size)
+    for r in requests:
+        _check_mooncake(r, hash_block_size, block_size)
+        if not r.input_length: raise ValueError(f"line {r.line}: field 'input_length' is 0: vLLM refuses an empty prompt")
 
 # %% ../../nbs/06c_production_traces.ipynb #e853263e
 def _check_hashes(hashes, requests: Sequence[MooncakeRequest], block_size: int) -> None:
