@@ -752,11 +752,10 @@ def _offload_grid(a: argparse.Namespace, requests: list, blocks: list[int], too_
 # %% ../nbs/12_cli.ipynb #a7e1f06f
 def _sweep_engine(a: argparse.Namespace):
     "The sweep `--engine` asks for: chapter 06f's `sweep_arrays`, or 06c's `sweep` (auto: arrays where they model the settings)."
-    from kvref.oracle.array_replay import ARRAY_SETTINGS, sweep_arrays
+    from kvref.core.scheduler import SchedulerConfig
+    from kvref.oracle.array_replay import sweep_arrays, unmodelled_setting
     from kvref.oracle.production_traces import sweep
-    if a.engine == "auto":
-        covered = all(scheduler_settings(a).get(name, value) == value for name, value in ARRAY_SETTINGS.items())
-        return sweep_arrays if covered else sweep
+    if a.engine == "auto": return sweep if unmodelled_setting(SchedulerConfig.of(scheduler_settings(a))) else sweep_arrays
     return sweep_arrays if a.engine == "arrays" else sweep
 
 # %% ../nbs/12_cli.ipynb #ee30196d

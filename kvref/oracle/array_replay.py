@@ -22,7 +22,7 @@ from ..pictures import FONT_SIZE, progress
 
 # %% auto #0
 __all__ = ['ARRAY_SETTINGS', 'ArrayFreeBlockQueue', 'free_log_svg', 'ArrayBlockPool', 'TraceKeys', 'ArrayRequest', 'ArrayReplay',
-           'replay_arrays', 'sweep_arrays']
+           'unmodelled_setting', 'replay_arrays', 'sweep_arrays']
 
 # %% ../../nbs/06f_array_replay.ipynb #d30b6bce
 class ArrayFreeBlockQueue:
@@ -280,48 +280,47 @@ def fits(self: ArrayReplay, r: ArrayRequest, num_new: int, hits: np.ndarray, gat
         return False  # -(-a // b): `cdiv` written out on the hot path
     return not gate or max(-(-min(r.num_tokens, limit) // size) - r.num_held - nh, 0) + evictable <= free
 
-# %% ../../nbs/06f_array_replay.ipynb #a93990b8
+# %% ../../nbs/06f_array_replay.ipynb #84be8ac0
+@patch
+def take_blocks(self: ArrayReplay, r: ArrayRequest, need: int) -> None:
+    "Append `need` new blocks to the request's table (one, a decode step's, in scalar steps)."
+    if need == 1: r.table[r.num_held] = self.pool.get_new_block(); r.num_held += 1
+    elif need > 0: r.table[r.num_held:r.num_held + need] = self.pool.get_new_blocks(need); r.num_held += need
+
+@patch
+def cache_filled(self: ArrayReplay, r: ArrayRequest, full: int) -> None:
+    "Cache the request's first `full` blocks that are not cached yet (one in scalar steps)."
+    if full == r.num_cached + 1: self.pool.cache_block(int(r.table[r.num_cached]), int(r.keys[r.num_cached]))
+    elif full > r.num_cached: self.pool.cache(r.table[r.num_cached:full], r.keys[r.num_cached:full], r.distinct)
+    r.num_cached = max(r.num_cached, full)
+
+# %% ../../nbs/06f_array_replay.ipynb #4d39a406
 _NO_HITS = np.zeros(0, np.int64)
 
 @patch
 def allocate(self: ArrayReplay, r: ArrayRequest, num_new: int, hits: np.ndarray = _NO_HITS, gate: bool = False) -> bool:
     "`allocate_slots`: grow the table for `num_new` tokens after `hits`, cache the blocks that fill; False and no change if refused."
     if not self.fits(r, num_new, hits, gate): return False
-    nh, size, pool = len(hits), self.block_size, self.pool
+    nh, size = len(hits), self.block_size
     computed = r.num_computed_tokens + nh * size
     if r.table is None: r.table = np.empty(len(r.keys), np.int64)
-    if nh: pool.touch(hits, r.distinct); r.table[:nh] = hits; r.num_held = r.num_cached = nh
-    need = -(-min(computed + num_new, self.max_model_len) // size) - r.num_held
-    if need == 1: r.table[r.num_held] = pool.get_new_block(); r.num_held += 1  # a decode step's block
-    elif need > 0: r.table[r.num_held:r.num_held + need] = pool.get_new_blocks(need); r.num_held += need
-    full = min(computed + num_new, r.num_tokens) // size
-    if full == r.num_cached + 1: pool.cache_block(int(r.table[r.num_cached]), int(r.keys[r.num_cached])); r.num_cached = full
-    elif full > r.num_cached:
-        pool.cache(r.table[r.num_cached:full], r.keys[r.num_cached:full], r.distinct); r.num_cached = full
+    if nh: self.pool.touch(hits, r.distinct); r.table[:nh] = hits; r.num_held = r.num_cached = nh
+    self.take_blocks(r, -(-min(computed + num_new, self.max_model_len) // size) - r.num_held)
+    self.cache_filled(r, min(computed + num_new, r.num_tokens) // size)
     r.num_computed_tokens = computed + num_new
     return True
 
-# %% ../../nbs/06f_array_replay.ipynb #04c477d3
+# %% ../../nbs/06f_array_replay.ipynb #eaa5c6df
 @patch
 def allocate_token(self: ArrayReplay, r: ArrayRequest) -> bool:
     "`allocate(r, 1)` for a running request (its table holds its computed tokens): a new block if needed, a filled one cached."
     size, end = self.block_size, r.num_computed_tokens + 1
     if end > r.num_held * size:  # the token needs a block
         if not self.pool.queue.num_free: return False
-        r.table[r.num_held] = self.pool.get_new_block(); r.num_held += 1
-    full = end // size  # end <= num_tokens < max_model_len for a running request
-    if full == r.num_cached + 1: self.pool.cache_block(int(r.table[r.num_cached]), int(r.keys[r.num_cached])); r.num_cached = full
-    elif full > r.num_cached: self.pool.cache(r.table[r.num_cached:full], r.keys[r.num_cached:full], r.distinct); r.num_cached = full
+        self.take_blocks(r, 1)
+    self.cache_filled(r, end // size)  # end <= num_tokens < max_model_len for a running request
     r.num_computed_tokens = end
     return True
-
-# %% ../../nbs/06f_array_replay.ipynb #9ba98e8d
-@patch
-def grant(self: ArrayReplay, r: ArrayRequest, num_new: int) -> bool:
-    "A running request's tokens (chapter 06's `_try_allocate`): if its table holds them and no block fills, only the count moves."
-    end = r.num_computed_tokens + num_new
-    if r.num_held * self.block_size >= end and end // self.block_size <= r.num_cached: r.num_computed_tokens = end; return True
-    return self.allocate(r, num_new)
 
 # %% ../../nbs/06f_array_replay.ipynb #47b5eb36
 @patch
@@ -375,12 +374,12 @@ def allocate_or_preempt(self: ArrayReplay, r: ArrayRequest, num_new: int, preemp
         if victim is r: return False
     return True
 
-# %% ../../nbs/06f_array_replay.ipynb #5bb577a4
+# %% ../../nbs/06f_array_replay.ipynb #2f42c3d2
 @patch
 def schedule_running(self: ArrayReplay, cap: int, scheduled: dict, preempted: list) -> int:
     "Chapter 06's `_schedule_running`: each running request its tokens, the last one preempted while blocks run out."
     budget, i, running, size, limit = self.config.max_num_batched_tokens, 0, self.running, self.block_size, self.max_model_len - 1
-    while i < len(running) and budget > 0:  # the hot loop of a long replay: `min` and `grant` written out
+    while i < len(running) and budget > 0:  # the hot loop of a long replay: `min` written out
         r = running[i]; c = r.num_computed_tokens
         num_new = r.num_tokens - c
         if num_new > budget: num_new = budget
@@ -388,7 +387,7 @@ def schedule_running(self: ArrayReplay, cap: int, scheduled: dict, preempted: li
         if num_new > limit - c: num_new = limit - c
         if num_new <= 0: i += 1; continue
         end = c + num_new
-        if r.num_held * size >= end and end // size <= r.num_cached: r.num_computed_tokens = end  # `grant`'s first case
+        if r.num_held * size >= end and end // size <= r.num_cached: r.num_computed_tokens = end  # chapter 06's `_has_room`: only the count moves
         elif not self.allocate_or_preempt(r, num_new, preempted): continue
         scheduled[r] = num_new; budget -= num_new; i += 1
     return budget
@@ -432,8 +431,12 @@ def result(self: ArrayReplay) -> CacheSizeResult:
     return CacheSizeResult(len(self.pool.ref), h / q if q else 0.0, q, h, pq, ph, q - h + pq - ph, pq - ph,
                            self.pool.num_cached - still_cached, self.num_preemptions, self.peak, self.num_steps, self.config.describe())
 
-# %% ../../nbs/06f_array_replay.ipynb #ae3ea76e
+# %% ../../nbs/06f_array_replay.ipynb #cba30145
 ARRAY_SETTINGS = {"policy": "fcfs", "async_scheduling": False}  # the settings the engine models, and the one value it takes
+
+def unmodelled_setting(config: SchedulerConfig) -> str | None:
+    "The first setting of `config` this engine does not model (`kvref sweep --engine auto` asks it too), or None."
+    return next((name for name, value in ARRAY_SETTINGS.items() if getattr(config, name) != value), None)
 
 def _checked_arguments(requests, num_blocks, block_size, max_num_batched_tokens, max_num_seqs, ms_per_step, hash_block_size,
                        keys, settings: dict) -> SchedulerConfig:
@@ -442,9 +445,8 @@ def _checked_arguments(requests, num_blocks, block_size, max_num_batched_tokens,
     for name, size in (("block_size", block_size), ("hash_block_size", hash_block_size)): check_int(name, size, 1, 1 << 32)  # int64 arrays
     check_requests(requests, hash_block_size, block_size=block_size); check_pace(ms_per_step)
     config = SchedulerConfig.of(dict(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings), strict=True)
-    for name, value in ARRAY_SETTINGS.items():
-        if getattr(config, name) != value:
-            raise ValueError(f"replay_arrays models {name}={value!r} only, got {getattr(config, name)!r}: use replay_mooncake")
+    if name := unmodelled_setting(config):
+        raise ValueError(f"replay_arrays models {name}={ARRAY_SETTINGS[name]!r} only, got {getattr(config, name)!r}: use replay_mooncake")
     if keys is not None: _check_keys(keys, len(requests), block_size, hash_block_size)
     return config
 
