@@ -2,7 +2,7 @@
 gives exactly the local processes' results, for the cache-size sweep, the GPU x CPU grid and `kvref sweep --ray`,
 with the trace put in the object store once and the results streamed in grid order. The node is stopped after the
 module, also when a test fails. Without Ray installed only the refusals run."""
-import contextlib, io, os, signal, socket, subprocess, sys, time
+import contextlib, io, os, shutil, signal, socket, subprocess, sys, tempfile, time
 from pathlib import Path
 import pytest
 from kvref.cli import sweep_main
@@ -44,35 +44,50 @@ def test_kvref_sweep_refuses_bad_ray_use_in_one_line(args, words):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
     """A Ray head node with 2 CPUs listening on 127.0.0.1 only (`ray start --block`): its address and its Ray client's
-    address. SIGTERM stops every
-    process it started. Ray replaces a loopback address by the machine's own unless, as on one-machine platforms, its
-    cluster mode is off: off in the node's environment and in this process, so nothing listens beyond loopback."""
+    address, yielded once both accept connections. SIGTERM stops every process it started. Its sessions and logs go to
+    a folder of its own (short: Ray's socket paths are limited), removed after. Ray replaces a loopback address by the
+    machine's own unless, as on one-machine platforms, its cluster mode is off: off in the node's environment and in
+    this process, so nothing listens beyond loopback."""
     pytest.importorskip("ray")
     import ray._private.ray_constants as ray_constants
-    log = tmp_path_factory.mktemp("ray") / "head.log"
+    temp = Path(tempfile.mkdtemp(prefix="kvref-ray-"))
+    log = temp / "head.log"
     port, client_port = _free_port(), _free_port()  # every port named: the raylet waits at most 15 s for an agent to
     ports = [f"--{name}-port={_free_port()}" for name in ("dashboard-agent-grpc", "dashboard-agent-listen",  # report one
                                                           "runtime-env-agent", "metrics-export")]  # it chose itself
     env = dict(os.environ, **{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"})
     with open(log, "w") as out:
         node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
-                                 f"--ray-client-server-port={client_port}", *ports,
+                                 f"--ray-client-server-port={client_port}", *ports, f"--temp-dir={temp}",
                                  "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
                                  "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
             deadline = time.monotonic() + 180
-            while "Ray runtime started" not in log.read_text():
+            while "Ray runtime started" not in log.read_text() or not _answers(client_port):
                 assert node.poll() is None and time.monotonic() < deadline, f"ray start failed:\n{log.read_text()[-2000:]}"
                 time.sleep(0.5)
-            yield f"127.0.0.1:{port}", f"ray://127.0.0.1:{client_port}"
+            yield f"127.0.0.1:{port}", f"ray://127.0.0.1:{client_port}", temp
     finally:
         node.send_signal(signal.SIGTERM)
         try: node.wait(60)
         except subprocess.TimeoutExpired: node.kill(); node.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _answers(port: int) -> bool:
+    "Whether something on loopback accepts a connection at `port`."
+    try: socket.create_connection(("127.0.0.1", port), 1).close(); return True
+    except OSError: return False
+
+
+def _client_server_logs(temp: Path) -> str:
+    "The tail of each Ray client server log under the node's folder: what to read when a `ray://` connection fails."
+    return "".join(f"\n--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+                   for f in sorted(temp.glob("session_*/logs/ray_client_server*")))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +109,8 @@ def test_kvref_sweep_through_the_ray_client_prints_what_jobs_prints_and_disconne
     trace.write_text("".join(SAMPLE.read_text().splitlines(keepends=True)[:30]))
     sizes = ",".join(map(str, SIZES))
     on_ray = _sweep_cli(trace, "--blocks", sizes, "--ray", cluster[1], "--format", "json")
-    assert on_ray[:2] == _sweep_cli(trace, "--blocks", sizes, "--jobs", "2", "--format", "json")[:2]
+    assert on_ray[:2] == _sweep_cli(trace, "--blocks", sizes, "--jobs", "2", "--format", "json")[:2], \
+        on_ray[2] + _client_server_logs(cluster[2])
     assert on_ray[0] == 0 and not ray.is_initialized()
 
 
