@@ -386,8 +386,8 @@ def _conform_trace(ns, path: str, expect: str | None, factory, fields: list[str]
     ops = load_trace_for_cli(path)
     decisions = load_decisions(expect) if expect else None
     if decisions == []: raise ValueError(f"{expect}: no decisions, nothing to compare")
-    try: d = (check(factory, ops, ns.behavior, fields, ns.free_queue_every, ns.vllm_version) if decisions is None
-              else check_recorded(decisions, ops, ns.behavior, fields, ns.vllm_version))
+    try: d = (check(factory, ops, ns.behavior, fields, ns.free_queue_every, ns.vllm_version, checked=True) if decisions is None
+              else check_recorded(decisions, ops, ns.behavior, fields, ns.vllm_version, checked=True))  # checked: by the loader
     except ValueError as e: raise ValueError(f"{path}: {e}") from None
     if d is None: print(f"{path}: conforms ({len(ops)} ops)"); return 0
     if decisions is not None: print(f"{path}: {d.report()}"); return 1

@@ -1,6 +1,7 @@
 """The speed-ups of `kvref replay` (issue 30) change no decision: the token-list twin equals its definition, format 2
 free-queue changes rebuild format 1's whole queues, the command's output equals the library's replay, the collector
-is back on after the command, and `kvref replay` imports neither torch nor matplotlib."""
+is back on after the command, and neither `kvref replay` nor `kvref check --expect` imports hypothesis, torch or
+matplotlib."""
 import gc
 import json
 import os
@@ -9,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
-from kvref.cli import collector_paused, replay_main
+from kvref.cli import check_main, collector_paused, replay_main
 from kvref.oracle.replay import (TraceReplayer, apply_changes, is_token_list, is_token_list_fast, load_trace,
                                  replay, validate_op)
 from kvref.oracle.workloads import shared_system_prompts, to_trace, write_trace
@@ -32,6 +33,51 @@ def test_token_list_twin_equals_its_definition(value):
 @given(st.lists(st.integers(0, 2**64 + 5), min_size=1, max_size=600))
 def test_token_list_twin_on_long_prompts(value):
     assert is_token_list_fast(value) is is_token_list(value) is True
+
+
+values = st.one_of(st.text(max_size=2), st.integers(-2, 3), st.booleans(), st.none(), st.floats(allow_nan=False), tokens,
+                   st.dictionaries(st.sampled_from(["name", "path", "x"]), st.text(max_size=1), max_size=3))
+op_names = st.sampled_from(["schedule"] * 3 + ["append"] * 2 + ["free", "preempt", "add", "config", "reset_prefix_cache", "evict"])
+fields = st.sampled_from(["id", "budget", "tokens", "prompt", "num_lookahead_tokens", "cache_salt", "lora", "mm",
+                          "mm_items", "why"])
+
+
+@st.composite
+def any_op(draw):
+    "Mostly the common shapes (a schedule's budget, an append's tokens), often with one field wrong, added or missing."
+    if draw(st.integers(0, 30)) == 0: return draw(values)
+    name = draw(op_names)
+    op = {"op": name, "id": draw(st.text(max_size=2))}
+    if name == "schedule" and draw(st.booleans()): op["budget"] = draw(st.one_of(st.none(), st.integers(-1, 3)))
+    if name == "append": op["tokens"] = draw(st.lists(st.integers(0, 9), max_size=3))
+    if draw(st.booleans()):  # one field wrong, added or taken away
+        key = draw(st.sampled_from(["op", "id", "budget", "tokens"]) | fields)
+        if draw(st.integers(0, 3)) == 0: op.pop(key, None)
+        else: op[key] = draw(values)
+    return op
+
+
+def outcome(validate, op, version):
+    "What `validate` does with `op`: the op it returns, or the error it raises."
+    try: return validate(op, version)
+    except (ValueError, TypeError) as e: return type(e).__name__, str(e)
+
+
+@settings(max_examples=1000)  # cheap: a few microseconds an op
+@given(any_op(), st.sampled_from([1, 2]))
+def test_validate_op_twin_equals_its_definition(op, version):
+    from kvref.oracle.replay import is_common_op, validate_op_fast
+    want = outcome(validate_op, op, version)
+    assert outcome(validate_op_fast, op, version) == want
+    assert not is_common_op(op) or want is op
+
+
+@settings(max_examples=1000)
+@given(any_op(), st.sampled_from([1, 2]))
+def test_validate_release_op_twin_equals_its_definition(op, version):
+    from kvref.oracle.conformance import validate_release_op_fast
+    from kvref.oracle.releases import validate_release_op
+    assert outcome(validate_release_op_fast, op, version) == outcome(validate_release_op, op, version)
 
 
 def workload_trace(tmp_path: Path, version: int = 2) -> Path:
@@ -87,14 +133,29 @@ def test_one_token_append_refuses_as_before():
         r.apply(ops[2])
 
 
-def test_replay_imports_neither_torch_nor_matplotlib(tmp_path):
-    path = workload_trace(tmp_path)
-    code = ("import sys, io, contextlib; from kvref.cli import main\n"
-            f"with contextlib.redirect_stdout(io.StringIO()): status = main(['replay', {str(path)!r}])\n"
-            "print(status, sorted(m for m in ('torch', 'matplotlib', 'vllm') if m in sys.modules))")
+HEAVY = ("hypothesis", "torch", "matplotlib", "vllm")  # what `kvref replay` and `kvref check --expect` never import
+
+
+def modules_loaded(code: str) -> list[str]:
+    "The modules of `HEAVY` that a fresh interpreter running `code` (then printing nothing) has imported."
+    code += f"\nimport sys; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.split() == ["0", "[]"]
+    return json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                     check=True).stdout.splitlines()[-1].replace("'", '"'))
+
+
+def test_cli_imports_no_heavy_module():
+    assert modules_loaded("import kvref.cli") == []
+
+
+def test_replay_and_check_import_no_heavy_module(tmp_path):
+    path = workload_trace(tmp_path)
+    decisions = tmp_path / "decisions.jsonl"
+    decisions.write_text("".join(json.dumps(d) + "\n" for d in replay(load_trace(path))))
+    code = ("import io, contextlib; from kvref.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()): assert main(['replay', {str(path)!r}]) == 0\n"
+            f"with contextlib.redirect_stdout(io.StringIO()): assert main(['check', {str(path)!r}, '--expect', {str(decisions)!r}]) == 0")
+    assert modules_loaded(code) == []
 
 
 # ---------------------------------------------------------------- FastTraceReplayer, in lockstep with TraceReplayer
@@ -155,3 +216,29 @@ def random_trace(draw):
 @given(random_trace(), st.sampled_from([None, 1, 2]))
 def test_fast_replayer_in_lockstep_on_random_traces(ops, every):
     assert_lockstep(ops, version=2, free_queue_every=every)
+
+
+# ---------------------------------------------------------------- each op checked once
+
+def test_check_recorded_checks_each_op_once(tmp_path, monkeypatch, capsys):
+    "A trace file's ops are checked by its loader, not again by kvref's replay; ops given as a list, by the replay."
+    import kvref.oracle.replay as replay_module
+    from kvref.oracle.conformance import check, check_recorded, load_any_trace
+    path = workload_trace(tmp_path)
+    decisions = list(replay(load_trace(path)))
+    calls, checked = [], replay_module.validate_op_fast  # the replay's check of each op
+    def counted(op, version=1):
+        calls.append(op)
+        return checked(op, version)
+    monkeypatch.setattr(replay_module, "validate_op_fast", counted)
+    ops = load_any_trace(path)
+    assert check_recorded(decisions, path) is None and calls == []
+    assert check_recorded(decisions, ops, checked=True) is None and calls == []
+    assert check(replay_module.kvref_factory(), ops, checked=True) is None and calls == []
+    recorded = tmp_path / "decisions.jsonl"
+    recorded.write_text("".join(json.dumps(d) + "\n" for d in decisions))
+    assert check_main([str(path), "--expect", str(recorded)]) == 0 and calls == []
+    assert check_recorded(decisions, ops) is None and len(calls) == len(ops)
+    n = next(i for i, op in enumerate(ops) if op["op"] == "schedule")
+    bad = ops[:n] + [{**ops[n], "budget": True}]
+    with pytest.raises(ValueError, match="field 'budget' must be int or null, got true"): check_recorded(decisions, bad)

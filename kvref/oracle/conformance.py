@@ -9,20 +9,18 @@ from __future__ import annotations
 import importlib, importlib.util, json, os, sys, time
 from pathlib import Path
 from typing import Callable, Iterable
-from hypothesis import Verbosity, settings, strategies as st
 from fastcore.basics import patch
-from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from ..core.kv_cache_manager import KVCacheManager
 from ..guards import check_instance, refuse
-from .replay import (FIELDS, FILE_KINDS, HYBRID_FIELDS, AllocatorAdapter, Divergence, KVRefAdapter,
-                          KVRefHybridAdapter, Lockstep, Protocol1, TraceDriver, TraceReplayer, file_kind, is_hybrid, kvref_factory,
+from .replay import (FIELDS, FILE_KINDS, HYBRID_FIELDS, AllocatorAdapter, Divergence, FastTraceReplayer,
+                          KVRefAdapter, KVRefHybridAdapter, Lockstep, Protocol1, TraceDriver, TraceReplayer, file_kind, is_common_op, is_hybrid, kvref_factory,
                           load_decisions, load_trace, replay_lockstep)
-from .releases import ReleaseTraceReplayer, load_release_trace, profile_for_version
+from .releases import ReleaseTraceReplayer, profile_for_version, validate_release_op
 from .hybrid_replay import load_hybrid_trace
 
 # %% auto #0
-__all__ = ['OP_MIX', 'load_any_trace', 'decision_fields', 'check', 'check_recorded', 'shrink', 'ConformanceMachine',
-           'conformance_machine', 'load_adapter']
+__all__ = ['OP_MIX', 'validate_release_op_fast', 'load_any_trace', 'decision_fields', 'check', 'check_recorded', 'shrink',
+           'ConformanceMachine', 'conformance_machine', 'load_adapter']
 
 # %% ../../nbs/07_conformance.ipynb #0dc05355
 def _as_factory(adapter) -> Callable[[dict], AllocatorAdapter]:
@@ -34,16 +32,22 @@ _NOT_A_TRACE = {"decisions": "; give it to --expect, after its trace", "request-
                 "events": "; `kvref events TRACE` writes the events vLLM 0.33 emits for a trace",
                 "scheduler": "; the scheduler chapter's `run_workload` replays it"}  # what to do instead
 
+def validate_release_op_fast(op: object, version: int = 1) -> dict:
+    "`validate_release_op`, the common ops (`is_common_op`, the replay chapter) accepted in one test."
+    return op if is_common_op(op) else validate_release_op(op, version)
+
 def load_any_trace(path: str | Path) -> list[dict]:
     "The ops of any allocator trace file: hybrid, or single-group (the release recordings' `mm` read as `mm_items`)."
     kind = file_kind(path)
     if kind in _NOT_A_TRACE: raise ValueError(f"{path}: not an allocator trace: it holds {FILE_KINDS[kind]}{_NOT_A_TRACE[kind]}")
-    return load_hybrid_trace(path) if kind == "hybrid-trace" else load_release_trace(path)
+    return load_hybrid_trace(path) if kind == "hybrid-trace" else load_trace(path, validate_release_op_fast)
 
 def _ops(trace) -> list[dict]:
     "A trace's ops: a list as given, or a file read by `load_any_trace`."
     return load_any_trace(trace) if isinstance(trace, (str, Path)) else list(trace)
 
+
+# %% ../../nbs/07_conformance.ipynb #709e7642
 def decision_fields(fields: Iterable[str] | None, hybrid: bool) -> list[str]:
     "The decision fields to compare (None: every field of the trace's format); a field the format lacks is refused."
     known = HYBRID_FIELDS if hybrid else FIELDS
@@ -73,15 +77,15 @@ def _refuse_single_group(d: Divergence, adapter) -> None:
                          "needs an adapter of the hybrid protocol (one block table per group; see the engine-authors page)")
 
 def _reference(behavior: str, hybrid: bool, vllm_version: str | None = None, **kwargs) -> TraceDriver:
-    "kvref's side: the allocator of vLLM release `vllm_version`, or kvref's in `behavior` (either manager)."
+    "kvref's side: the allocator of vLLM release `vllm_version`, or kvref's in `behavior` (either manager; `FastTraceReplayer`'s decisions)."
     if vllm_version is not None and (hybrid or behavior != "vllm_0_33"):
         raise ValueError("a vLLM release is given for single-group traces only, and names the allocator: no other behavior")
-    return ReleaseTraceReplayer(profile_for_version(vllm_version), **kwargs) if vllm_version is not None else TraceReplayer(behavior, **kwargs)
+    return ReleaseTraceReplayer(profile_for_version(vllm_version), **kwargs) if vllm_version is not None else FastTraceReplayer(behavior, **kwargs)
 
-def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False,
-           vllm_version: str | None = None) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
+def _sides(factory, behavior: str, fields, every: int, hybrid: bool = False, vllm_version: str | None = None,
+           validate: bool = True) -> tuple[TraceReplayer, TraceDriver, Lockstep]:
     "kvref and the engine stepped in lockstep by the one driver: format 2 decisions (a hybrid trace's: format 1, its only one)."
-    ref = _reference(behavior, hybrid, vllm_version, version=2, free_queue_every=every)
+    ref = _reference(behavior, hybrid, vllm_version, version=2, free_queue_every=every, validate=validate)
     engine = TraceDriver(factory, version=2, free_queue_every=every, validate=False)
     return ref, engine, Lockstep(ref.apply, engine.apply, fields)
 
@@ -104,6 +108,7 @@ def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -
           fields: Iterable[str] | None = None,  # decision fields to compare (None: all of the trace's format)
           free_queue_every: int | None = None,  # compare whole free queues every this many ops (None: see above)
           vllm_version: str | None = None,  # hold the adapter to this vLLM release's allocator instead (the releases chapter)
+          checked: bool = False,  # `trace` is ops a trace loader has checked (a file always is): kvref does not check them again
           ) -> Divergence | None:
     "Run kvref and `adapter` over `trace` in lockstep; the first divergence, or None if every decision matches."
     factory, ops = _as_factory(adapter), _ops(trace)
@@ -112,17 +117,18 @@ def check(adapter: Callable[[dict], AllocatorAdapter],  # factory: config dict -
     if hybrid and free_queue_every not in (None, 1):
         raise ValueError("free_queue_every does not apply to a hybrid trace: its decisions carry the whole free queue every op")
     every = 1 if hybrid else _queue_every(ops, free_queue_every)
-    ref, engine, lock = _sides(factory, behavior, fields, every, hybrid, vllm_version)
+    validate = not (checked or isinstance(trace, (str, Path)))
+    ref, engine, lock = _sides(factory, behavior, fields, every, hybrid, vllm_version, validate)
     for op in ops:
         if (d := lock.apply(op)) is None: continue
         if hybrid: _refuse_single_group(d, engine.adapter)
         if "error" in (d.expected or {}):
             raise ValueError(f"op {d.index}: vLLM {vllm_version} raises here ({d.expected['error']}): an adapter is held "
                              "only to traces on which vLLM raises nowhere (check the recorded decisions instead)")
-        if every > 1 and "free_queue" in d.fields: return check(factory, d.trace, behavior, fields, 1, vllm_version)
+        if every > 1 and "free_queue" in d.fields: return check(factory, d.trace, behavior, fields, 1, vllm_version, True)
         d.tables = _tables_before(d.trace[:-1], behavior, hybrid, vllm_version)
         return d
-    if every > 1 and _queues_differ(ref, engine, fields): return check(factory, ops, behavior, fields, 1, vllm_version)
+    if every > 1 and _queues_differ(ref, engine, fields): return check(factory, ops, behavior, fields, 1, vllm_version, True)
     return None
 
 # %% ../../nbs/07_conformance.ipynb #0c8c6e0d
@@ -138,6 +144,7 @@ def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions
                    behavior: str = "vllm_0_33",  # kvref behaviour to replay in
                    fields: Iterable[str] | None = None,  # decision fields to compare (None: whole decisions)
                    vllm_version: str | None = None,  # replay as this vLLM release's allocator instead (the releases chapter)
+                   checked: bool = False,  # `trace` is ops a trace loader has checked (a file always is): not checked again
                   ) -> Divergence | None:
     "Recorded `decisions` against kvref's replay of `trace`; the first divergence, or None if every decision matches."
     ops = _ops(trace)
@@ -145,7 +152,7 @@ def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions
     if (bad := next((i for i, d in enumerate(decisions) if not isinstance(d, dict) or "op" not in d), None)) is not None:
         raise ValueError(f"decision {bad} must be a JSON object with an 'op' field, got {decisions[bad]!r:.60}")
     hybrid = bool(ops) and is_hybrid(ops[0])
-    ref = _reference(behavior, hybrid, vllm_version)
+    ref = _reference(behavior, hybrid, vllm_version, validate=not (checked or isinstance(trace, (str, Path))))
     lock = replay_lockstep(decisions, decide=ref.apply, fields=None if fields is None else decision_fields(fields, hybrid))
     for op in ops:
         if (d := lock.apply(op)) is not None: d.tables = _tables_before(d.trace[:-1], behavior, hybrid, vllm_version); return d
@@ -203,8 +210,8 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
 # %% ../../nbs/07_conformance.ipynb #af783fd6
 OP_MIX = ("schedule",) * 48 + ("add",) * 10 + ("append",) * 14 + ("free",) * 8 + ("preempt",) * 4 + ("reset_prefix_cache",)
 
-class ConformanceMachine(RuleBasedStateMachine):
-    "Random traces run through kvref and an adapter in lockstep (configure with `conformance_machine`)."
+class ConformanceMachine:
+    "The rules that write random traces and run them through kvref and an adapter in lockstep (`conformance_machine` makes them a state machine)."
     factory: Callable = None  # the adapter factory under test
     behavior: str = "vllm_0_33"  # kvref behaviour to hold it to
     fields: tuple = FIELDS  # decision fields compared
@@ -230,8 +237,9 @@ def live(self: ConformanceMachine, kind: str) -> list[str]:
 
 # %% ../../nbs/07_conformance.ipynb #07695149
 @patch
-@initialize(num_blocks=st.integers(4, 16), block_size=st.integers(1, 4), data=st.data())
 def config(self: ConformanceMachine, num_blocks, block_size, data):
+    "The run's pool (4 to 16 blocks of 1 to 4 tokens, drawn by `conformance_machine`) and its shared prefixes."
+    from hypothesis import strategies as st
     caching = data.draw(st.sampled_from(self.caching))
     self.prefixes = data.draw(st.lists(st.lists(st.integers(0, 7), min_size=block_size, max_size=4 * block_size + 3),
                                        min_size=1, max_size=3))
@@ -244,6 +252,7 @@ def config(self: ConformanceMachine, num_blocks, block_size, data):
 @patch
 def _add(self: ConformanceMachine, data) -> dict:
     "A new request: mostly part of a shared prefix and a few tokens of its own."
+    from hypothesis import strategies as st
     base = data.draw(st.sampled_from(self.prefixes)) if data.draw(st.integers(0, 19)) else []
     own = data.draw(st.lists(st.integers(0, 7), min_size=0 if base else 1, max_size=3))
     cut = len(base) if data.draw(st.booleans()) else data.draw(st.integers(1, max(1, len(base))))
@@ -254,6 +263,7 @@ def _add(self: ConformanceMachine, data) -> dict:
 # %% ../../nbs/07_conformance.ipynb #a8e13b3c
 @patch
 def _schedule(self: ConformanceMachine, data) -> dict:
+    from hypothesis import strategies as st
     op = {"op": "schedule", "id": data.draw(st.sampled_from(self.live("schedule"))),
           "budget": data.draw(st.one_of(st.none(), st.integers(1, 6)))}
     if not isinstance(self.engine.adapter, Protocol1) and data.draw(st.integers(0, 4)) == 0:
@@ -263,19 +273,23 @@ def _schedule(self: ConformanceMachine, data) -> dict:
 # %% ../../nbs/07_conformance.ipynb #a7c0f022
 @patch
 def _append(self: ConformanceMachine, data) -> dict:
+    from hypothesis import strategies as st
     return {"op": "append", "id": data.draw(st.sampled_from(self.live("append"))),
             "tokens": data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=2))}
 
+
+# %% ../../nbs/07_conformance.ipynb #7981dda8
 @patch
 def _request_op(self: ConformanceMachine, kind: str, data) -> dict:
     "A `preempt` or `free` of a request that allows it."
+    from hypothesis import strategies as st
     return {"op": kind, "id": data.draw(st.sampled_from(self.live(kind)))}
 
 # %% ../../nbs/07_conformance.ipynb #25324ab4
 @patch
-@rule(data=st.data())
 def act(self: ConformanceMachine, data):
     "One op, its kind drawn from `OP_MIX`; when the live requests allow none of that kind, the next that they allow."
+    from hypothesis import strategies as st
     kind = data.draw(st.sampled_from(OP_MIX))
     fallback = {"schedule": "append", "append": "schedule"}.get(kind)
     if kind in ("schedule", "append", "preempt", "free") and not self.live(kind):
@@ -291,10 +305,14 @@ def conformance_machine(adapter: Callable[[dict], AllocatorAdapter],  # factory:
                         out_path: str | Path | None = None,  # where the minimal trace is written (None: named after the run)
                         caching: Iterable[bool] = (True, False),  # enable_caching values to try
                         ) -> type[ConformanceMachine]:
-    "A `ConformanceMachine` subclass bound to `adapter`; use its `.TestCase` in pytest or unittest."
+    "`ConformanceMachine` bound to `adapter` as a hypothesis `RuleBasedStateMachine`; use its `.TestCase` in pytest or unittest."
+    from hypothesis import Verbosity, settings, strategies as st  # here, not at the top: `kvref check` never loads hypothesis
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
     factory, fields = _as_factory(adapter), decision_fields(fields, hybrid=False)
     name = f"kvref-divergence-{getattr(factory, '__name__', 'adapter')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
-    machine = type("ConformanceMachineFor", (ConformanceMachine,), dict(
+    machine = type("ConformanceMachineFor", (ConformanceMachine, RuleBasedStateMachine), dict(
+        config=initialize(num_blocks=st.integers(4, 16), block_size=st.integers(1, 4), data=st.data())(ConformanceMachine.config),
+        act=rule(data=st.data())(ConformanceMachine.act),  # the one rule
         factory=staticmethod(factory), behavior=behavior, fields=tuple(fields), out_path=Path(out_path or name),
         caching=tuple(caching)))
     machine.TestCase.settings = settings(machine.TestCase.settings, verbosity=Verbosity.quiet)  # the trace file is the reproducer: no steps, no draws
