@@ -318,12 +318,15 @@ def _replay_ops(args, ops: list[dict], decide: Callable[[dict], dict], expected:
     lock = replay_lockstep(expected, decide=decide) if expected is not None else None
     quiet, decisions, write = keep or lock is not None, [], sys.stdout.write  # quiet: nothing printed, so show progress
     encode = json.JSONEncoder(check_circular=False).encode  # `json.dumps`'s output; a decision holds no cycle to look for
-    for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ops):
+    for n, op in enumerate(() if quiet else ops):  # printing each decision, nothing compared or kept: the fewest steps
+        try: got = decide(op)
+        except (ValueError, TypeError) as e: raise ValueError(f"op {n}: {e}") from None
+        write(encode(got) + "\n")
+    for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ()):
         try: divergence, got = (lock.apply(op), lock.last) if lock else (None, decide(op))
         except (ValueError, TypeError) as e: raise ValueError(f"op {n}: {e}") from None
         if divergence is not None: print(divergence.report()); return 1, decisions
         if keep: decisions.append(got)
-        if not quiet: write(encode(got) + "\n")
     if lock is not None:
         if len(expected) > len(ops): print(Divergence(len(ops), None, expected[len(ops)], None, [], ops).report()); return 1, decisions
         print(f"kvref replay: all {len(ops)} decisions match ({args.vllm_version or args.behavior})")
@@ -361,7 +364,10 @@ def replay_main(argv: list[str] | None = None) -> int:
         expected = load_decisions(args.expect) if args.expect else None
         if expected == []: raise ValueError(f"{args.expect}: no decisions, nothing to compare")
         status, decisions = _replay_ops(args, ops, decide, expected)
-    if status == 0: _stats_and_pictures(args, ops, decisions, hybrid)  # the collector on: pictures do make cycles
+        if status or not (args.stats or args.svg):  # nothing to draw: let go of the trace while the collector is off
+            del ops, expected, decisions, decide
+            return status
+    _stats_and_pictures(args, ops, decisions, hybrid)  # the collector on: pictures do make cycles
     return status
 
 # %% ../nbs/12_cli.ipynb #465bfe11

@@ -116,6 +116,16 @@ def test_command_prints_the_librarys_decisions(tmp_path, capsys, version):
     assert gc.isenabled()
 
 
+def test_replay_lets_go_of_the_trace_before_the_collector_is_back(tmp_path, capsys, monkeypatch):
+    "With nothing to draw, the parsed trace is freed while the collector is off: its youngest generation holds no op."
+    path, counts = workload_trace(tmp_path), []
+    enable = gc.enable
+    monkeypatch.setattr(gc, "enable", lambda: counts.append(gc.get_count()[0]) or enable())
+    assert replay_main([str(path)]) == 0
+    ops = len(load_trace(path))
+    assert counts and counts[-1] < ops / 2, (ops, counts)  # held, they would be there: about 2 objects an op
+
+
 def test_collector_paused_leaves_a_disabled_collector_disabled():
     gc.disable()
     try:
