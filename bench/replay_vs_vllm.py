@@ -28,9 +28,15 @@ Without --trace it writes the default trace (`shared_system_prompts`, 2,400 requ
 folder. `--mooncake` also replays the shipped Mooncake sample converted by `kvref convert` (set to format 2).
 `--profile` runs the in-process kvref side under cProfile and prints the top functions. `--before TREE` also times
 `kvref replay` of another kvref tree (PYTHONPATH=TREE; e.g. a worktree of main before a change) in the same rotation.
+`--check` also times `kvref check TRACE --expect DECISIONS` (kvref's own format 2 decisions, written once), of both
+trees, in the same rotation: it reads and parses a second file of the same length, so vLLM's replay is its yardstick
+only as "the same trace, replayed".
+
+Both trees' modules are compiled to bytecode first, as `pip install` does: this environment sets
+PYTHONDONTWRITEBYTECODE=1, under which every run of the command would compile kvref's modules from source again.
 """
 from __future__ import annotations
-import argparse, cProfile, datetime, gc, io, json, os, platform, pstats, statistics, subprocess, sys, tempfile, time
+import argparse, compileall, cProfile, datetime, gc, io, json, os, platform, pstats, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 from kvref.oracle.workloads import shared_system_prompts, to_trace, write_trace
@@ -131,15 +137,16 @@ def kvref_in_process(path: Path, out) -> None:
     if status != 0: raise RuntimeError(f"kvref replay {path} exited {status}")
 
 
-def kvref_cli(path: Path, tree: Path | None = None) -> tuple[float, float]:
-    "Wall and CPU seconds (user + system) of `kvref replay FILE` as a subprocess (kvref from `tree`, else this one's)."
+def kvref_cli(path: Path, tree: Path | None = None, expect: Path | None = None) -> tuple[float, float]:
+    "Wall and CPU seconds (user + system) of `kvref replay FILE` (`kvref check FILE --expect EXPECT`) as a subprocess (kvref from `tree`, else this one's)."
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    command = ["replay", str(path)] if expect is None else ["check", str(path), "--expect", str(expect)]
     t = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-c", CLI, "replay", str(path)], stdout=subprocess.DEVNULL, env=env,
+    child = subprocess.Popen([sys.executable, "-c", CLI, *command], stdout=subprocess.DEVNULL, env=env,
                              cwd=tree or ROOT)  # `python -c` puts the working folder first on sys.path
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0: raise RuntimeError(f"kvref replay {path} exited {child.returncode}")
+    if child.returncode != 0: raise RuntimeError(f"kvref {' '.join(command)} exited {child.returncode}")
     return time.perf_counter() - t, usage.ru_utime + usage.ru_stime
 
 
@@ -170,12 +177,14 @@ def same_decisions(path: Path, v) -> str:
             f"{sum(d['hit_tokens'] for d in theirs if d['op'] == 'schedule'):,} hit tokens), final free queue equal")
 
 
-def compare(path: Path, v, repeat: int, before: Path | None = None) -> dict:
-    "Interleaved repetitions of the sides (the CLI of kvref tree `before` too, if given); per-repetition times."
+def compare(path: Path, v, repeat: int, before: Path | None = None, expect: Path | None = None) -> dict:
+    "Interleaved repetitions of the sides (the CLI of kvref tree `before` too, if given; `kvref check --expect` too, if `expect`); per-repetition times."
     devnull = open(os.devnull, "w")
     sides = {"cli": lambda: kvref_cli(path), "kvref": lambda: timed(lambda: kvref_in_process(path, devnull)),
              "vllm": lambda: timed(lambda: vllm_replay(path, v, devnull))}
     if before is not None: sides["before"] = lambda: kvref_cli(path, before.resolve())
+    if expect is not None: sides["check"] = lambda: kvref_cli(path, None, expect)
+    if expect is not None and before is not None: sides["check_before"] = lambda: kvref_cli(path, before.resolve(), expect)
     runs = {k: [] for k in sides}
     loads = [os.getloadavg()[0]]
     for i in range(repeat):
@@ -189,6 +198,7 @@ def summary(result: dict) -> list[str]:
     runs, rows = result["runs"], []
     med = lambda xs: statistics.median(xs)
     names = (("before", "kvref CLI before (subprocess)"), ("cli", "kvref CLI (subprocess)"), ("kvref", "kvref in-process"),
+             ("check_before", "`kvref check --expect` before (subprocess)"), ("check", "`kvref check --expect` (subprocess)"),
              ("vllm", "vLLM 0.33 manager"))
     for k, name in ((k, name) for k, name in names if k in runs):
         rows.append(f"| {name} | {med([c for _, c in runs[k]]):.2f} | {med([w for w, _ in runs[k]]):.2f} "
@@ -215,7 +225,10 @@ def main() -> int:
     p.add_argument("--mooncake", action="store_true", help="also the Mooncake sample through `kvref convert`")
     p.add_argument("--profile", action="store_true", help="profile kvref in-process on the trace, and stop")
     p.add_argument("--before", type=Path, help="another kvref tree (say main) whose `kvref replay` is timed beside")
+    p.add_argument("--check", action="store_true", help="also time `kvref check TRACE --expect DECISIONS` (both trees)")
     a = p.parse_args()
+    for tree in (ROOT, a.before):  # bytecode, as an install has it (see the docstring)
+        if tree is not None: compileall.compile_dir(Path(tree) / "kvref", quiet=1)
     folder = Path(tempfile.mkdtemp(prefix="kvref-replay-bench-"))
     traces = [a.trace.resolve() if a.trace else default_trace(folder / "shared-system-prompts.jsonl")]
     if a.mooncake: traces.append(mooncake_trace(folder / "mooncake-sample.jsonl"))
@@ -227,7 +240,11 @@ def main() -> int:
     for path in traces:
         lines = sum(1 for _ in open(path))
         print(f"{path.name}: {lines:,} ops, {path.stat().st_size / 1e6:.1f} MB; " + same_decisions(path, v))
-        result = compare(path, v, a.repeat, a.before)
+        expect = None
+        if a.check:
+            expect = folder / (path.stem + ".decisions.jsonl")
+            with open(expect, "w") as f: kvref_in_process(path, f)
+        result = compare(path, v, a.repeat, a.before, expect)
         print(f"{a.repeat} interleaved repetitions, load average {min(result['loads']):.1f}-{max(result['loads']):.1f}\n")
         print("| side | CPU s (median) | wall s (median) | kvref / vLLM, CPU | kvref / vLLM, wall |")
         print("|---|---|---|---|---|")

@@ -481,19 +481,20 @@ class FastTraceReplayer(TraceReplayer):
     "`TraceReplayer` with a validated trace's `schedule` and `append` ops decided in one call: the same decisions."
     def apply(self, op: dict) -> dict:
         name, adapter, every = op["op"], self.adapter, self.free_queue_every
-        if name not in ("schedule", "append") or type(adapter) is not KVRefAdapter or self.validate or self.version == 1 \
-                or op["id"] not in self.requests or (every is not None and self.num_applied % every == 0):
+        if (name != "schedule" and name != "append") or type(adapter) is not KVRefAdapter or self.validate or self.version == 1 \
+                or (request := self.requests.get(op["id"])) is None or (every is not None and self.num_applied % every == 0):
             return TraceReplayer.apply(self, op)  # the rest, errors included, as the plain driver
-        rid, request = op["id"], self.requests[op["id"]]
+        rid = op["id"]
         if name == "schedule":
-            d = {"op": name, "id": rid, **step(adapter, rid, request, op.get("budget"), op.get("num_lookahead_tokens", 0))}
+            d = {"op": name, "id": rid}
+            d.update(step(adapter, rid, request, op.get("budget"), op.get("num_lookahead_tokens", 0)))
         else:
             adapter.append(rid, op["tokens"]); request.num_tokens += len(op["tokens"])
             d = {"op": name, "id": rid}
         self.num_applied += 1
         if adapter._returned: d.update((k, v) for k, v in adapter.free_queue_changes().items() if v)
         elif adapter._taken: d["taken"], adapter._taken = adapter._taken, []  # `free_queue_changes` without the walk
-        d["num_free"] = adapter.manager.num_free_blocks
+        d["num_free"] = adapter.manager.block_pool.get_num_free_blocks()
         return d
 
 # %% ../../nbs/05_replay.ipynb #03922ab3
