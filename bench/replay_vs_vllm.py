@@ -20,17 +20,20 @@ Three sides replay one trace file (format 2, one op per JSON line) and emit each
 Before timing, one untimed run of each: kvref's printed decisions and vLLM's must agree on every field vLLM's
 decisions carry, op by op, and the final free queues must be equal. Then `--repeat` interleaved repetitions, the
 order of the sides rotated each time; ratios kvref / vLLM are taken per repetition (CPU time; wall time beside it)
-and reported as median and range, with the load average.
+and reported as median and range, with the load average; beside them each side's least CPU time and the ratio of the
+least times, which on a machine shared with other work is the steadier of the two.
 
 Run (a Python where vLLM 0.33 imports, kvref on the path):
-    PYTHONPATH=$PWD /work/vvenv/bin/python bench/replay_vs_vllm.py [--trace FILE] [--repeat 5] [--mooncake]
+    PYTHONPATH=$PWD /work/vvenv/bin/python bench/replay_vs_vllm.py [--trace FILE] [--repeat 5] [--mooncake] [--before TREE] [--check]
+        [--fresh-vllm]
 Without --trace it writes the default trace (`shared_system_prompts`, 2,400 requests, 120,001 ops) to a temporary
 folder. `--mooncake` also replays the shipped Mooncake sample converted by `kvref convert` (set to format 2).
 `--profile` runs the in-process kvref side under cProfile and prints the top functions. `--before TREE` also times
 `kvref replay` of another kvref tree (PYTHONPATH=TREE; e.g. a worktree of main before a change) in the same rotation.
 `--check` also times `kvref check TRACE --expect DECISIONS` (kvref's own format 2 decisions, written once), of both
 trees, in the same rotation: it reads and parses a second file of the same length, so vLLM's replay is its yardstick
-only as "the same trace, replayed".
+only as "the same trace, replayed". `--fresh-vllm` also times vLLM's loop in a fresh process, vLLM imported first
+and not counted: what a new process pays for the memory it maps, which the in-process sides have already mapped.
 
 Both trees' modules are compiled to bytecode first, as `pip install` does: this environment sets
 PYTHONDONTWRITEBYTECODE=1, under which every run of the command would compile kvref's modules from source again.
@@ -150,6 +153,16 @@ def kvref_cli(path: Path, tree: Path | None = None, expect: Path | None = None) 
     return time.perf_counter() - t, usage.ru_utime + usage.ru_stime
 
 
+def vllm_fresh(path: Path) -> tuple[float, float]:
+    "Wall and CPU seconds of `vllm_replay` in a fresh process, after vLLM's import (not counted): the memory a new process maps, counted."
+    code = ("import json, os, sys, time; sys.path.insert(0, sys.argv[1]); import replay_vs_vllm as b; from pathlib import Path\n"
+            "v = b.load_vllm(); sink = open(os.devnull, 'w'); w, c = time.perf_counter(), time.process_time()\n"
+            "b.vllm_replay(Path(sys.argv[2]), v, sink); print(json.dumps([time.perf_counter() - w, time.process_time() - c]))")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(path)], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    return tuple(json.loads(out.splitlines()[-1]))
+
+
 def timed(fn) -> tuple[float, float]:
     "Wall and CPU seconds of `fn()` in this process."
     w, c = time.perf_counter(), time.process_time()
@@ -177,7 +190,7 @@ def same_decisions(path: Path, v) -> str:
             f"{sum(d['hit_tokens'] for d in theirs if d['op'] == 'schedule'):,} hit tokens), final free queue equal")
 
 
-def compare(path: Path, v, repeat: int, before: Path | None = None, expect: Path | None = None) -> dict:
+def compare(path: Path, v, repeat: int, before: Path | None = None, expect: Path | None = None, fresh: bool = False) -> dict:
     "Interleaved repetitions of the sides (the CLI of kvref tree `before` too, if given; `kvref check --expect` too, if `expect`); per-repetition times."
     devnull = open(os.devnull, "w")
     sides = {"cli": lambda: kvref_cli(path), "kvref": lambda: timed(lambda: kvref_in_process(path, devnull)),
@@ -185,6 +198,7 @@ def compare(path: Path, v, repeat: int, before: Path | None = None, expect: Path
     if before is not None: sides["before"] = lambda: kvref_cli(path, before.resolve())
     if expect is not None: sides["check"] = lambda: kvref_cli(path, None, expect)
     if expect is not None and before is not None: sides["check_before"] = lambda: kvref_cli(path, before.resolve(), expect)
+    if fresh: sides["vllm_fresh"] = lambda: vllm_fresh(path)
     runs = {k: [] for k in sides}
     loads = [os.getloadavg()[0]]
     for i in range(repeat):
@@ -199,10 +213,12 @@ def summary(result: dict) -> list[str]:
     med = lambda xs: statistics.median(xs)
     names = (("before", "kvref CLI before (subprocess)"), ("cli", "kvref CLI (subprocess)"), ("kvref", "kvref in-process"),
              ("check_before", "`kvref check --expect` before (subprocess)"), ("check", "`kvref check --expect` (subprocess)"),
-             ("vllm", "vLLM 0.33 manager"))
+             ("vllm", "vLLM 0.33 manager"), ("vllm_fresh", "vLLM 0.33 manager, fresh process (import not counted)"))
+    least = lambda k: min(c for _, c in runs[k])
     for k, name in ((k, name) for k, name in names if k in runs):
-        rows.append(f"| {name} | {med([c for _, c in runs[k]]):.2f} | {med([w for w, _ in runs[k]]):.2f} "
-                    + (f"| {ratio(runs[k], runs['vllm'], 1)} | {ratio(runs[k], runs['vllm'], 0)} |" if k != "vllm" else "| 1 | 1 |"))
+        rows.append(f"| {name} | {med([c for _, c in runs[k]]):.2f} | {least(k):.2f} | {med([w for w, _ in runs[k]]):.2f} "
+                    + (f"| {ratio(runs[k], runs['vllm'], 1)} | {least(k) / least('vllm'):.2f} | {ratio(runs[k], runs['vllm'], 0)} |"
+                       if k != "vllm" else "| 1 | 1 | 1 |"))
     return rows
 
 
@@ -226,6 +242,7 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="profile kvref in-process on the trace, and stop")
     p.add_argument("--before", type=Path, help="another kvref tree (say main) whose `kvref replay` is timed beside")
     p.add_argument("--check", action="store_true", help="also time `kvref check TRACE --expect DECISIONS` (both trees)")
+    p.add_argument("--fresh-vllm", action="store_true", help="also time vLLM's loop in a fresh process (its import not counted)")
     a = p.parse_args()
     for tree in (ROOT, a.before):  # bytecode, as an install has it (see the docstring)
         if tree is not None: compileall.compile_dir(Path(tree) / "kvref", quiet=1)
@@ -244,10 +261,10 @@ def main() -> int:
         if a.check:
             expect = folder / (path.stem + ".decisions.jsonl")
             with open(expect, "w") as f: kvref_in_process(path, f)
-        result = compare(path, v, a.repeat, a.before, expect)
+        result = compare(path, v, a.repeat, a.before, expect, a.fresh_vllm)
         print(f"{a.repeat} interleaved repetitions, load average {min(result['loads']):.1f}-{max(result['loads']):.1f}\n")
-        print("| side | CPU s (median) | wall s (median) | kvref / vLLM, CPU | kvref / vLLM, wall |")
-        print("|---|---|---|---|---|")
+        print("| side | CPU s (median) | CPU s (least) | wall s (median) | kvref / vLLM, CPU | kvref / vLLM, least CPU | kvref / vLLM, wall |")
+        print("|---|---|---|---|---|---|---|")
         print("\n".join(summary(result)) + "\n")
         print("per repetition (wall, CPU): " + "; ".join(f"{k} " + ", ".join(f"{w:.2f}/{c:.2f}" for w, c in runs)
                                                       for k, runs in result["runs"].items()) + "\n")
