@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import NamedTuple
 from ..guards import check_choice, check_instance, check_int, check_ints, refuse
+from ..core.block_pool import MAX_NUM_BLOCKS
 from ..core.scheduler import SchedulerConfig
 from ..pictures import chart_svg, progress
 from .production_traces import (CacheSizeResult, MooncakeRequest, block_hashes, check_blocks, check_pace,
@@ -168,6 +169,8 @@ def _check_tiers(cpu_blocks, policies, offload, async_scheduling: bool) -> None:
 def _check_sweep_grid(traces, blocks, grid, cpu_blocks, policies, engine, block_size, ms_per_step, hash_block_size, offload, shared) -> None:
     "Refuse, by name and before any worker starts, a grid `sweep_grid` cannot run."
     _check_traces(traces); check_int("block_size", block_size, 1); check_int("hash_block_size", hash_block_size, 1)
+    if not check_ints("blocks", blocks, 1): refuse("blocks", "a non-empty list of cache sizes", blocks)
+    for i, n in enumerate(blocks): check_int(f"blocks[{i}]", n, 1, MAX_NUM_BLOCKS)  # the most the replays take
     for name, requests in traces.items():
         check_requests(requests, hash_block_size, block_size)
         try: check_blocks(requests, blocks, block_size)
