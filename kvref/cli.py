@@ -700,7 +700,7 @@ def _sweep_parser() -> CommandParser:
                    "started here, or on the cluster at ADDRESS (host:port, ray://host:port, auto); needs pip install 'kvref[ray]'")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format (table)")
     p.add_argument("--plot", metavar="OUT", help="also draw OUT.png and OUT.svg (with --cpu-blocks: OUT-heatmap.svg and "
-                   "OUT-curves.svg); needs matplotlib")
+                   "OUT-curves.svg; a grid of several traces or values: OUT.svg, a line for each); needs matplotlib")
     p.add_argument("--cpu-blocks", help="CPU offload sizes in blocks, comma-separated (0: the GPU alone): a GPU x CPU grid")
     p.add_argument("--policy", help="with --cpu-blocks: the CPU pool's eviction policy, lru, arc, or both: lru,arc (lru)")
     p.add_argument("--engine", choices=("auto", "arrays", "objects"), default="auto", help="the replay: arrays (chapter 06f, "

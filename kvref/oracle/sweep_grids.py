@@ -14,8 +14,8 @@ from ..guards import check_choice, check_instance, check_int, check_ints, refuse
 from ..core.block_pool import MAX_NUM_BLOCKS
 from ..core.scheduler import SchedulerConfig
 from ..pictures import chart_svg, progress
-from .production_traces import (CacheSizeResult, MooncakeRequest, block_hashes, check_blocks, check_pace,
-                                            check_requests, format_results, map_grid, replay_mooncake)
+from .production_traces import (
+    CacheSizeResult, MooncakeRequest, block_hashes, check_blocks, check_pace, check_requests, format_results, map_grid, replay_mooncake)
 from ..kv_offload import OffloadConfig, OffloadSizeResult, format_offload_results, replay_offload
 from .array_replay import TraceKeys, replay_arrays, unmodelled_setting
 
@@ -97,7 +97,7 @@ def sweep_grid(traces: dict[str, Sequence[MooncakeRequest]],  # name -> trace (`
                **settings,  # scheduler settings every point shares (vLLM 0.33's defaults, `SWEEP_DEFAULTS`, for the rest)
                ) -> list[GridRow]:
     "Replay every trace at every point of the grid, one task per point; the rows in grid order."
-    grid = {} if grid is None else grid
+    grid = {} if grid is None else check_instance("grid", grid, dict, "a dict of scheduler setting -> list of values")
     shared = {**{k: v for k, v in SWEEP_DEFAULTS.items() if k not in grid}, **settings}
     _check_sweep_grid(traces, blocks, grid, cpu_blocks, policies, engine, block_size, ms_per_step, hash_block_size, offload, shared)
     points = [p._replace(engine=engine_for(engine, SchedulerConfig.of({**shared, **p.settings}), p.cpu_blocks is not None))
@@ -136,11 +136,11 @@ def _check_setting_lists(grid, shared: dict) -> None:
         if name in shared: refuse(f"grid[{name!r}]", "a setting not also given alone", f"{name}={shared[name]!r}")
         check_instance(f"grid[{name!r}]", values, (list, tuple), "a list of values")
         if not values: refuse(f"grid[{name!r}]", "a non-empty list of values", values)
-        typed = [(type(v), v) for v in values]
-        if len(set(typed)) < len(typed): refuse(f"grid[{name!r}]", "distinct values", values)
+        typed = [(type(v), v) for v in values]  # 1 and True are two values
+        if any(t in typed[:i] for i, t in enumerate(typed)): refuse(f"grid[{name!r}]", "distinct values", values)
 
 # %% ../../nbs/06h_sweep_grids.ipynb #15a4b140
-def _check_points(traces: dict, grid: dict, shared: dict, engine: str, offload: bool, block_size: int) -> None:
+def _check_points(traces: dict, grid: dict, shared: dict, engine: str, offload: bool) -> None:
     "Each point's settings: ones kvref takes (`SchedulerConfig`), vLLM starts with for the trace, and `engine` models."
     longest = {name: max(r.input_length + max(1, r.output_length) for r in requests) for name, requests in traces.items()}
     for values in itertools.product(*grid.values()):
@@ -156,7 +156,9 @@ def _check_points(traces: dict, grid: dict, shared: dict, engine: str, offload: 
 # %% ../../nbs/06h_sweep_grids.ipynb #4255fceb
 def _check_tiers(cpu_blocks, policies, offload, async_scheduling: bool) -> None:
     "The CPU axis, if any: sizes >= 0, policies 'lru'/'arc', `OffloadConfig` settings other than those, no async loop."
-    if cpu_blocks is None: return
+    if cpu_blocks is None:
+        if offload is not None: refuse("offload", "None without cpu_blocks (there is no CPU tier to set)", offload)
+        return
     if not check_ints("cpu_blocks", cpu_blocks): refuse("cpu_blocks", "a non-empty list of CPU sizes in blocks", cpu_blocks)
     if isinstance(policies, str) or not policies: refuse("policies", "a non-empty list of 'lru' and 'arc'", policies, TypeError)
     for i, p in enumerate(policies): check_choice(f"policies[{i}]", p, ("lru", "arc"))
@@ -177,7 +179,7 @@ def _check_sweep_grid(traces, blocks, grid, cpu_blocks, policies, engine, block_
         except ValueError as e: raise ValueError(f"trace {name!r}: {e}") from None
     check_pace(ms_per_step); check_choice("engine", engine, ENGINES)
     _check_setting_lists(grid, shared); _check_tiers(cpu_blocks, policies, offload, shared.get("async_scheduling", False))
-    _check_points(traces, grid, shared, engine, cpu_blocks is not None, block_size)
+    _check_points(traces, grid, shared, engine, cpu_blocks is not None)
 
 def _check_rows(rows) -> None:
     check_instance("rows", rows, (list, tuple), "a list of GridRow (from sweep_grid)")
