@@ -181,11 +181,13 @@ def _check_sweep_grid(traces, blocks, grid, cpu_blocks, policies, engine, block_
     _check_setting_lists(grid, shared); _check_tiers(cpu_blocks, policies, offload, shared.get("async_scheduling", False))
     _check_points(traces, grid, shared, engine, cpu_blocks is not None)
 
+# %% ../../nbs/06h_sweep_grids.ipynb #b9b9af32
 def _check_rows(rows) -> None:
+    "`rows` is what `sweep_grid` returns: a non-empty list of `GridRow`."
     check_instance("rows", rows, (list, tuple), "a list of GridRow (from sweep_grid)")
     if not rows or not all(isinstance(r, GridRow) for r in rows): refuse("rows", "a non-empty list of GridRow (from sweep_grid)", rows, TypeError)
 
-# %% ../../nbs/06h_sweep_grids.ipynb #22afe45c
+# %% ../../nbs/06h_sweep_grids.ipynb #6f2dfc9f
 def varying(rows: Sequence[GridRow]) -> list[str]:
     "The row labels that differ between rows: 'trace' if there are several traces, then each setting with several values."
     names = ["trace"] if len({r.point.trace for r in rows}) > 1 else []
@@ -195,7 +197,7 @@ def varying(rows: Sequence[GridRow]) -> list[str]:
 def _labels(row: GridRow, names: list[str]) -> dict:
     return {k: row.point.trace if k == "trace" else row.point.settings[k] for k in names}
 
-# %% ../../nbs/06h_sweep_grids.ipynb #6f2dfc9f
+# %% ../../nbs/06h_sweep_grids.ipynb #70b880eb
 def format_grid(rows: Sequence[GridRow], fmt: str = "table") -> str:
     "The rows as `format_results` (or 06d's `format_offload_results`) prints them, with a trace and a settings column where they vary."
     _check_rows(rows); check_choice("fmt", fmt, ("table", "csv", "json"))
@@ -206,13 +208,18 @@ def format_grid(rows: Sequence[GridRow], fmt: str = "table") -> str:
     if fmt == "csv":
         out = io.StringIO(); w = csv.DictWriter(out, list(records[0]), lineterminator="\n"); w.writeheader(); w.writerows(records)
         return out.getvalue()
+    return _grid_table(records, results, names)
+
+# %% ../../nbs/06h_sweep_grids.ipynb #5f0c1664
+def _grid_table(records: list[dict], results: list, names: list[str]) -> str:
+    "`format_results`' markdown table, the varying labels first; the line above it names the settings every row shares."
     shared = ", ".join(s for s in results[0].settings.split(", ") if s.split("=")[0] not in names)
     head = [f"scheduler: {shared}"] + [f"offload: {s}" for s in dict.fromkeys(getattr(r, "offload_settings", None) for r in results) if s]
     columns, cell = [n for n in records[0] if n not in ("settings", "offload_settings")], lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
     return "\n".join(head + ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] +
                      ["| " + " | ".join(cell(r[n]) for n in columns) + " |" for r in records]) + "\n"
 
-# %% ../../nbs/06h_sweep_grids.ipynb #8088e703
+# %% ../../nbs/06h_sweep_grids.ipynb #6a2ee096
 def grid_svg(rows: Sequence[GridRow], title: str = "hit rate by GPU cache size") -> str:
     "Hit rate against GPU cache size (log scale), a line per trace, setting and CPU tier the grid varies: an SVG document."
     _check_rows(rows)
