@@ -547,10 +547,10 @@ def first_hit_taken(self: ArrayReplay, takes: list[tuple[int, int, bool]]) -> in
 def forward(self: ArrayReplay, horizon: int | None,  # steps before the next arrival (None: none is coming)
              observe=None) -> int:
     "Move every running request through the decode-only steps that provably follow; how many (0: take a plain step)."
-    if not self.decode_only(): return 0
+    if not (self.all_decoding and self.running): return 0  # condition 1, its cheap half first
     k = min(min(r.max_tokens - r.num_output, self.max_model_len - r.num_tokens) for r in self.running) - 1  # the finishing step is plain
     if horizon is not None: k = min(k, horizon)
-    if k < 2: return 0  # one step: the plain step costs no more
+    if k < 2 or not self.decode_only(): return 0  # one step: the plain step costs no more (and asks the head itself)
     events = self.decode_events(k)
     takes, free = [ev for ev in events if ev[2]], self.pool.queue.num_free
     if len(takes) > free: k = takes[free][0]  # condition 4: that step preempts
