@@ -28,6 +28,7 @@ PUBLIC_NAMES: dict[str, str] = {
     **dict.fromkeys(["Scheduler", "SchedulerConfig", "run_workload"], "kvref.core.scheduler"),
     **dict.fromkeys(["replay_mooncake", "sweep"], "kvref.oracle.production_traces"),
     **dict.fromkeys(["replay_arrays", "sweep_arrays"], "kvref.oracle.array_replay"),
+    **dict.fromkeys(["sweep_grid", "format_grid"], "kvref.oracle.sweep_grids"),
     "OffloadConfig": "kvref.kv_offload",
     "SamplingParams": "kvref.sample.sampling_params",
     **dict.fromkeys(["CUDAGraphMode", "CudagraphDispatcher"], "kvref.compilation.cudagraph"),

@@ -28,12 +28,12 @@ from .oracle.workloads import replay_stats
 
 # %% auto #0
 __all__ = ['MAX_JSON_CHARS', 'TOKEN_ID_MAX', 'TOKEN_FILE_FORMATS', 'MAX_CAPTURE_SIZE', 'MAX_RUN_TOKEN_ID', 'TRACE_FORMATS',
-           'RAY_ADDRESS', 'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text', 'parse_json',
-           'read_json', 'subcommand', 'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file', 'hash_main',
-           'load_trace_for_cli', 'collector_paused', 'replay_main', 'check_main', 'cudagraph_main', 'recorded_run',
-           'check_runs', 'thinking_budget_main', 'convert_main', 'add_scheduler_flags', 'scheduler_settings',
-           'sweep_main', 'gen_trace_main', 'schedule_main', 'events_main', 'check_router_main', 'audit_main',
-           'vectors_main', 'main']
+           'RAY_ADDRESS', 'SWEPT_FLAGS', 'SUBCOMMANDS', 'CommandParser', 'parse_int', 'int_arg', 'read_text',
+           'parse_json', 'read_json', 'subcommand', 'token_id', 'read_token_ids', 'check_vector_files', 'diagnose_file',
+           'hash_main', 'load_trace_for_cli', 'collector_paused', 'replay_main', 'check_main', 'cudagraph_main',
+           'recorded_run', 'check_runs', 'thinking_budget_main', 'convert_main', 'list_arg', 'choice_arg',
+           'add_scheduler_flags', 'scheduler_settings', 'sweep_main', 'gen_trace_main', 'schedule_main', 'events_main',
+           'check_router_main', 'audit_main', 'vectors_main', 'main']
 
 # %% ../nbs/12_cli.ipynb #668a67e9
 class CommandParser(argparse.ArgumentParser):
@@ -651,12 +651,30 @@ def convert_main(argv: list[str] | None = None) -> int:
     for op in itertools.chain(head, ops): sys.stdout.write(json.dumps(op) + "\n")
     return 0
 
+# %% ../nbs/12_cli.ipynb #d0104394
+def list_arg(parse: Callable[[str], object]) -> Callable[[str], list]:
+    "An argparse `type` for a comma list of `parse`'d values (an axis of a grid): an empty item or a value twice is refused."
+    def values(text: str) -> list:
+        items = text.split(",")
+        if "" in items: raise argparse.ArgumentTypeError(f"empty item in {text!r}")
+        out = [parse(item) for item in items]
+        if twice := [v for i, v in enumerate(out) if v in out[:i]]: raise argparse.ArgumentTypeError(f"{twice[0]!r} is listed twice in {text!r}")
+        return out
+    return values
+
+def choice_arg(choices: tuple[str, ...]) -> Callable[[str], str]:
+    "An argparse `type` for one of `choices` (argparse's own `choices` would compare a whole list)."
+    def choice(text: str) -> str:
+        if text not in choices: raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(choices)})")
+        return text
+    return choice
+
 # %% ../nbs/12_cli.ipynb #341b9aeb
 def add_scheduler_flags(p: CommandParser) -> None:
-    "vLLM's own flags for the scheduler knobs kvref models, with vLLM 0.33's defaults."
-    g = p.add_argument_group("scheduler (vLLM's flags and defaults)")
-    g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs", help="waiting-queue order (fcfs)")
-    g.add_argument("--long-prefill-token-threshold", type=int_arg(0, 1 << 30), default=0,
+    "vLLM's own flags for the scheduler knobs kvref models, with vLLM 0.33's defaults; the valued ones take comma lists (a grid)."
+    g = p.add_argument_group("scheduler (vLLM's flags and defaults; a comma list sweeps the values)")
+    g.add_argument("--scheduling-policy", type=list_arg(choice_arg(("fcfs", "priority"))), default=["fcfs"], help="waiting-queue order (fcfs)")
+    g.add_argument("--long-prefill-token-threshold", type=list_arg(int_arg(0, 1 << 30)), default=[0],
                    help="cap on one request's chunk while others are live (0: none)")
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="cut prompts to the budget left (on)")
@@ -676,19 +694,19 @@ def scheduler_settings(a: argparse.Namespace) -> dict:
 def _sweep_parser() -> CommandParser:
     "The options of `kvref sweep`."
     p = CommandParser(prog="kvref sweep", description="Replay a Mooncake trace at several KV cache sizes.")
-    p.add_argument("trace", metavar="TRACE.jsonl", help="the request log (Mooncake format)")
+    p.add_argument("trace", metavar="TRACE.jsonl", nargs="+", help="the request log (Mooncake format); several: one grid")
     p.add_argument("--blocks", required=True, help="cache sizes in blocks, comma-separated: 1000,2000")
     p.add_argument("--block-size", type=int_arg(1, 1 << 20), default=16, help="tokens per block (16)")
     p.add_argument("--hash-block-size", type=int_arg(1, 1 << 20), default=512, help="tokens per hash id (512)")
-    p.add_argument("--max-num-batched-tokens", type=int_arg(1, 1 << 30), default=8192, help="token budget per step")
-    p.add_argument("--max-num-seqs", type=int_arg(1, 1 << 20), default=256, help="requests running at once (256)")
+    p.add_argument("--max-num-batched-tokens", type=list_arg(int_arg(1, 1 << 30)), default=[8192], help="token budget per step (8192)")
+    p.add_argument("--max-num-seqs", type=list_arg(int_arg(1, 1 << 20)), default=[256], help="requests running at once (256)")
     p.add_argument("--ms-per-step", type=float, default=None, help="admit requests by timestamp at this pace")
     p.add_argument("--jobs", type=int_arg(1, 256), default=None, help="worker processes (default: one per core)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help="run each grid point as a Ray task: on a Ray "
                    "started here, or on the cluster at ADDRESS (host:port, ray://host:port, auto); needs pip install 'kvref[ray]'")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format (table)")
     p.add_argument("--plot", metavar="OUT", help="also draw OUT.png and OUT.svg (with --cpu-blocks: OUT-heatmap.svg and "
-                   "OUT-curves.svg); needs matplotlib")
+                   "OUT-curves.svg; a grid of several traces or values: OUT.svg, a line for each); needs matplotlib")
     p.add_argument("--cpu-blocks", help="CPU offload sizes in blocks, comma-separated (0: the GPU alone): a GPU x CPU grid")
     p.add_argument("--policy", help="with --cpu-blocks: the CPU pool's eviction policy, lru, arc, or both: lru,arc (lru)")
     p.add_argument("--engine", choices=("auto", "arrays", "objects"), default="auto", help="the replay: arrays (chapter 06f, "
@@ -764,14 +782,38 @@ def _sweep_engine(a: argparse.Namespace):
     if a.engine == "auto": return sweep if unmodelled_setting(SchedulerConfig.of(scheduler_settings(a))) else sweep_arrays
     return sweep_arrays if a.engine == "arrays" else sweep
 
+# %% ../nbs/12_cli.ipynb #a661c962
+SWEPT_FLAGS = {"max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",  # `SchedulerConfig` field ->
+               "policy": "scheduling_policy", "long_prefill_token_threshold": "long_prefill_token_threshold"}  # its flag's list
+
+def _grid_main(a: argparse.Namespace, blocks: list[int], grid: dict[str, list]) -> int:
+    "`kvref sweep` of several traces or setting values: chapter 06h's grid, printed (and drawn); nothing runs on bad input."
+    from kvref.oracle.production_traces import read_mooncake
+    from kvref.oracle.sweep_grids import format_grid, grid_svg, sweep_grid
+    names = [Path(t).name for t in a.trace]
+    if twice := [n for i, n in enumerate(names) if n in names[:i]]:
+        raise ValueError(f"two traces are named {twice[0]!r}: a grid names each trace by its file name")
+    if a.plot and not Path(a.plot).parent.is_dir(): raise ValueError(f"--plot {a.plot}: no folder {Path(a.plot).parent}")
+    cpu, policies = _grid_args(a, blocks, {}) if a.cpu_blocks is not None or a.policy is not None else (None, ["lru"])
+    traces = {n: list(read_mooncake(t, a.hash_block_size)) for n, t in zip(names, a.trace)}
+    rows = sweep_grid(traces, blocks, grid, cpu, policies, a.engine, a.block_size, a.ms_per_step, a.hash_block_size,
+                      jobs=a.jobs, ray=a.ray, **{k: v for k, v in scheduler_settings(a).items() if k not in grid})
+    sys.stdout.write(format_grid(rows, a.format))
+    if a.plot: Path(a.plot).with_suffix(".svg").write_text(grid_svg(rows, ", ".join(names)))
+    return 0
+
 # %% ../nbs/12_cli.ipynb #ee30196d
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
-    "`kvref sweep TRACE --blocks 1000,2000 [--cpu-blocks 0,4000 [--policy lru,arc]] [--engine E] [--jobs N | --ray [ADDRESS]] [--format F] [--plot OUT]`."
+    "`kvref sweep TRACE... --blocks 1000,2000 [--cpu-blocks 0,4000 [--policy lru,arc]] [--engine E] [--jobs N | --ray [ADDRESS]] [--format F] [--plot OUT]`."
     from kvref.oracle.production_traces import format_results, ideal_hit_rate, plot_sweep, read_mooncake, sweep
     a = _sweep_parser().parse_args(argv)
     a.ray = _ray_address(a)  # refused before the trace is read
     blocks = [parse_int(b, "--blocks", 1, MAX_NUM_BLOCKS) for b in a.blocks.split(",")]
+    grid = {name: getattr(a, dest) for name, dest in SWEPT_FLAGS.items()}
+    if len(a.trace) > 1 or any(len(values) > 1 for values in grid.values()): return _grid_main(a, blocks, grid)
+    for name, dest in SWEPT_FLAGS.items(): setattr(a, dest, grid[name][0])  # one trace, one point of settings: as before grids
+    a.trace = a.trace[0]
     requests = list(read_mooncake(a.trace, a.hash_block_size))
     too_small = _too_small(requests, blocks, a.block_size)
     if len(too_small) == len(blocks): raise ValueError(f"no size in --blocks can hold the trace: {too_small[max(blocks)]}")

@@ -11,7 +11,7 @@ import torch
 
 from fuzz_support import Entry
 from kvref.core import block_pool, fast_hashing, free_queue, hashing, hybrid, kv_cache_manager, mamba, scheduler
-from kvref.oracle import array_replay, conformance, event_replay, hybrid_replay, live_audit, production_traces, releases, replay, router_conformance, workloads
+from kvref.oracle import array_replay, conformance, event_replay, hybrid_replay, live_audit, production_traces, releases, replay, router_conformance, workloads, sweep_grids
 from kvref.compilation import cudagraph
 from kvref.distributed import kv_events
 from kvref.sample import logits_processors, sampling_params, thinking_budget, thinking_budget_vllm
@@ -342,6 +342,10 @@ SCHEDULING = [
           lambda _, r, bl: array_replay.sweep_arrays(r, bl, 4, hash_block_size=16, jobs=1), ([MOONCAKE], [16]), ("seq", "seq")),
     Entry("production_traces.format_results", nothing, lambda _, r, f: production_traces.format_results(r, f),
           ([], "table"), ("seq", "name")),
+    Entry("sweep_grids.sweep_grid", nothing, lambda _, t, bl, g: sweep_grids.sweep_grid(t, bl, g, block_size=4, hash_block_size=16, jobs=1),
+          ({"a": [MOONCAKE]}, [16], {"max_num_seqs": [1, 2]}), ("any", "seq", "any")),
+    Entry("sweep_grids.format_grid", lambda: sweep_grids.sweep_grid({"a": [MOONCAKE]}, [16], block_size=4, hash_block_size=16, jobs=1),
+          lambda rows, r, f: sweep_grids.format_grid(rows if r == "ok" else r, f), ("ok", "table"), ("seq", "name")),
 ]
 
 # ---------------------------------------------------------------- sampling params, logits processors (mine)

@@ -144,6 +144,30 @@ def test_the_array_sweep_on_ray_equals_the_reference(joined):
     assert sweep_arrays(TINY, SIZES, ray=joined) == sweep(TINY, SIZES, jobs=1)
 
 
+def test_a_sweep_grid_on_ray_equals_the_local_processes_and_puts_each_trace_once(joined, monkeypatch):
+    "Chapter 06h: two traces x two max_num_seqs x three sizes, one task per point; the traces reach Ray in one `ray.put`."
+    import ray
+    from kvref.oracle.sweep_grids import sweep_grid
+    from kvref.oracle.trace_generator import generate_trace
+    traces = {"tiny": TINY, "drawn": list(generate_trace(30, seed=1))}
+    puts = []
+    monkeypatch.setattr(ray, "put", lambda value, put=ray.put: puts.append(value) or put(value))
+    on_ray = sweep_grid(traces, SIZES, {"max_num_seqs": [4, 256]}, ray=joined)
+    assert len(puts) == 1 and all(puts[0][0][name] is trace for name, trace in traces.items())  # each trace once, by reference
+    assert on_ray == sweep_grid(traces, SIZES, {"max_num_seqs": [4, 256]}, jobs=2)
+    assert [(r.point.trace, r.point.settings["max_num_seqs"], r.point.gpu_blocks) for r in on_ray] == \
+        [(t, s, g) for t in traces for s in (4, 256) for g in SIZES]
+
+
+def test_kvref_sweep_of_a_grid_on_ray_prints_what_jobs_prints(joined, tmp_path):
+    from kvref.oracle.trace_generator import generate_trace, write_mooncake
+    write_mooncake(TINY, tmp_path / "tiny.jsonl"); write_mooncake(generate_trace(30, seed=1), tmp_path / "drawn.jsonl")
+    argv = [tmp_path / "tiny.jsonl", tmp_path / "drawn.jsonl", "--blocks", "12500,4000", "--max-num-seqs", "4,256",
+            "--scheduling-policy", "fcfs,priority", "--format", "csv"]
+    on_ray = _sweep_cli(*argv, "--ray", joined)
+    assert on_ray == _sweep_cli(*argv, "--jobs", "2") and on_ray[0] == 0 and on_ray[1].count("\n") == 1 + 2 * 2 * 2 * 2
+
+
 def test_results_stream_back_in_grid_order_as_they_are_done(joined):
     "A point that takes 3 s does not hold back the one before it: the first result arrives while the second runs."
     results = map_grid(time.sleep, [0.0, 3.0], time.sleep, (0.0,), ray=joined)

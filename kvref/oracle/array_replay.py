@@ -32,7 +32,7 @@ class ArrayFreeBlockQueue:
         self.lo, self.hi = num_blocks, 2 * num_blocks  # the queue is log[lo:hi]; room to free to the head on the left
         self.log[self.lo:self.hi] = np.arange(num_blocks)
         self.pos = np.arange(self.lo, self.hi)  # block id -> its index in `log`, -1 when not free
-        self.num_free = num_blocks
+        self.num_free, self.holes = num_blocks, 0  # holes: between the head and the tail
 
 # %% ../../nbs/06f_array_replay.ipynb #71cc275e
 @patch
@@ -46,7 +46,7 @@ def ids(self: ArrayFreeBlockQueue) -> list[int]:
 def peek_n(self: ArrayFreeBlockQueue, n: int) -> np.ndarray:
     "The first `n` free blocks of `q`, head first, left in place: a view of the log when no hole is among them."
     window = self.log[self.lo:self.lo + n]
-    if len(window) == n and (n == 0 or window.min() >= 0): return window  # the common case: no hole to skip
+    if len(window) == n and (n == 0 or not self.holes or window.min() >= 0): return window  # the common case: no hole to skip
     width = n
     while True:  # holes: widen the window until it holds n blocks
         window = self.log[self.lo:self.lo + width]
@@ -59,7 +59,7 @@ def peek_n(self: ArrayFreeBlockQueue, n: int) -> np.ndarray:
 def popleft_n(self: ArrayFreeBlockQueue, n: int) -> np.ndarray:
     "Take the first `n` free blocks, head first: `lo` moves past the last of them."
     out = self.peek_n(n).copy()
-    if n: self.lo = int(self.pos[out[-1]]) + 1
+    if n: end = int(self.pos[out[-1]]) + 1; self.holes -= end - self.lo - n; self.lo = end  # the holes passed are gone
     self.pos[out] = -1; self.num_free -= n
     return out
 
@@ -83,15 +83,17 @@ def prepend_n(self: ArrayFreeBlockQueue, blocks: np.ndarray) -> None:
 @patch
 def remove(self: ArrayFreeBlockQueue, blocks: np.ndarray) -> None:
     "Take `blocks` (each free) out of wherever they sit: a hole each."
-    self.log[self.pos[blocks]] = -1; self.pos[blocks] = -1; self.num_free -= len(blocks)
+    self.log[self.pos[blocks]] = -1; self.pos[blocks] = -1; self.num_free -= len(blocks); self.holes += len(blocks)
 
 # %% ../../nbs/06f_array_replay.ipynb #30949b9f
 @patch
 def compact(self: ArrayFreeBlockQueue) -> None:
     "Close the holes: the free blocks move, in order, to `log[num_blocks:]` (amortised: at most once per `num_blocks` frees)."
-    live, n = np.array(self.ids(), np.int64), len(self.pos)
-    self.log[:] = -1; self.lo, self.hi = n, n + len(live)
+    window = self.log[self.lo:self.hi]
+    live, n, old_hi = window[window >= 0], len(self.pos), self.hi  # `live`: a copy (where it goes may overlap the window)
+    self.lo, self.hi, self.holes = n, n + len(live), 0
     self.log[self.lo:self.hi] = live; self.pos[live] = np.arange(self.lo, self.hi)
+    self.log[self.hi:old_hi] = -1  # past the tail: holes only (`peek_n` may read there); before the head nothing is read
 
 # %% ../../nbs/06f_array_replay.ipynb #023ea879
 def free_log_svg(q: ArrayFreeBlockQueue,  # the queue to draw
@@ -152,7 +154,7 @@ def cache(self: ArrayBlockPool, blocks: np.ndarray, keys: np.ndarray,
            distinct: bool = True) -> None:  # no content repeats in `keys`
     "Cache `blocks` under `keys`, each after any block cached there already."
     self.key[blocks] = keys; self.num_cached += len(blocks)
-    if distinct and (self.first[keys] < 0).all(): self.first[keys] = blocks; return
+    if distinct and self.first[keys].max() < 0: self.first[keys] = blocks; return  # none cached yet (the usual case)
     for b, k in zip(blocks.tolist(), keys.tolist()):
         if self.first[k] < 0: self.first[k] = b
         else: self.dups.setdefault(k, []).append(b)
@@ -163,7 +165,7 @@ def get_new_block(self: ArrayBlockPool) -> int:
     "`get_new_blocks(1)`, in scalar steps: the head block, its content evicted, held once."
     queue, lo = self.queue, self.queue.lo
     while queue.log[lo] < 0: lo += 1  # skip holes
-    block = int(queue.log[lo]); queue.lo = lo + 1; queue.pos[block] = -1; queue.num_free -= 1
+    block = int(queue.log[lo]); queue.holes -= lo - queue.lo; queue.lo = lo + 1; queue.pos[block] = -1; queue.num_free -= 1
     if self.key[block] >= 0: self.evict(np.array([block]))
     self.ref[block] = 1
     return block
@@ -191,44 +193,62 @@ def touch(self: ArrayBlockPool, blocks: np.ndarray, distinct: bool = True) -> No
 # %% ../../nbs/06f_array_replay.ipynb #ade12583
 @patch
 def free(self: ArrayBlockPool, blocks: np.ndarray,  # first to be evicted first (a table, last block first)
-          distinct: bool = True) -> None:
+          distinct: bool = True,  # no block twice in `blocks`
+          num_own: int | None = None) -> None:  # the first `num_own` hold no content and no other reference; None: look
     "Release one reference to each of `blocks`; those no longer held go back: unhashed to the head, the rest to the tail."
-    if distinct: self.ref[blocks] -= 1
+    if num_own is not None:  # a table's uncached tail: nothing to look up
+        own, blocks = blocks[:num_own], blocks[num_own:]
+        if num_own: self.ref[own] = 0; self.queue.prepend_n(own)
+    if distinct: left = self.ref[blocks] - 1; self.ref[blocks] = left; zero = blocks[left == 0]
     else:
         zero = []
         for b in blocks.tolist():
             self.ref[b] -= 1
             if self.ref[b] == 0: zero.append(b)
-        blocks = np.array(zero, np.int64)
-    zero = blocks[self.ref[blocks] == 0]; hashed = self.key[zero] >= 0
-    if not hashed.all(): self.queue.prepend_n(zero[~hashed])
-    if hashed.any(): self.queue.append_n(zero[hashed])
+        zero = np.array(zero, np.int64)
+    if num_own is None and not (hashed := self.key[zero] >= 0).all():
+        self.queue.prepend_n(zero[~hashed]); zero = zero[hashed]
+    if len(zero): self.queue.append_n(zero)
 
 # %% ../../nbs/06f_array_replay.ipynb #2e2fc4ff
 class TraceKeys:
-    "The content ids of each request's blocks: equal prompt keys share one, output blocks own theirs (built on demand)."
-    def __init__(self, requests: Sequence[MooncakeRequest], block_size: int, hash_block_size: int):
+    "The content ids of each request's blocks: equal prompt keys share one, output blocks own theirs."
+    def __init__(self, requests: Sequence[MooncakeRequest], block_size: int, hash_block_size: int,
+                 table_limit: int = 1 << 24):  # at most this many keys in all: built at once (`tabulate`), else per request
         lengths = np.fromiter((len(r.hash_ids) for r in requests), np.int64, len(requests))
         flat = np.fromiter((h for r in requests for h in r.hash_ids), np.int64, int(lengths.sum()))
         ids, dense = np.unique(flat, return_inverse=True)
         self.block_size, self.hash_block_size, self.num_requests = block_size, hash_block_size, len(requests)
         self.g = gcd(block_size, hash_block_size); self.per = hash_block_size // self.g
         self.dense, self.start = dense.astype(np.int32 if len(ids) < 1 << 31 else np.int64), np.concatenate([[0], np.cumsum(lengths)])
-        own = np.fromiter((cdiv(r.input_length + max(1, r.output_length), block_size) - r.input_length // block_size
-                           for r in requests), np.int64, len(requests))
+        self.full = np.fromiter((r.input_length // block_size for r in requests), np.int64, len(requests))  # full prompt blocks
+        own = np.fromiter((cdiv(r.input_length + max(1, r.output_length), block_size) for r in requests), np.int64, len(requests)) - self.full
         self.own_start = len(ids) * self.per + np.concatenate([[0], np.cumsum(own)])
         self.num_keys = int(self.own_start[-1])
-        ends = np.arange(max((r.input_length // block_size for r in requests), default=0)) * block_size + block_size - 1
+        ends = np.arange(int(self.full.max(initial=0))) * block_size + block_size - 1
         self.hash_block_of, self.offset_of = ends // hash_block_size, ends % hash_block_size // self.g  # per block index
+        self.distinct = [len(set(r.hash_ids)) == len(r.hash_ids) for r in requests]  # no hash id twice: no key twice
+        self.table = self.at = None  # `keys_of` builds a request's keys on demand
+        if int(self.full.sum() + own.sum()) <= table_limit: self.tabulate(requests, own)
 
 # %% ../../nbs/06f_array_replay.ipynb #f29496d6
 @patch
 def keys_of(self: TraceKeys, i: int, r: MooncakeRequest) -> np.ndarray:
     "Request `i`'s content ids, one per block it can fill: its full prompt blocks, then its own."
+    if self.table is not None: return self.table[self.at[i]:self.at[i + 1]]  # built at once: a slice
     full = r.input_length // self.block_size
     hids = self.dense[self.start[i]:self.start[i + 1]]
     prompt = hids[self.hash_block_of[:full]].astype(np.int64) * self.per + self.offset_of[:full]
     return np.concatenate([prompt, np.arange(self.own_start[i], self.own_start[i + 1])])
+
+# %% ../../nbs/06f_array_replay.ipynb #7b4faaf1
+@patch
+def tabulate(self: TraceKeys, requests: Sequence[MooncakeRequest], own: np.ndarray) -> None:
+    "Every request's `keys_of`, built once, end to end in `table` (request `i`'s from `at[i]`): a lookup takes a slice."
+    self.at = np.concatenate([[0], np.cumsum(self.full + own)])
+    table = np.empty(int(self.at[-1]), np.int64)
+    for i, r in enumerate(requests): table[self.at[i]:self.at[i + 1]] = self.keys_of(i, r)  # built one by one
+    self.table = table
 
 # %% ../../nbs/06f_array_replay.ipynb #4b349c9d
 @dataclass(eq=False, slots=True)
@@ -275,7 +295,7 @@ def fits(self: ArrayReplay, r: ArrayRequest, num_new: int, hits: np.ndarray, gat
     "Whether `allocate_slots` would grant `num_new` tokens' slots, adopting `hits` (`gate`: the whole sequence must fit)."
     nh, size, limit, pool = len(hits), self.block_size, self.max_model_len, self.pool
     free = pool.queue.num_free
-    evictable = int((pool.ref[hits] == 0).sum()) if nh else 0  # hits in the free queue leave it
+    evictable = np.count_nonzero(pool.ref[hits] == 0) if nh else 0  # hits in the free queue leave it
     if max(-(-min(r.num_computed_tokens + nh * size + num_new, limit) // size) - r.num_held - nh, 0) + evictable > free:
         return False  # -(-a // b): `cdiv` written out on the hot path
     return not gate or max(-(-min(r.num_tokens, limit) // size) - r.num_held - nh, 0) + evictable <= free
@@ -325,8 +345,8 @@ def allocate_token(self: ArrayReplay, r: ArrayRequest) -> bool:
 # %% ../../nbs/06f_array_replay.ipynb #47b5eb36
 @patch
 def free_request(self: ArrayReplay, r: ArrayRequest) -> None:
-    "`KVCacheManager.free`: release the request's blocks, last block first."
-    self.pool.free(r.table[r.num_held - 1::-1] if r.num_held else r.table[:0], r.distinct)
+    "`KVCacheManager.free`: release the request's blocks, last block first (its uncached ones are its own: to the head)."
+    self.pool.free(r.table[r.num_held - 1::-1] if r.num_held else r.table[:0], r.distinct, r.num_held - r.num_cached)
     r.table, r.num_held, r.num_cached = None, 0, 0
 
 # %% ../../nbs/06f_array_replay.ipynb #92092c74
@@ -334,11 +354,14 @@ def free_request(self: ArrayReplay, r: ArrayRequest) -> None:
 def lookup(self: ArrayReplay, r: ArrayRequest) -> np.ndarray:
     "`get_computed_blocks`: the blocks of the longest cached prefix of full blocks, leaving one token to compute."
     if r.keys is None:  # its first lookup: a million queued requests hold no keys
-        trace_line = self.requests[r.index]
-        r.keys, r.distinct = self.keys.keys_of(r.index, trace_line), len(set(trace_line.hash_ids)) == len(trace_line.hash_ids)
-    found = self.pool.first[r.keys[:(r.num_tokens - 1) // self.block_size]]
-    miss = np.flatnonzero(found < 0)
-    return found[:miss[0]] if len(miss) else found
+        r.keys, r.distinct = self.keys.keys_of(r.index, self.requests[r.index]), self.keys.distinct[r.index]
+    keys, first, m, width = r.keys, self.pool.first, (r.num_tokens - 1) // self.block_size, 32
+    while True:  # a prefix at a time: the refused head of a full cache, asked every step, misses early
+        found = first[keys[:min(width, m)]]
+        miss = int((found >= 0).argmin()) if len(found) else 0  # the first miss (0 also when all hit)
+        if len(found) and found[miss] < 0: return found[:miss]
+        if width >= m: return found
+        width *= 8
 
 # %% ../../nbs/06f_array_replay.ipynb #54c62b49
 @patch
@@ -473,12 +496,13 @@ def replay_arrays(requests: Sequence[MooncakeRequest],  # in timestamp order, e.
     config = _checked_arguments(requests, num_blocks, block_size, max_num_batched_tokens, max_num_seqs, ms_per_step,
                                 hash_block_size, keys, settings)
     e = ArrayReplay(requests, num_blocks, keys or TraceKeys(requests, block_size, hash_block_size), config)
-    arrival = (lambda r: 0) if ms_per_step is None else (lambda r: int(r.timestamp // ms_per_step))
-    pending, now = deque(range(len(requests))), 0
-    while pending or e.num_live:
-        if not e.num_live: now = max(now, arrival(requests[pending[0]]))  # idle: jump to the next arrival
-        while pending and arrival(requests[pending[0]]) <= now: e.queue(pending.popleft())
-        moved = e.forward(arrival(requests[pending[0]]) - now if pending else None, observe) if fast_forward else 0
+    due = [0] * len(requests) if ms_per_step is None else [int(r.timestamp // ms_per_step) for r in requests]  # arrival steps
+    due.append(None)  # past the last request: none is coming
+    i, now = 0, 0  # the next request to arrive, the step
+    while due[i] is not None or e.num_live:
+        if not e.num_live: now = max(now, due[i])  # idle: jump to the next arrival
+        while due[i] is not None and due[i] <= now: e.queue(i); i += 1
+        moved = e.forward(None if due[i] is None else due[i] - now, observe) if fast_forward else 0
         if not moved: e.step(observe)
         now += moved or 1
     return e.result()
@@ -523,10 +547,10 @@ def first_hit_taken(self: ArrayReplay, takes: list[tuple[int, int, bool]]) -> in
 def forward(self: ArrayReplay, horizon: int | None,  # steps before the next arrival (None: none is coming)
              observe=None) -> int:
     "Move every running request through the decode-only steps that provably follow; how many (0: take a plain step)."
-    if not self.decode_only(): return 0
+    if not (self.all_decoding and self.running): return 0  # condition 1, its cheap half first
     k = min(min(r.max_tokens - r.num_output, self.max_model_len - r.num_tokens) for r in self.running) - 1  # the finishing step is plain
     if horizon is not None: k = min(k, horizon)
-    if k < 2: return 0  # one step: the plain step costs no more
+    if k < 2 or not self.decode_only(): return 0  # one step: the plain step costs no more (and asks the head itself)
     events = self.decode_events(k)
     takes, free = [ev for ev in events if ev[2]], self.pool.queue.num_free
     if len(takes) > free: k = takes[free][0]  # condition 4: that step preempts
