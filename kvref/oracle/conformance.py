@@ -211,7 +211,7 @@ def shrink(adapter: Callable[[dict], AllocatorAdapter],  # factory, as for `chec
 OP_MIX = ("schedule",) * 48 + ("add",) * 10 + ("append",) * 14 + ("free",) * 8 + ("preempt",) * 4 + ("reset_prefix_cache",)
 
 class ConformanceMachine:
-    "The rules that write random traces and run them through kvref and an adapter in lockstep (`conformance_machine` makes them a state machine)."
+    "The rules that write random traces and check an adapter on them in lockstep (`conformance_machine` binds them to hypothesis)."
     factory: Callable = None  # the adapter factory under test
     behavior: str = "vllm_0_33"  # kvref behaviour to hold it to
     fields: tuple = FIELDS  # decision fields compared
