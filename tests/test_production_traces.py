@@ -67,8 +67,10 @@ def test_convert_streams_a_replayable_trace(tmp_path):
     assert [o["op"] for o in ops] == ["config", "add", "schedule", "append", "free", "add", "schedule", "append",
                                       "schedule", "append", "free"]
     assert ops[1]["prompt"] == [4, 5, 6, 7, 8, 9] and ops[5]["prompt"] == [4, 5, 6, 7, 12]
-    hits = [d["hit_tokens"] for o, d in zip(ops, replay(ops)) if o["op"] == "schedule"]
+    decisions = replay(ops)
+    hits = [d["hit_tokens"] for o, d in zip(ops, decisions) if o["op"] == "schedule"]
     assert hits == [0, 4, 0]
+    assert ops[0]["version"] == 2 and not any("free_queue" in d for d in decisions)  # format 2: the queue's changes only
 
 
 def test_the_reader_streams(tmp_path):

@@ -139,7 +139,8 @@ def convert_mooncake(path: str | Path, block_size: int = 16, num_blocks: int = 1
                      max_live: int = 8) -> Iterator[dict]:
     "Stream a Mooncake trace as kvref trace ops (open loop, `max_live` requests in flight)."
     for name, value in (("block_size", block_size), ("num_blocks", num_blocks), ("max_live", max_live)): check_int(name, value, 1)
-    yield {"op": "config", "num_blocks": num_blocks, "block_size": block_size, "enable_caching": True, "hash_algo": "sha256"}
+    yield {"op": "config", "num_blocks": num_blocks, "block_size": block_size, "enable_caching": True, "hash_algo": "sha256",
+           "version": 2}  # decisions carry the free queue's changes: a whole 65,536-block queue per op would be billions of ids
     live, ops = [], []
     for index, req in enumerate(read_mooncake(path, hash_block_size)):
         while len(live) >= max_live: decode_step(live, ops); yield from ops; ops.clear()
