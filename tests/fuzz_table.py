@@ -338,6 +338,8 @@ SCHEDULING = [
     Entry("array_replay.replay_arrays", nothing,
           lambda _, r, n, b: array_replay.replay_arrays(r, n, b, hash_block_size=16), ([MOONCAKE], 16, 4),
           ("seq", "positive", "positive")),
+    Entry("array_replay.TraceKeys", nothing, lambda _, r, b, h, t: array_replay.TraceKeys(r, b, h, t), ([MOONCAKE], 4, 16, 1 << 24),
+          ("seq", "positive", "positive", "count")),
     Entry("array_replay.sweep_arrays", nothing,
           lambda _, r, bl: array_replay.sweep_arrays(r, bl, 4, hash_block_size=16, jobs=1), ([MOONCAKE], [16]), ("seq", "seq")),
     Entry("production_traces.format_results", nothing, lambda _, r, f: production_traces.format_results(r, f),

@@ -215,6 +215,8 @@ class TraceKeys:
     "The content ids of each request's blocks: equal prompt keys share one, output blocks own theirs."
     def __init__(self, requests: Sequence[MooncakeRequest], block_size: int, hash_block_size: int,
                  table_limit: int = 1 << 24):  # at most this many keys in all: built at once (`tabulate`), else per request
+        for name, size in (("block_size", block_size), ("hash_block_size", hash_block_size)): check_int(name, size, 1, 1 << 32)
+        check_requests(requests, hash_block_size, block_size); check_int("table_limit", table_limit, 0)  # chapter 06c's checks
         lengths = np.fromiter((len(r.hash_ids) for r in requests), np.int64, len(requests))
         flat = np.fromiter((h for r in requests for h in r.hash_ids), np.int64, int(lengths.sum()))
         ids, dense = np.unique(flat, return_inverse=True)
