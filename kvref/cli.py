@@ -782,6 +782,15 @@ def _sweep_engine(a: argparse.Namespace):
     if a.engine == "auto": return sweep if unmodelled_setting(SchedulerConfig.of(scheduler_settings(a))) else sweep_arrays
     return sweep_arrays if a.engine == "arrays" else sweep
 
+# %% ../nbs/12_cli.ipynb #de7ceceb
+def _vllm_starts(a: argparse.Namespace, requests: list) -> None:
+    "Refuse one point of settings vLLM would not start for this trace, as a grid refuses its points (06h's `vllm_refusal`)."
+    from kvref.core.scheduler import SchedulerConfig
+    from kvref.oracle.sweep_grids import vllm_refusal
+    config = SchedulerConfig.of({**scheduler_settings(a), "max_num_batched_tokens": a.max_num_batched_tokens, "max_num_seqs": a.max_num_seqs})
+    if why := vllm_refusal(config, max((r.input_length + max(1, r.output_length) for r in requests), default=0)):
+        raise ValueError(f"vLLM refuses these settings on trace {Path(a.trace).name!r}: {why}")
+
 # %% ../nbs/12_cli.ipynb #a661c962
 SWEPT_FLAGS = {"max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",  # `SchedulerConfig` field ->
                "policy": "scheduling_policy", "long_prefill_token_threshold": "long_prefill_token_threshold"}  # its flag's list
@@ -815,6 +824,7 @@ def sweep_main(argv: list[str] | None = None) -> int:
     for name, dest in SWEPT_FLAGS.items(): setattr(a, dest, grid[name][0])  # one trace, one point of settings: as before grids
     a.trace = a.trace[0]
     requests = list(read_mooncake(a.trace, a.hash_block_size))
+    _vllm_starts(a, requests)
     too_small = _too_small(requests, blocks, a.block_size)
     if len(too_small) == len(blocks): raise ValueError(f"no size in --blocks can hold the trace: {too_small[max(blocks)]}")
     if a.cpu_blocks is not None or a.policy is not None: return _offload_grid(a, requests, blocks, too_small)

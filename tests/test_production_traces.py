@@ -207,3 +207,18 @@ def test_plot_sweep_writes_png_and_svg_and_leaves_matplotlib_settings_alone(tmp_
     paths = plot_sweep(results, 0.5, tmp_path / "curve", "hand")
     assert [p.name for p in paths] == ["curve.png", "curve.svg"] and all(p.stat().st_size > 1000 for p in paths)
     assert matplotlib.rcParams["font.size"] == before
+
+
+def test_without_chunked_prefill_a_request_longer_than_the_budget_is_refused_not_waited_for_forever():
+    "vLLM refuses to start below max_model_len without chunked prefill; the replays ran such a request's admission forever."
+    from kvref.kv_offload import replay_offload
+    from kvref.oracle.array_replay import replay_arrays, sweep_arrays
+    reqs = list(read_mooncake(Path(__file__).resolve().parents[1] / "golden/mooncake/synthetic-trace-last300.jsonl"))[:5]
+    words = r"max_num_batched_tokens=8192 cannot hold line 2 \(39146 tokens\) without chunked prefill"
+    for run in (lambda: replay_mooncake(reqs, 20_000, enable_chunked_prefill=False),
+                lambda: replay_arrays(reqs, 20_000, enable_chunked_prefill=False),
+                lambda: sweep(reqs, [20_000], jobs=1, enable_chunked_prefill=False),
+                lambda: sweep_arrays(reqs, [20_000], jobs=1, enable_chunked_prefill=False),
+                lambda: replay_offload(reqs, 20_000, 1_000, enable_chunked_prefill=False)):
+        with pytest.raises(ValueError, match=words): run()
+    assert replay_mooncake(reqs, 20_000, max_num_batched_tokens=39_146, enable_chunked_prefill=False).num_steps > 0  # just holds it

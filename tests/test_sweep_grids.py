@@ -238,3 +238,16 @@ def test_kvref_sweep_refuses_a_bad_grid_in_one_line_and_runs_nothing(files, monk
     blocks = [] if "--blocks" in args else ["--blocks", "4000"]
     status, out, err = _cli(*traces, *blocks, "--jobs", "1", *[a for a in args if not a.endswith(".jsonl")])
     assert (status, out) == (2, "") and err.count("\n") == 1 and err.startswith("kvref sweep: error: ") and words in err, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--max-num-batched-tokens", "128"], "vLLM refuses these settings on trace 'tiny.jsonl': max_num_batched_tokens (128) must be >= max_num_seqs (256)"),
+    (["--no-enable-chunked-prefill"], "max_num_batched_tokens (8192) is below max_model_len (49031) without chunked prefill"),
+    (["--long-prefill-token-threshold", "60000", "--cpu-blocks", "0,8000"], "long_prefill_token_threshold (60000) is above max_model_len (49031)"),
+])
+def test_one_point_vllm_would_not_start_is_refused_as_a_grid_point_is(files, monkeypatch, argv, words):
+    "One trace at one point of settings goes through chapter 06c's path, and is refused with the grid's words."
+    from kvref.oracle import production_traces
+    monkeypatch.setattr(production_traces, "map_grid", lambda *a: pytest.fail("a worker started"))
+    status, out, err = _cli(files / "tiny.jsonl", "--blocks", "4000", "--jobs", "1", *argv)
+    assert (status, out) == (2, "") and err.count("\n") == 1 and words in err, err

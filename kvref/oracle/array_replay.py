@@ -16,7 +16,7 @@ from ..guards import check_instance, check_int
 from ..core.block_pool import MAX_NUM_BLOCKS
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler import SchedulerConfig
-from .production_traces import (CacheSizeResult, MooncakeRequest, check_blocks, check_pace, check_requests,
+from .production_traces import (CacheSizeResult, MooncakeRequest, check_blocks, check_budget, check_pace, check_requests,
                                             map_grid, max_model_len_for)
 from ..pictures import FONT_SIZE, progress
 
@@ -470,6 +470,7 @@ def _checked_arguments(requests, num_blocks, block_size, max_num_batched_tokens,
     for name, size in (("block_size", block_size), ("hash_block_size", hash_block_size)): check_int(name, size, 1, 1 << 32)  # int64 arrays
     check_requests(requests, hash_block_size, block_size=block_size); check_pace(ms_per_step)
     config = SchedulerConfig.of(dict(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings), strict=True)
+    check_budget(requests, config)
     if name := unmodelled_setting(config):
         raise ValueError(f"replay_arrays models {name}={ARRAY_SETTINGS[name]!r} only, got {getattr(config, name)!r}: use replay_mooncake")
     if keys is not None: _check_keys(keys, len(requests), block_size, hash_block_size)

@@ -24,8 +24,8 @@ from .workloads import RequestSpec, add_op, decode_step
 __all__ = ['FIELDS', 'MOONCAKE_MAX_LINE_BYTES', 'MAX_SYNTHESIZED_TOKENS', 'OUTPUT_BASE', 'MooncakeRequest', 'parse_mooncake_line',
            'read_mooncake', 'synthesize_prompt', 'synthesize_output', 'mooncake_to_spec', 'convert_mooncake',
            'block_hashes', 'SyntheticTokenIds', 'TraceRequest', 'trace_request', 'CacheSizeResult', 'replay_mooncake',
-           'check_pace', 'check_requests', 'max_model_len_for', 'check_blocks', 'ideal_hit_rate', 'map_grid', 'sweep',
-           'format_results', 'sweep_svg', 'plot_sweep', 'ray_map_grid']
+           'check_pace', 'check_budget', 'check_requests', 'max_model_len_for', 'check_blocks', 'ideal_hit_rate',
+           'map_grid', 'sweep', 'format_results', 'sweep_svg', 'plot_sweep', 'ray_map_grid']
 
 # %% ../../nbs/06c_production_traces.ipynb #a522cde4
 @dataclass(slots=True)
@@ -233,6 +233,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
     check_pace(ms_per_step); _check_hashes(hashes, requests, block_size)
     kv = FastKVCacheManager(num_blocks, block_size, max_model_len=max_model_len_for(requests, num_blocks, block_size))
     s = Scheduler(kv, record_trace=False, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, **settings)
+    check_budget(requests, s.config)
     if fast and hashes is None: hashes = [block_hashes(r, block_size, hash_block_size) for r in requests]
     arrival = (lambda r: 0) if ms_per_step is None else (lambda r: int(r.timestamp // ms_per_step))
     pending, usable, now, peak, preemptions = deque(enumerate(requests)), kv.num_free_blocks, 0, 0, 0
@@ -240,8 +241,7 @@ def replay_mooncake(requests: Sequence[MooncakeRequest],  # in timestamp order, 
         if not s.busy: now = max(now, arrival(pending[0][1]))  # idle: jump to the next arrival
         while pending and arrival(pending[0][1]) <= now:
             i, r = pending.popleft()
-            if fast: s.queue(trace_request(r, i, hashes[i], hash_block_size))
-            else: s.add_request(mooncake_to_spec(r, i, hash_block_size))
+            s.queue(trace_request(r, i, hashes[i], hash_block_size)) if fast else s.add_request(mooncake_to_spec(r, i, hash_block_size))
         out = s.step()  # one engine step (async: one call of vLLM's loop with its batch queue of two)
         if observe is not None: observe(s, out)
         peak, preemptions, now = max(peak, usable - out.num_free_scheduled), preemptions + len(out.preempted), now + 1
@@ -254,6 +254,15 @@ def check_pace(ms_per_step) -> None:
     "`ms_per_step` is None (everything arrives at once) or a finite number of milliseconds > 0."
     if ms_per_step is not None and (type(ms_per_step) not in (int, float) or not 0 < ms_per_step < float("inf")):
         raise ValueError(f"ms_per_step must be a finite number > 0 or None, got {ms_per_step!r}")
+
+# %% ../../nbs/06c_production_traces.ipynb #b4017e59
+def check_budget(requests: Sequence[MooncakeRequest], config: SchedulerConfig) -> None:
+    "Without chunked prefill each request must fit one step's budget whole: vLLM refuses to start below `max_model_len`."
+    if config.enable_chunked_prefill or not requests: return  # chunked, a request takes what is left of the budget
+    longest = max(requests, key=lambda r: r.input_length + max(1, r.output_length))
+    if (n := longest.input_length + max(1, longest.output_length)) > config.max_num_batched_tokens:
+        raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} cannot hold line {longest.line} ({n} tokens) "
+                         "without chunked prefill: vLLM refuses to start below max_model_len, and the request would wait forever")
 
 # %% ../../nbs/06c_production_traces.ipynb #0a8290a3
 def check_requests(requests, hash_block_size: int, block_size: int) -> None:
@@ -346,7 +355,8 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
     "Replay the trace at every size in `blocks`; results in the order of `blocks`."
     check_requests(requests, hash_block_size, block_size=block_size); check_pace(ms_per_step)
     check_blocks(requests, blocks, block_size)
-    SchedulerConfig.of(settings, strict=True)  # a bad setting is named before any worker starts
+    check_budget(requests, SchedulerConfig.of(dict(settings, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
+                                              strict=True))  # a bad setting is named before any worker starts
     settings = dict(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                     ms_per_step=ms_per_step, hash_block_size=hash_block_size, advance=advance, **settings)
     grid = map_grid(_replay_one, blocks, _init_worker, (requests, settings), jobs, ray)
