@@ -788,7 +788,7 @@ def _vllm_starts(a: argparse.Namespace, requests: list) -> None:
     from kvref.core.scheduler import SchedulerConfig
     from kvref.oracle.sweep_grids import vllm_refusal
     config = SchedulerConfig.of({**scheduler_settings(a), "max_num_batched_tokens": a.max_num_batched_tokens, "max_num_seqs": a.max_num_seqs})
-    if why := vllm_refusal(config, max((r.input_length + max(1, r.output_length) for r in requests), default=0)):
+    if why := vllm_refusal(config, max((r.total_tokens for r in requests), default=0)):
         raise ValueError(f"vLLM refuses these settings on trace {Path(a.trace).name!r}: {why}")
 
 # %% ../nbs/12_cli.ipynb #a661c962

@@ -960,7 +960,7 @@ def _check_grid(requests, blocks, cpu_blocks, policies, block_size, offload, set
     if not requests: refuse("requests", "a non-empty list of MooncakeRequest", requests)
     for i, r in enumerate(requests): check_instance(f"requests[{i}]", r, MooncakeRequest)
     check_int("block_size", block_size, 1)
-    longest = max(r.input_length + max(1, r.output_length) for r in requests)
+    longest = max(r.total_tokens for r in requests)
     for name, sizes, least in (("blocks", blocks, 2 + (longest - 1) // block_size), ("cpu_blocks", cpu_blocks, 0)):
         if not check_ints(name, sizes): refuse(name, "a non-empty list of sizes in blocks", sizes)
         for i, n in enumerate(sizes):

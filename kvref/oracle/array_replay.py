@@ -224,7 +224,7 @@ class TraceKeys:
         self.g = gcd(block_size, hash_block_size); self.per = hash_block_size // self.g
         self.dense, self.start = dense.astype(np.int32 if len(ids) < 1 << 31 else np.int64), np.concatenate([[0], np.cumsum(lengths)])
         self.full = np.fromiter((r.input_length // block_size for r in requests), np.int64, len(requests))  # full prompt blocks
-        own = np.fromiter((cdiv(r.input_length + max(1, r.output_length), block_size) for r in requests), np.int64, len(requests)) - self.full
+        own = np.fromiter((cdiv(r.total_tokens, block_size) for r in requests), np.int64, len(requests)) - self.full
         self.own_start = len(ids) * self.per + np.concatenate([[0], np.cumsum(own)])
         self.num_keys = int(self.own_start[-1])
         ends = np.arange(int(self.full.max(initial=0))) * block_size + block_size - 1
@@ -288,7 +288,7 @@ class ArrayReplay:
 def queue(self: ArrayReplay, i: int) -> None:
     "Request `i` of the trace arrives: at the back of the waiting queue."
     r = self.requests[i]
-    self.waiting.append(ArrayRequest(i, f"r{i}", max(1, r.output_length), r.input_length))
+    self.waiting.append(ArrayRequest(i, f"r{i}", r.max_tokens, r.input_length))
     self.num_live += 1
 
 # %% ../../nbs/06f_array_replay.ipynb #aa5ccb93

@@ -41,6 +41,16 @@ class MooncakeRequest:
         check_int("line", self.line)
         for name in FIELDS: _check_field({name: getattr(self, name)}, name, self.line, 1)
 
+    @property
+    def max_tokens(self) -> int:
+        "The outputs vLLM generates for it (its `max_tokens`): at least one, even where the trace says 0."
+        return max(1, self.output_length)
+
+    @property
+    def total_tokens(self) -> int:
+        "Prompt and outputs: the tokens it holds when it finishes (`max_model_len` must hold the longest)."
+        return self.input_length + self.max_tokens
+
 # %% ../../nbs/06c_production_traces.ipynb #a82c84f1
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
@@ -132,7 +142,7 @@ def mooncake_to_spec(req: MooncakeRequest, index: int, hash_block_size: int = 51
     "A `RequestSpec` with the synthesized prompt and output (at least one token: a request always emits one)."
     _check_mooncake(req, hash_block_size)
     return RequestSpec(f"r{index}", synthesize_prompt(req.hash_ids, req.input_length, hash_block_size),
-                       synthesize_output(index, max(1, req.output_length)))
+                       synthesize_output(index, req.max_tokens))
 
 # %% ../../nbs/06c_production_traces.ipynb #10f95cea
 def convert_mooncake(path: str | Path, block_size: int = 16, num_blocks: int = 1 << 16, hash_block_size: int = 512,
@@ -187,7 +197,7 @@ def trace_request(req: MooncakeRequest, index: int, hashes: list[bytes], hash_bl
     "The scheduler's request for trace line `req`: synthetic tokens, derived block hashes, a scripted output."
     request = TraceRequest(f"r{index}", SyntheticTokenIds(req, hash_block_size))
     request.block_hashes = hashes  # never changed in place by the manager: shared by every replay
-    return SchedulerRequest(request, max(1, req.output_length), synthesize_output(index, max(1, req.output_length)))
+    return SchedulerRequest(request, req.max_tokens, synthesize_output(index, req.max_tokens))
 
 # %% ../../nbs/06c_production_traces.ipynb #7d7b8ee6
 @dataclass
@@ -259,8 +269,8 @@ def check_pace(ms_per_step) -> None:
 def check_budget(requests: Sequence[MooncakeRequest], config: SchedulerConfig) -> None:
     "Without chunked prefill each request must fit one step's budget whole: vLLM refuses to start below `max_model_len`."
     if config.enable_chunked_prefill or not requests: return  # chunked, a request takes what is left of the budget
-    longest = max(requests, key=lambda r: r.input_length + max(1, r.output_length))
-    if (n := longest.input_length + max(1, longest.output_length)) > config.max_num_batched_tokens:
+    longest = max(requests, key=lambda r: r.total_tokens)
+    if (n := longest.total_tokens) > config.max_num_batched_tokens:
         raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} cannot hold line {longest.line} ({n} tokens) "
                          "without chunked prefill: vLLM refuses to start below max_model_len, and the request would wait forever")
 
@@ -288,8 +298,8 @@ def _check_hashes(hashes, requests: Sequence[MooncakeRequest], block_size: int) 
 def max_model_len_for(requests: Sequence[MooncakeRequest], num_blocks: int, block_size: int) -> int:
     "`max_model_len` for the trace: its longest request; refuse a pool that cannot hold it (vLLM refuses to start)."
     if not requests: raise ValueError("the trace has no requests")
-    longest = max(requests, key=lambda r: r.input_length + max(1, r.output_length))
-    max_model_len = longest.input_length + max(1, longest.output_length)
+    longest = max(requests, key=lambda r: r.total_tokens)
+    max_model_len = longest.total_tokens
     if num_blocks - 1 < cdiv(max_model_len, block_size):
         raise ValueError(f"num_blocks={num_blocks} cannot hold line {longest.line} ({max_model_len} tokens need "
                          f"{cdiv(max_model_len, block_size)} blocks of {block_size} and the null block)")

@@ -142,7 +142,7 @@ def _check_setting_lists(grid, shared: dict) -> None:
 # %% ../../nbs/06h_sweep_grids.ipynb #15a4b140
 def _check_points(traces: dict, grid: dict, shared: dict, engine: str, offload: bool) -> None:
     "Each point's settings: ones kvref takes (`SchedulerConfig`), vLLM starts with for the trace, and `engine` models."
-    longest = {name: max(r.input_length + max(1, r.output_length) for r in requests) for name, requests in traces.items()}
+    longest = {name: max(r.total_tokens for r in requests) for name, requests in traces.items()}
     for values in itertools.product(*grid.values()):
         config = SchedulerConfig.of({**shared, **dict(zip(grid, values))}, strict=True)
         for name, length in longest.items():
