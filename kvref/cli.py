@@ -15,7 +15,7 @@ from .core.hashing import HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_has
 from .core.fast_hashing import hash_request_tokens
 from .core.block_pool import MAX_NUM_BLOCKS
 from .core.kv_cache_manager import BEHAVIORS
-from .oracle.replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, Divergence, FastTraceReplayer, list_vectors, load_decisions,
+from .oracle.replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, DecisionEncoder, Divergence, FastTraceReplayer, list_vectors, load_decisions,
                           load_trace, replay_lockstep, vector_path)
 from .oracle.releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, profile_for_version,
                             release_block_hashes, release_event_block_hashes)
@@ -317,7 +317,7 @@ def _replay_ops(args, ops: list[dict], decide: Callable[[dict], dict], expected:
     keep = args.stats or args.svg
     lock = replay_lockstep(expected, decide=decide) if expected is not None else None
     quiet, decisions, write = keep or lock is not None, [], sys.stdout.write  # quiet: nothing printed, so show progress
-    encode = json.JSONEncoder(check_circular=False).encode  # `json.dumps`'s output; a decision holds no cycle to look for
+    encode = DecisionEncoder(ids_checked=True)  # `json.dumps`'s text; kvref's replayers give int block ids
     for n, op in enumerate(() if quiet else ops):  # printing each decision, nothing compared or kept: the fewest steps
         try: got = decide(op)
         except (ValueError, TypeError) as e: raise ValueError(f"op {n}: {e}") from None

@@ -252,3 +252,114 @@ def test_check_recorded_checks_each_op_once(tmp_path, monkeypatch, capsys):
     n = next(i for i, op in enumerate(ops) if op["op"] == "schedule")
     bad = ops[:n] + [{**ops[n], "budget": True}]
     with pytest.raises(ValueError, match="field 'budget' must be int or null, got true"): check_recorded(decisions, bad)
+
+
+# ---------------------------------------------------------------- DecisionEncoder and loads_line, twins of json's own
+
+@pytest.mark.parametrize("vector", shipped_traces(), ids=lambda v: v.name)
+@pytest.mark.parametrize("version", [1, 2])
+def test_decision_encoder_writes_json_dumps_on_shipped_traces(vector, version):
+    from kvref.oracle.conformance import load_any_trace
+    from kvref.oracle.replay import DecisionEncoder
+    decisions = [d for d in outcomes(TraceReplayer(version=version), load_any_trace(vector.path)) if isinstance(d, dict)]
+    for checked in (False, True):
+        encode = DecisionEncoder(ids_checked=checked)
+        assert [encode(d) for d in decisions] == [json.dumps(d) for d in decisions]
+
+
+def test_decision_encoder_writes_json_dumps_on_hybrid_traces():
+    from kvref.oracle.hybrid_replay import load_hybrid_trace, HybridTraceReplayer
+    from kvref.oracle.replay import DecisionEncoder
+    paths = sorted((ROOT / "golden" / "hybrid").glob("hybrid-*.jsonl"))
+    assert paths
+    for path in paths:
+        if ".vllm" in path.name: continue
+        replayer, encode = HybridTraceReplayer(), DecisionEncoder()
+        decisions = [replayer.apply(op) for op in load_hybrid_trace(path)]
+        assert [encode(d) for d in decisions] == [json.dumps(d) for d in decisions], path.name
+
+
+scalars = st.one_of(st.integers(-2, 2**70), st.booleans(), st.none(), st.floats(), st.text(max_size=3))
+ids_like = st.one_of(st.integers(0, 9), st.booleans(), st.sampled_from([0.0, 1.0, 2.5]), st.lists(st.integers(0, 3), max_size=2))
+
+
+@st.composite
+def decision_streams(draw, int_tables: bool):
+    "Decisions of a few requests whose tables grow, stay, shrink or change; other keys and values of any JSON kind."
+    tables, out = {}, []
+    for _ in range(draw(st.integers(1, 12))):
+        rid = draw(st.sampled_from(["a", "b", "%s", "\u00e9"]))
+        op = draw(st.sampled_from(["schedule", "schedule", "append", "free", "preempt"]))
+        table = list(tables.get(rid, []))
+        move = draw(st.sampled_from(["grow", "grow", "same", "shrink", "replace", "new"]))
+        item = st.integers(0, 300) if int_tables else ids_like
+        if move == "grow": table += draw(st.lists(item, min_size=1, max_size=3))
+        elif move == "shrink": table = table[:-1]
+        elif move == "replace" and table: table[draw(st.integers(0, len(table) - 1))] = draw(item)
+        elif move == "new": table = draw(st.lists(item, max_size=4))
+        tables[rid] = table
+        d = {"op": op, "id": rid}
+        for key in draw(st.lists(st.sampled_from(["hit_tokens", "allocated", "block_ids", "taken", "x%", 'q"', "num_free"]),
+                                 unique=True, max_size=5)):
+            d[key] = table if key == "block_ids" else draw(st.one_of(scalars, st.lists(scalars, max_size=3)))
+        if draw(st.integers(0, 10)) == 0: d = draw(st.one_of(scalars, st.dictionaries(st.integers(0, 3), scalars, max_size=2)))
+        out.append(d)
+    return out
+
+
+@settings(max_examples=500)
+@given(decision_streams(int_tables=False))
+def test_decision_encoder_equals_json_dumps(stream):
+    from kvref.oracle.replay import DecisionEncoder
+    encode = DecisionEncoder()
+    for d in stream:
+        try: want = json.dumps(d)
+        except (TypeError, ValueError) as e: want = type(e).__name__
+        try: got = encode(d)
+        except (TypeError, ValueError) as e: got = type(e).__name__
+        assert got == want, d
+
+
+@settings(max_examples=500)
+@given(decision_streams(int_tables=True))
+def test_decision_encoder_with_checked_ids_equals_json_dumps(stream):
+    from kvref.oracle.replay import DecisionEncoder
+    encode = DecisionEncoder(ids_checked=True)
+    for d in stream: assert encode(d) == json.dumps(d), d
+
+
+def test_decision_encoder_lets_go_of_a_freed_table():
+    from kvref.oracle.replay import DecisionEncoder
+    encode = DecisionEncoder(ids_checked=True)
+    encode({"op": "schedule", "id": "r", "block_ids": [1, 2]})
+    assert "r" in encode.tables
+    encode({"op": "free", "id": "r", "to_tail": [2, 1]})
+    assert "r" not in encode.tables
+
+
+def test_decision_encoder_reads_a_changed_list_again():
+    "The caller's list changed in place after a decision: the next decision prints the new ids."
+    from kvref.oracle.replay import DecisionEncoder
+    encode, table = DecisionEncoder(), [1, 2, 3]
+    encode({"op": "schedule", "id": "r", "block_ids": table})
+    table[1] = 9
+    assert encode({"op": "schedule", "id": "r", "block_ids": table}) == json.dumps({"op": "schedule", "id": "r", "block_ids": [1, 9, 3]})
+
+
+json_values = st.recursive(scalars.filter(lambda x: x == x), lambda inner: st.lists(inner, max_size=3) |
+                           st.dictionaries(st.text(max_size=2), inner, max_size=3), max_leaves=6)
+spaces = st.text(alphabet=" \t\r\n\x0b\x0c\u00a0", max_size=3)
+
+
+def parsed(loads, line):
+    try: return "ok", loads(line)
+    except json.JSONDecodeError as e: return type(e).__name__, str(e)
+
+
+@settings(max_examples=1000)
+@given(spaces, json_values, spaces, st.one_of(st.just(""), st.text(max_size=3), st.sampled_from(["1", "]", "}", "{}"])))
+def test_loads_line_equals_json_loads(before, value, after, junk):
+    from kvref.oracle.replay import loads_line
+    for line in (json.dumps(value) + "\n", before + json.dumps(value) + after, json.dumps(value) + after + junk,
+                 (before + json.dumps(value))[:-1] + after):
+        assert parsed(loads_line, line) == parsed(json.loads, line), repr(line)

@@ -8,6 +8,8 @@ Docs: https://kvref.github.io/kvref/replay.html.md"""
 from __future__ import annotations
 import json, re, sys, traceback
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
+from operator import countOf
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 from fastcore.basics import patch
@@ -25,10 +27,11 @@ __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG
            'HYBRID_OPS', 'HYBRID_FIELDS', 'FIELDS', 'VECTOR_KINDS', 'validate_op', 'is_token_list',
            'is_token_list_fast', 'check_ops', 'is_common_op', 'validate_op_fast', 'trace_config', 'AllocatorAdapter',
            'Protocol1', 'as_protocol2', 'KVRefAdapter', 'RequestState', 'step', 'decision', 'is_hybrid', 'TraceDriver',
-           'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter', 'FastTraceReplayer', 'read_jsonl', 'load_trace',
-           'load_decisions', 'jsonl_kind', 'file_kind', 'validate_hybrid_op', 'hybrid_config', 'HybridAllocatorAdapter',
-           'KVRefHybridAdapter', 'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector',
-           'golden_dir', 'list_vectors', 'vector_path']
+           'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter', 'FastTraceReplayer', 'loads_line', 'jsonl_lines',
+           'read_jsonl', 'load_trace', 'load_decisions', 'DecisionEncoder', 'jsonl_kind', 'file_kind',
+           'validate_hybrid_op', 'hybrid_config', 'HybridAllocatorAdapter', 'KVRefHybridAdapter', 'apply_changes',
+           'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector', 'golden_dir', 'list_vectors',
+           'vector_path']
 
 # %% ../../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
@@ -497,24 +500,41 @@ class FastTraceReplayer(TraceReplayer):
         d["num_free"] = adapter.manager.block_pool.get_num_free_blocks()
         return d
 
+# %% ../../nbs/05_replay.ipynb #e99ca261
+_raw_decode = json.JSONDecoder().raw_decode
+
+def loads_line(line: str) -> object:
+    "`json.loads(line)`: the same value or error, without json's whitespace searches when the value starts the line."
+    try: value, end = _raw_decode(line)
+    except json.JSONDecodeError: return json.loads(line)  # leading whitespace, or not JSON: json.loads says which
+    return value if end == len(line) or not line[end:].strip(" \t\n\r") else json.loads(line)  # JSON's own whitespace
+
 # %% ../../nbs/05_replay.ipynb #03922ab3
 MAX_LINE_CHARS = 1 << 24  # 16 Mi characters: a longer trace line is refused, not read whole
 
-def read_jsonl(path: str | Path) -> list[tuple[int, object]]:
-    "The (line number, parsed JSON) pairs of a JSONL file; ValueError naming the line on bad JSON."
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    "The (line number, text) of each non-blank line of a JSONL file, read as asked; ValueError naming a bad line."
     if not isinstance(path, (str, Path)):  # an int would be opened as a file descriptor
         raise TypeError(f"a trace file is a str or Path, got {type(path).__name__}")
-    out, lineno = [], 0
+    return _lines(path)
+
+def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
     with open(path, encoding="utf-8") as f:
-        readline, loads = f.readline, json.loads
+        readline, lineno = f.readline, 0
         try:
             while line := readline(MAX_LINE_CHARS + 1):
                 lineno += 1
-                if len(line) > MAX_LINE_CHARS: raise ValueError(f"longer than {MAX_LINE_CHARS} characters")
-                if not line.isspace(): out.append((lineno, loads(line)))
+                if len(line) > MAX_LINE_CHARS: raise ValueError(f"{path}, line {lineno}: longer than {MAX_LINE_CHARS} characters")
+                if not line.isspace(): yield lineno, line
+        except UnicodeDecodeError as e: raise ValueError(f"{path}, line {lineno + 1}: {e}") from None
+
+def read_jsonl(path: str | Path) -> list[tuple[int, object]]:
+    "The (line number, parsed JSON) pairs of a JSONL file; ValueError naming the line on bad JSON."
+    out = []
+    for lineno, line in jsonl_lines(path):
+        try: out.append((lineno, loads_line(line)))
         except json.JSONDecodeError as e: raise ValueError(f"{path}, line {lineno}: not JSON: {e.msg}") from None
         except RecursionError: raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
-        except ValueError as e: raise ValueError(f"{path}, line {lineno + 1 if isinstance(e, UnicodeDecodeError) else lineno}: {e}") from None
     return out
 
 # %% ../../nbs/05_replay.ipynb #98c76e9b
@@ -543,6 +563,58 @@ def load_decisions(path: str | Path) -> list[dict]:
             raise ValueError(f"{path}, line {lineno}: a decision must be a JSON object with an 'op' field")
         out.append(d)
     return out
+
+# %% ../../nbs/05_replay.ipynb #7d982c8d
+class DecisionEncoder:
+    "`json.dumps` of one replay's decisions, in order; a request's block table is turned into text only where it grew."
+    def __init__(self, ids_checked: bool = False):  # every block table holds only exact ints (kvref's replayers'): not checked
+        self.ids_checked = ids_checked
+        self.encode_json = json.JSONEncoder(check_circular=False).encode  # `json.dumps`; a decision holds no cycle
+        self.templates: dict[tuple, str | None] = {}  # a decision's keys -> its JSON with `%s` for each value
+        self.tables: dict[str, tuple[list[int], str]] = {}  # request id -> its last block table, and that table's JSON
+
+    def __call__(self, decision: dict) -> str:
+        "`json.dumps(decision)`: the same text."
+        if type(decision) is not dict: return self.encode_json(decision)
+        keys = tuple(decision)
+        template = self.templates[keys] if keys in self.templates else self._template(keys)
+        if template is None: return self.encode_json(decision)  # a key json turns into a str
+        rid, parts = decision.get("id"), []
+        if type(rid) is str and decision.get("op") in ("free", "preempt"): self.tables.pop(rid, None)  # its table ends
+        for key, value in decision.items():
+            kind = type(value)
+            if kind is int: parts.append(int.__repr__(value))
+            elif kind is str: parts.append(encode_basestring_ascii(value))
+            elif kind is bool: parts.append("true" if value else "false")
+            elif kind is list: parts.append(self._table(rid, value) if key == "block_ids" and type(rid) is str else self._list(value))
+            else: parts.append(self.encode_json(value))
+        return template % tuple(parts)
+
+# %% ../../nbs/05_replay.ipynb #702dd273
+@patch
+def _template(self: DecisionEncoder, keys: tuple) -> str | None:
+    "A decision's JSON with a `%s` for each value, for these keys; None unless every key is a str (then `json` writes it)."
+    template = None
+    if all(type(k) is str for k in keys):
+        template = "{" + ", ".join(encode_basestring_ascii(k).replace("%", "%%") + ": %s" for k in keys) + "}"
+    self.templates[keys] = template
+    return template
+
+@patch
+def _list(self: DecisionEncoder, values: list) -> str:
+    "A list's JSON: `str` of it when every item is an exact int (the same text), else `json`'s."
+    return str(values) if countOf(map(type, values), int) == len(values) else self.encode_json(values)
+
+@patch
+def _table(self: DecisionEncoder, rid: str, ids: list) -> str:
+    "Request `rid`'s block table as JSON: its last table's text, extended by the blocks added since."
+    if not self.ids_checked and countOf(map(type, ids), int) != len(ids): return self.encode_json(ids)  # a hybrid trace's, say
+    known, text = self.tables.get(rid, ((), "[]"))
+    if ids == known: return text  # exact ints both, so equal ids print alike
+    grown = 0 < len(known) < len(ids) and ids[:len(known)] == known
+    text = text[:-1] + ", " + str(ids[len(known):])[1:] if grown else str(ids)
+    self.tables[rid] = (ids.copy(), text)  # a copy: the caller may change its list
+    return text
 
 # %% ../../nbs/05_replay.ipynb #442fb42e
 FILE_KINDS = {"trace": "an allocator trace", "hybrid-trace": "a hybrid allocator trace (KV cache groups)",
