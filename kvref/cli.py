@@ -15,8 +15,8 @@ from .core.hashing import HASH_FUNCTIONS, LoRARequest, MultiModalItem, block_has
 from .core.fast_hashing import hash_request_tokens
 from .core.block_pool import MAX_NUM_BLOCKS
 from .core.kv_cache_manager import BEHAVIORS
-from .oracle.replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, DecisionEncoder, Divergence, FastTraceReplayer, list_vectors, load_decisions,
-                          load_trace, replay_lockstep, vector_path)
+from .oracle.replay import (TRACE_FORMAT_VERSION, VECTOR_KINDS, DecisionEncoder, Divergence, FastTraceReplayer, FileLockstep,
+                          list_vectors, load_trace, vector_path)
 from .oracle.releases import (ReleaseTraceReplayer, check_release_vectors, diagnose, profile_for_version,
                             release_block_hashes, release_event_block_hashes)
 from .oracle.conformance import check, check_recorded, load_adapter, load_any_trace, shrink
@@ -312,10 +312,9 @@ def _decider(args, hybrid: bool) -> Callable[[dict], dict]:
     return ReleaseTraceReplayer(profile_for_version(args.vllm_version), args.strict, validate=False).apply
 
 # %% ../nbs/12_cli.ipynb #7abcc799
-def _replay_ops(args, ops: list[dict], decide: Callable[[dict], dict], expected: list[dict] | None) -> tuple[int, list[dict]]:
-    "Decide each of `ops`: print the decisions, or compare them with `expected`; the exit status, and the decisions kept."
+def _replay_ops(args, ops: list[dict], decide: Callable[[dict], dict], lock: FileLockstep | None) -> tuple[int, list[dict]]:
+    "Decide each of `ops`: print the decisions, or compare them with a decisions file (`lock`); the exit status, and the decisions kept."
     keep = args.stats or args.svg
-    lock = replay_lockstep(expected, decide=decide) if expected is not None else None
     quiet, decisions, write = keep or lock is not None, [], sys.stdout.write  # quiet: nothing printed, so show progress
     encode = DecisionEncoder(ids_checked=True)  # `json.dumps`'s text; kvref's replayers give int block ids
     for n, op in enumerate(() if quiet else ops):  # printing each decision, nothing compared or kept: the fewest steps
@@ -328,7 +327,7 @@ def _replay_ops(args, ops: list[dict], decide: Callable[[dict], dict], expected:
         if divergence is not None: print(divergence.report()); return 1, decisions
         if keep: decisions.append(got)
     if lock is not None:
-        if len(expected) > len(ops): print(Divergence(len(ops), None, expected[len(ops)], None, [], ops).report()); return 1, decisions
+        if left := lock.rest(): print(Divergence(len(ops), None, left[0], None, [], ops).report()); return 1, decisions
         print(f"kvref replay: all {len(ops)} decisions match ({args.vllm_version or args.behavior})")
     return 0, decisions
 
@@ -361,11 +360,10 @@ def replay_main(argv: list[str] | None = None) -> int:
     if (args.stats or args.svg) and args.format == 2: raise ValueError("--stats and --svg read format 1 decisions: drop --format 2")
     with collector_paused():
         ops = load_trace_for_cli(args.trace)
-        expected = load_decisions(args.expect) if args.expect else None
-        if expected == []: raise ValueError(f"{args.expect}: no decisions, nothing to compare")
-        status, decisions = _replay_ops(args, ops, decide, expected)
+        lock = FileLockstep(args.expect, decide, ids_checked=True) if args.expect else None  # kvref's decisions: int ids
+        status, decisions = _replay_ops(args, ops, decide, lock)
         if status or not (args.stats or args.svg):  # nothing to draw: let go of the trace while the collector is off
-            del ops, expected, decisions, decide
+            del ops, lock, decisions, decide
             return status
     _stats_and_pictures(args, ops, decisions, hybrid)  # the collector on: pictures do make cycles
     return status
@@ -390,13 +388,11 @@ def _conformance_parser() -> CommandParser:
 def _conform_trace(ns, path: str, expect: str | None, factory, fields: list[str] | None, out: Path | None) -> int:
     "Check one trace: 0 if it conforms, 1 if it diverged (the minimal trace written); ValueError if it cannot be checked."
     ops = load_trace_for_cli(path)
-    decisions = load_decisions(expect) if expect else None
-    if decisions == []: raise ValueError(f"{expect}: no decisions, nothing to compare")
-    try: d = (check(factory, ops, ns.behavior, fields, ns.free_queue_every, ns.vllm_version, checked=True) if decisions is None
-              else check_recorded(decisions, ops, ns.behavior, fields, ns.vllm_version, checked=True))  # checked: by the loader
+    try: d = (check(factory, ops, ns.behavior, fields, ns.free_queue_every, ns.vllm_version, checked=True) if expect is None
+              else check_recorded(expect, ops, ns.behavior, fields, ns.vllm_version, checked=True))  # checked: by the loader
     except ValueError as e: raise ValueError(f"{path}: {e}") from None
     if d is None: print(f"{path}: conforms ({len(ops)} ops)"); return 0
-    if decisions is not None: print(f"{path}: {d.report()}"); return 1
+    if expect is not None: print(f"{path}: {d.report()}"); return 1
     minimal, target = shrink(factory, ops, ns.behavior, fields, ns.vllm_version), out / (Path(path).name.removesuffix(".jsonl") + ".min.jsonl")
     target.write_text("".join(json.dumps(o) + "\n" for o in minimal))
     own = check(factory, minimal, ns.behavior, fields, ns.free_queue_every, ns.vllm_version)  # what re-checking it shows

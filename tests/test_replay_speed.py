@@ -274,9 +274,11 @@ def test_decision_encoder_writes_json_dumps_on_hybrid_traces():
     assert paths
     for path in paths:
         if ".vllm" in path.name: continue
-        replayer, encode = HybridTraceReplayer(), DecisionEncoder()
+        replayer = HybridTraceReplayer()
         decisions = [replayer.apply(op) for op in load_hybrid_trace(path)]
-        assert [encode(d) for d in decisions] == [json.dumps(d) for d in decisions], path.name
+        for checked in (False, True):
+            encode = DecisionEncoder(ids_checked=checked)
+            assert [encode(d) for d in decisions] == [json.dumps(d) for d in decisions], path.name
 
 
 scalars = st.one_of(st.integers(-2, 2**70), st.booleans(), st.none(), st.floats(), st.text(max_size=3))
@@ -363,3 +365,13 @@ def test_loads_line_equals_json_loads(before, value, after, junk):
     for line in (json.dumps(value) + "\n", before + json.dumps(value) + after, json.dumps(value) + after + junk,
                  (before + json.dumps(value))[:-1] + after):
         assert parsed(loads_line, line) == parsed(json.loads, line), repr(line)
+
+
+def test_decision_encoder_reads_a_hybrid_table_again_even_vouched_for():
+    "A table of tables (a hybrid trace's) changed in place: written again, though `ids_checked` vouches for int tables."
+    from kvref.oracle.replay import DecisionEncoder
+    encode, table = DecisionEncoder(ids_checked=True), [[1, 2], [3]]
+    d = {"op": "schedule", "id": "r", "block_ids": table}
+    assert encode(d) == json.dumps(d)
+    table[0].append(4)
+    assert encode(d) == json.dumps(d)

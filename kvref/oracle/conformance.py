@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 from fastcore.basics import patch
 from ..core.kv_cache_manager import KVCacheManager
 from ..guards import check_instance, refuse
-from .replay import (FIELDS, FILE_KINDS, HYBRID_FIELDS, AllocatorAdapter, Divergence, FastTraceReplayer,
+from .replay import (FIELDS, FILE_KINDS, HYBRID_FIELDS, AllocatorAdapter, Divergence, FastTraceReplayer, FileLockstep,
                           KVRefAdapter, KVRefHybridAdapter, Lockstep, Protocol1, TraceDriver, TraceReplayer, file_kind, is_common_op, is_hybrid, kvref_factory,
                           load_decisions, load_trace, replay_lockstep)
 from .releases import ReleaseTraceReplayer, profile_for_version, validate_release_op
@@ -147,16 +147,20 @@ def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions
                    checked: bool = False,  # `trace` is ops a trace loader has checked (a file always is): not checked again
                   ) -> Divergence | None:
     "Recorded `decisions` against kvref's replay of `trace`; the first divergence, or None if every decision matches."
-    ops = _ops(trace)
-    decisions = load_decisions(decisions) if isinstance(decisions, (str, Path)) else list(decisions)
-    if (bad := next((i for i, d in enumerate(decisions) if not isinstance(d, dict) or "op" not in d), None)) is not None:
-        raise ValueError(f"decision {bad} must be a JSON object with an 'op' field, got {decisions[bad]!r:.60}")
+    ops, in_file = _ops(trace), isinstance(decisions, (str, Path))
+    if not in_file:
+        decisions = list(decisions)
+        if (bad := next((i for i, d in enumerate(decisions) if not isinstance(d, dict) or "op" not in d), None)) is not None:
+            raise ValueError(f"decision {bad} must be a JSON object with an 'op' field, got {decisions[bad]!r:.60}")
     hybrid = bool(ops) and is_hybrid(ops[0])
     ref = _reference(behavior, hybrid, vllm_version, validate=not (checked or isinstance(trace, (str, Path))))
-    lock = replay_lockstep(decisions, decide=ref.apply, fields=None if fields is None else decision_fields(fields, hybrid))
+    fields = None if fields is None else decision_fields(fields, hybrid)
+    lock = FileLockstep(decisions, ref.apply, fields, ids_checked=True) if in_file else \
+        replay_lockstep(decisions, decide=ref.apply, fields=fields)  # a file: read as the replay goes, compared as text
     for op in ops:
         if (d := lock.apply(op)) is not None: d.tables = _tables_before(d.trace[:-1], behavior, hybrid, vllm_version); return d
-    return Divergence(len(ops), None, decisions[len(ops)], None, [], ops) if len(decisions) > len(ops) else None
+    left = lock.rest() if in_file else decisions[len(ops):]
+    return Divergence(len(ops), None, left[0], None, [], ops) if left else None
 
 # %% ../../nbs/07_conformance.ipynb #1a2bb6d9
 def _signature(d: Divergence | None):

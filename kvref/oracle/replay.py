@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/replay.html.md"""
 
 # %% ../../nbs/05_replay.ipynb #2f052368
 from __future__ import annotations
-import json, re, sys, traceback
+import itertools, json, re, sys, traceback
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from operator import countOf
@@ -28,10 +28,10 @@ __all__ = ['TRACE_FORMAT_VERSION', 'TRACE_FORMAT_VERSIONS', 'OP_FIELDS', 'CONFIG
            'is_token_list_fast', 'check_ops', 'is_common_op', 'validate_op_fast', 'trace_config', 'AllocatorAdapter',
            'Protocol1', 'as_protocol2', 'KVRefAdapter', 'RequestState', 'step', 'decision', 'is_hybrid', 'TraceDriver',
            'kvref_factory', 'TraceReplayer', 'replay', 'run_adapter', 'FastTraceReplayer', 'loads_line', 'jsonl_lines',
-           'read_jsonl', 'load_trace', 'load_decisions', 'DecisionEncoder', 'jsonl_kind', 'file_kind',
-           'validate_hybrid_op', 'hybrid_config', 'HybridAllocatorAdapter', 'KVRefHybridAdapter', 'apply_changes',
-           'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'Vector', 'golden_dir', 'list_vectors',
-           'vector_path']
+           'parse_line', 'read_jsonl', 'load_trace', 'as_decision', 'load_decisions', 'DecisionEncoder', 'jsonl_kind',
+           'file_kind', 'validate_hybrid_op', 'hybrid_config', 'HybridAllocatorAdapter', 'KVRefHybridAdapter',
+           'apply_changes', 'Divergence', 'Lockstep', 'recorded', 'replay_lockstep', 'FileLockstep', 'Vector',
+           'golden_dir', 'list_vectors', 'vector_path']
 
 # %% ../../nbs/05_replay.ipynb #50bbdc30
 TRACE_FORMAT_VERSION = 2  # the newest version kvref reads; it also reads every older one
@@ -528,14 +528,15 @@ def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
                 if not line.isspace(): yield lineno, line
         except UnicodeDecodeError as e: raise ValueError(f"{path}, line {lineno + 1}: {e}") from None
 
+def parse_line(path: str | Path, lineno: int, line: str) -> object:
+    "Line `lineno` of JSONL file `path`, parsed; ValueError naming the file and the line if it is not JSON."
+    try: return loads_line(line)
+    except json.JSONDecodeError as e: raise ValueError(f"{path}, line {lineno}: not JSON: {e.msg}") from None
+    except RecursionError: raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
+
 def read_jsonl(path: str | Path) -> list[tuple[int, object]]:
     "The (line number, parsed JSON) pairs of a JSONL file; ValueError naming the line on bad JSON."
-    out = []
-    for lineno, line in jsonl_lines(path):
-        try: out.append((lineno, loads_line(line)))
-        except json.JSONDecodeError as e: raise ValueError(f"{path}, line {lineno}: not JSON: {e.msg}") from None
-        except RecursionError: raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
-    return out
+    return [(lineno, parse_line(path, lineno, line)) for lineno, line in jsonl_lines(path)]
 
 # %% ../../nbs/05_replay.ipynb #98c76e9b
 def load_trace(path: str | Path,
@@ -555,14 +556,15 @@ def load_trace(path: str | Path,
     return ops
 
 # %% ../../nbs/05_replay.ipynb #d6cb9a9d
+def as_decision(path: str | Path, lineno: int, value: object) -> dict:
+    "`value`, line `lineno` of decisions file `path`, if it is a decision: a JSON object with an `op`."
+    if not isinstance(value, dict) or "op" not in value:
+        raise ValueError(f"{path}, line {lineno}: a decision must be a JSON object with an 'op' field")
+    return value
+
 def load_decisions(path: str | Path) -> list[dict]:
     "The decisions of a decisions file, one JSON object with an `op` per line."
-    out = []
-    for lineno, d in read_jsonl(path):
-        if not isinstance(d, dict) or "op" not in d:
-            raise ValueError(f"{path}, line {lineno}: a decision must be a JSON object with an 'op' field")
-        out.append(d)
-    return out
+    return [as_decision(path, lineno, d) for lineno, d in read_jsonl(path)]
 
 # %% ../../nbs/05_replay.ipynb #7d982c8d
 class DecisionEncoder:
@@ -608,7 +610,8 @@ def _list(self: DecisionEncoder, values: list) -> str:
 @patch
 def _table(self: DecisionEncoder, rid: str, ids: list) -> str:
     "Request `rid`'s block table as JSON: its last table's text, extended by the blocks added since."
-    if not self.ids_checked and countOf(map(type, ids), int) != len(ids): return self.encode_json(ids)  # a hybrid trace's, say
+    vouched = self.ids_checked and ids and type(ids[0]) is int  # a hybrid trace's table of tables is checked, and refused
+    if not vouched and countOf(map(type, ids), int) != len(ids): return self.encode_json(ids)
     known, text = self.tables.get(rid, ((), "[]"))
     if ids == known: return text  # exact ints both, so equal ids print alike
     grown = 0 < len(known) < len(ids) and ids[:len(known)] == known
@@ -818,6 +821,39 @@ def replay_lockstep(decisions: Iterable[dict], behavior: str = "vllm_0_33", stri
                    ) -> Lockstep:
     "Recorded decisions against a replay, as `kvref replay --expect` runs them (the replay's errors raise)."
     return Lockstep(recorded(decisions), decide or TraceReplayer(behavior, strict).apply, fields, catch=())
+
+# %% ../../nbs/05_replay.ipynb #5ef3f8df
+class FileLockstep(Lockstep):
+    "`replay_lockstep` against a decisions file read line by line: a line that is `json.dumps` of the decision matches unparsed."
+    def __init__(self, path: str | Path,  # the decisions file (JSONL)
+                 decide: Callable[[dict], dict],  # op -> kvref's decision
+                 fields: Iterable[str] | None = None,  # fields compared (None: whole decisions)
+                 ids_checked: bool = False):  # `decide`'s block ids are ints (kvref's replayers'): see `DecisionEncoder`
+        super().__init__(None, decide, fields, catch=())
+        self.path, self.lines, self.encode, self.by_text = path, jsonl_lines(path), DecisionEncoder(ids_checked), True
+        self.pending = next(self.lines, None)  # the next line: (line number, text), None after the last
+        if self.pending is None: raise ValueError(f"{path}: no decisions, nothing to compare")
+
+    def apply(self, op: dict) -> Divergence | None:
+        "Step the replay over `op`; compare its decision with the file's next line, as text, then parsed if that differs."
+        self.ops.append(op)
+        line, self.pending = self.pending, next(self.lines, None)
+        self.last = got = self.got(op)
+        if line is not None and self.by_text and self.encode(got) == line[1].rstrip("\r\n"): return None
+        want = None if line is None else as_decision(self.path, line[0], parse_line(self.path, *line))
+        if diff := _differing(want, got, self.fields):
+            self.rest()  # a bad line further on is refused, not hidden behind the divergence
+            return Divergence(len(self.ops) - 1, op, want, got, diff, list(self.ops))
+        self.by_text = False  # equal, but written another way: parse the rest
+        return None
+
+# %% ../../nbs/05_replay.ipynb #fbb24bb6
+@patch
+def rest(self: FileLockstep) -> list[dict]:
+    "The decisions left after the ops applied so far, each line checked as `load_decisions` checks it."
+    left = [] if self.pending is None else [self.pending]
+    self.pending = None
+    return [as_decision(self.path, n, parse_line(self.path, n, line)) for n, line in itertools.chain(left, self.lines)]
 
 # %% ../../nbs/05_replay.ipynb #a8a4bb83
 def _field_lines(name: str, expected, got, config: dict) -> list[str]:
