@@ -322,9 +322,9 @@ def _replay_ops(args, ops: list[dict], decide: Callable[[dict], dict], lock: Fil
         except (ValueError, TypeError) as e: raise ValueError(f"op {n}: {e}") from None
         write(encode(got) + "\n")
     for n, op in enumerate(progress(ops, len(ops), "replay") if quiet else ()):
-        try: divergence, got = (lock.apply(op), lock.last) if lock else (None, decide(op))
+        try: got = decide(op)
         except (ValueError, TypeError) as e: raise ValueError(f"op {n}: {e}") from None
-        if divergence is not None: print(divergence.report()); return 1, decisions
+        if lock and (divergence := lock.compare(op, got)): print(divergence.report()); return 1, decisions
         if keep: decisions.append(got)
     if lock is not None:
         if left := lock.rest(): print(Divergence(len(ops), None, left[0], None, [], ops).report()); return 1, decisions

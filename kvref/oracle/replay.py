@@ -835,10 +835,13 @@ class FileLockstep(Lockstep):
         if self.pending is None: raise ValueError(f"{path}: no decisions, nothing to compare")
 
     def apply(self, op: dict) -> Divergence | None:
-        "Step the replay over `op`; compare its decision with the file's next line, as text, then parsed if that differs."
+        "Step the replay over `op` and compare its decision with the file's next line."
+        return self.compare(op, self.got(op))
+
+    def compare(self, op: dict, got: dict) -> Divergence | None:
+        "`got`, the replay's decision for `op`, against the file's next line: as text, then parsed if that differs."
         self.ops.append(op)
-        line, self.pending = self.pending, next(self.lines, None)
-        self.last = got = self.got(op)
+        self.last, (line, self.pending) = got, (self.pending, next(self.lines, None))
         if line is not None and self.by_text and self.encode(got) == line[1].rstrip("\r\n"): return None
         want = None if line is None else as_decision(self.path, line[0], parse_line(self.path, *line))
         if diff := _differing(want, got, self.fields):
