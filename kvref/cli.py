@@ -327,7 +327,7 @@ def _replay_ops(args, ops: list[dict], decide: Callable[[dict], dict], lock: Fil
         if lock and (divergence := lock.compare(op, got)): print(divergence.report()); return 1, decisions
         if keep: decisions.append(got)
     if lock is not None:
-        if left := lock.rest(): print(Divergence(len(ops), None, left[0], None, [], ops).report()); return 1, decisions
+        if left := lock.rest(): print(Divergence(len(ops), None, left, None, [], ops).report()); return 1, decisions
         print(f"kvref replay: all {len(ops)} decisions match ({args.vllm_version or args.behavior})")
     return 0, decisions
 

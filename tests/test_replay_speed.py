@@ -375,3 +375,69 @@ def test_decision_encoder_reads_a_hybrid_table_again_even_vouched_for():
     assert encode(d) == json.dumps(d)
     table[0].append(4)
     assert encode(d) == json.dumps(d)
+
+
+# ---------------------------------------------------------------- FileLockstep: a decisions file compared as text
+
+def _write(path: Path, decisions, dumps=json.dumps) -> Path:
+    path.write_text("".join(dumps(d) + "\n" for d in decisions))
+    return path
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.stem)
+def test_file_lockstep_finds_what_the_list_lockstep_finds(tmp_path, trace):
+    "On each golden trace, kvref's decisions with one field changed at a time: the same divergence from file and list."
+    from kvref.oracle.conformance import check_recorded
+    ops = load_trace(trace)
+    decisions = list(replay(ops))
+    assert check_recorded(_write(tmp_path / "d.jsonl", decisions), ops) is None
+    for i in (0, len(decisions) // 2, len(decisions) - 1):
+        changed = [dict(d) for d in decisions]
+        changed[i]["num_free"] = -1
+        for tampered in (changed, changed + [decisions[-1]], changed[:i + 1]):
+            want, got = check_recorded(tampered, ops), check_recorded(_write(tmp_path / "t.jsonl", tampered), ops)
+            assert (got.index, got.fields, got.expected, got.got) == (want.index, want.fields, want.expected, want.got)
+    extra = check_recorded(_write(tmp_path / "e.jsonl", decisions + [{"op": "free", "id": "x"}]), ops)
+    assert (extra.index, extra.op, extra.expected) == (len(ops), None, {"op": "free", "id": "x"})
+
+
+def test_file_lockstep_reads_kvrefs_own_file_as_text(tmp_path):
+    from kvref.oracle.replay import FileLockstep
+    path = workload_trace(tmp_path)
+    ops = load_trace(path)
+    lock = FileLockstep(_write(tmp_path / "d.jsonl", replay(ops)), TraceReplayer().apply, ids_checked=True)
+    assert all(lock.apply(op) is None for op in ops) and lock.rest() is None
+    assert lock.by_text  # no line needed parsing
+
+
+def test_file_lockstep_reads_another_writers_spacing(tmp_path):
+    "A file in compact JSON: equal decisions match (parsed), and a changed one still diverges."
+    from kvref.oracle.replay import FileLockstep
+    ops = load_trace(workload_trace(tmp_path))
+    decisions = list(replay(ops))
+    compact = lambda d: json.dumps(d, separators=(",", ":"))
+    lock = FileLockstep(_write(tmp_path / "c.jsonl", decisions, compact), TraceReplayer().apply)
+    assert all(lock.apply(op) is None for op in ops) and not lock.by_text
+    decisions[-2] = {**decisions[-2], "num_free": 10**6}
+    lock = FileLockstep(_write(tmp_path / "c.jsonl", decisions, compact), TraceReplayer().apply)
+    assert [d.index for d in map(lock.apply, ops) if d is not None][:1] == [len(ops) - 2]
+
+
+def test_file_lockstep_refuses_a_bad_line_past_a_divergence(tmp_path):
+    from kvref.oracle.conformance import check_recorded
+    ops = load_trace(workload_trace(tmp_path))
+    decisions = [json.dumps(d) for d in replay(ops)]
+    decisions[1] = json.dumps({"op": "add", "id": "nobody"})
+    path = tmp_path / "d.jsonl"
+    for bad, message in (("[1]", "line 6: a decision must be a JSON object"), ("{", "line 6: not JSON")):
+        path.write_text("\n".join(decisions[:5] + [bad] + decisions[5:]) + "\n")
+        with pytest.raises(ValueError, match=message): check_recorded(path, ops)
+    path.write_text("\n".join(decisions) + "\n[2]\n")  # past the last op too
+    with pytest.raises(ValueError, match=f"line {len(decisions) + 1}: a decision must be"): check_recorded(path, ops)
+
+
+def test_file_lockstep_refuses_an_empty_file(tmp_path):
+    from kvref.oracle.replay import FileLockstep
+    (tmp_path / "e.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match="e.jsonl: no decisions, nothing to compare"):
+        FileLockstep(tmp_path / "e.jsonl", TraceReplayer().apply)

@@ -159,8 +159,8 @@ def check_recorded(decisions: Iterable[dict] | str | Path,  # recorded decisions
         replay_lockstep(decisions, decide=ref.apply, fields=fields)  # a file: read as the replay goes, compared as text
     for op in ops:
         if (d := lock.apply(op)) is not None: d.tables = _tables_before(d.trace[:-1], behavior, hybrid, vllm_version); return d
-    left = lock.rest() if in_file else decisions[len(ops):]
-    return Divergence(len(ops), None, left[0], None, [], ops) if left else None
+    left = lock.rest() if in_file else next(iter(decisions[len(ops):]), None)
+    return None if left is None else Divergence(len(ops), None, left, None, [], ops)
 
 # %% ../../nbs/07_conformance.ipynb #1a2bb6d9
 def _signature(d: Divergence | None):

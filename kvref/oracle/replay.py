@@ -852,11 +852,14 @@ class FileLockstep(Lockstep):
 
 # %% ../../nbs/05_replay.ipynb #fbb24bb6
 @patch
-def rest(self: FileLockstep) -> list[dict]:
-    "The decisions left after the ops applied so far, each line checked as `load_decisions` checks it."
-    left = [] if self.pending is None else [self.pending]
+def rest(self: FileLockstep) -> dict | None:
+    "The first decision after the ops applied so far (None: the file has no more), every line left checked as `load_decisions` checks it."
+    lines, first = itertools.chain([] if self.pending is None else [self.pending], self.lines), None
     self.pending = None
-    return [as_decision(self.path, n, parse_line(self.path, n, line)) for n, line in itertools.chain(left, self.lines)]
+    for n, line in lines:
+        decision = as_decision(self.path, n, parse_line(self.path, n, line))
+        if first is None: first = decision
+    return first
 
 # %% ../../nbs/05_replay.ipynb #a8a4bb83
 def _field_lines(name: str, expected, got, config: dict) -> list[str]:
