@@ -143,7 +143,7 @@ def test_one_token_append_refuses_as_before():
         r.apply(ops[2])
 
 
-HEAVY = ("hypothesis", "torch", "matplotlib", "vllm")  # what `kvref replay` and `kvref check --expect` never import
+HEAVY = ("hypothesis", "torch", "matplotlib", "vllm", "numpy")  # what `kvref replay` and `kvref check --expect` never import
 
 
 def modules_loaded(code: str) -> list[str]:
@@ -441,3 +441,18 @@ def test_file_lockstep_refuses_an_empty_file(tmp_path):
     (tmp_path / "e.jsonl").write_text("\n\n")
     with pytest.raises(ValueError, match="e.jsonl: no decisions, nothing to compare"):
         FileLockstep(tmp_path / "e.jsonl", TraceReplayer().apply)
+
+
+
+@pytest.mark.parametrize("prompt_len, numpy_loaded", [(576, False), (1024, True)])
+def test_numpy_is_imported_only_for_a_prompt_long_enough_for_its_route(tmp_path, prompt_len, numpy_loaded):
+    "576-token prompts hash without numpy (the routes do not pay there); 1,024-token ones are cut from their pickle."
+    w = shared_system_prompts(num_prompts=2, num_users=3, system_len=prompt_len - 16, user_len=16, output_len=2,
+                              block_size=16, num_blocks=400, seed=0)
+    path = write_trace(to_trace(w, max_live=2), tmp_path / "t.jsonl")
+    code = ("import io, contextlib, sys; from kvref.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()): assert main(['replay', {str(path)!r}]) == 0\n"
+            "print(['numpy'] if 'numpy' in sys.modules else [])")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert ("numpy" in out) is numpy_loaded

@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib, pickle, struct
 from array import array
 from collections.abc import Callable, Sequence
+from functools import cache
 from itertools import repeat
+from typing import TYPE_CHECKING
 
 import cbor2
-import numpy as np
+if TYPE_CHECKING: import numpy as np  # for the hints: numpy itself is imported by the first route that runs
 
 from .hashing import (HASH_FUNCTIONS, LoRARequest, MultiModalItem, checked_hash_inputs, checked_span,
                                 generate_block_hash_extra_keys, init_none_hash, token_span)
@@ -57,7 +59,7 @@ def extend_block_hashes(token_ids: Sequence[int],  # checked: Python ints in [0,
                                 prompt_embeds=None, seed=None, known_hashes=known_hashes, ids_checked=True)
 
 # %% ../../nbs/01b_fast_hashing.ipynb #6fa8078c
-_PICKLED_PROMPT_MIN_TOKENS = 512  # shorter: numpy's fixed cost outweighs the passes saved (bench/allocator.md)
+_PICKLED_PROMPT_MIN_TOKENS = 768  # shorter: numpy's fixed cost outweighs the passes saved (bench/hash_routes.md)
 
 def pickle_prompt(token_ids: Sequence[int]) -> tuple[bytes, np.ndarray] | None:
     "A long list or tuple of ids, checked by pickling it: the pickle and each id's int opcode; None: check it plainly."
@@ -73,13 +75,22 @@ def _cbor_head(major: int, n: int) -> bytes:
     raise ValueError(f"CBOR cannot encode {n} in one head (it must be < 2**64)")
 
 # %% ../../nbs/01b_fast_hashing.ipynb #e1a70001
-_ARRAY_DTYPES = {code: np.dtype(f"u{width}") for code, width in (("I", 4), ("Q", 8))
-                 if array(code).itemsize == width}  # C's unsigned int and long long, where they have these widths
+@cache
+def _numpy():
+    "numpy, imported the first time a route below runs: `import kvref` does not wait for it (about 0.15 CPU-s)."
+    import numpy
+    return numpy
+
+@cache
+def _array_dtypes() -> dict:
+    "C's unsigned int and long long as numpy dtypes, where they have these widths."
+    return {code: _numpy().dtype(f"u{width}") for code, width in (("I", 4), ("Q", 8)) if array(code).itemsize == width}
 
 def _uint_values(tokens: tuple, code: str) -> np.ndarray | None:
     "`tokens` as a numpy array of the unsigned struct type `code` (I or Q), or None if one is no such integer."
+    np, dtypes = _numpy(), _array_dtypes()
     try:
-        if code in _ARRAY_DTYPES: return np.frombuffer(array(code, tokens), _ARRAY_DTYPES[code])  # both native order
+        if code in dtypes: return np.frombuffer(array(code, tokens), dtypes[code])  # both native order
         return np.frombuffer(struct.pack(f"<{len(tokens)}{code}", *tokens), f"<u{struct.calcsize('<' + code)}")
     except Exception: return None  # OverflowError, TypeError, what a strange __index__ raises: the definition says what
 
@@ -88,6 +99,7 @@ def _uint_values(tokens: tuple, code: str) -> np.ndarray | None:
 def _item_starts(data: bytes, first: int, last: int, width: np.ndarray, lead: np.ndarray,
                  block_size: int) -> list[int] | None:
     "Offsets in `data` of every `block_size`-th item, then `last`, if the items fill `data[first:last]`; else None."
+    np = _numpy()
     width[0] += first  # the running sum then counts from `first`: one small int32 array, no more
     starts = width.cumsum(dtype=np.int32)
     if starts[-1] != last: return None
@@ -97,20 +109,28 @@ def _item_starts(data: bytes, first: int, last: int, width: np.ndarray, lead: np
     return starts[::block_size].tolist() + [last]
 
 # %% ../../nbs/01b_fast_hashing.ipynb #e1a70007
-_PICKLE_INTS = np.array([2, 3, 5], np.int32), np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
+@cache
+def _pickle_ints() -> tuple:
+    "The widths and first bytes of BININT1, BININT2 and BININT, as numpy arrays."
+    np = _numpy()
+    return np.array([2, 3, 5], np.int32), np.array([0x4B, 0x4D, 0x4A], np.uint8)
 
 def _pickled_token_blocks(tokens: tuple, block_size: int) -> tuple[bytes, list[int]] | None:
     "`pickle.dumps(tokens, 5)` and where each block starts in it, if every id is an exact int in [0, 2**31)."
     values = _uint_values(tokens, "I") if len(tokens) > 3 else None  # 1 to 3 items pickle without MARK
     if values is None: return None
-    raw, (widths, opcodes) = pickle.dumps(tokens, 5), _PICKLE_INTS
+    raw, (widths, opcodes), np = pickle.dumps(tokens, 5), _pickle_ints(), _numpy()
     size = (values > 255).view(np.int8) + (values > 65535).view(np.int8)  # 0, 1 or 2 more bytes than BININT1
     cuts = _item_starts(raw, 12, len(raw) - 3, widths.take(size), opcodes.take(size), block_size)
     return None if cuts is None else (raw, cuts)
 
 # %% ../../nbs/01b_fast_hashing.ipynb #74beb75f
-_CBOR_UINTS = (np.array([24, 256, 65536, 1 << 32], np.uint64), np.array([1, 2, 3, 5, 9], np.int32),
-               np.array([23, 24, 25, 26, 27], np.uint64))  # bounds, widths, first bytes (the value itself below 24)
+@cache
+def _cbor_uints() -> tuple:
+    "Bounds, widths and first bytes of CBOR's unsigned ints (below 24, the value itself is the first byte)."
+    np = _numpy()
+    return (np.array([24, 256, 65536, 1 << 32], np.uint64), np.array([1, 2, 3, 5, 9], np.int32),
+            np.array([23, 24, 25, 26, 27], np.uint64))
 
 def _cbor_token_blocks(tokens: tuple, block_size: int) -> list[bytes] | None:
     "Canonical CBOR of each full block of `tokens` as an array, cut from one `cbor2.dumps`; None unless all are ints."
@@ -119,7 +139,7 @@ def _cbor_token_blocks(tokens: tuple, block_size: int) -> list[bytes] | None:
     try: raw = cbor2.dumps(tokens, canonical=True)
     except cbor2.CBOREncodeError: return None  # numpy integers
     if not tokens: return []
-    (bounds, widths, leads), head = _CBOR_UINTS, _cbor_head(4, block_size)
+    (bounds, widths, leads), head, np = _cbor_uints(), _cbor_head(4, block_size), _numpy()
     size = bounds.searchsorted(values, "right")
     lead = np.minimum(values, leads.take(size)).astype(np.uint8)  # below 24 the value itself, else 0x18 to 0x1b
     cuts = _item_starts(raw, len(_cbor_head(4, len(tokens))), len(raw), widths.take(size), lead, block_size)
@@ -211,8 +231,8 @@ def hash_blocks(algo: str, parent: bytes | int, token_ids: Sequence[int], lo: in
     tokens = token_span(token_ids, lo, hi)
     if algo in _CBOR_DIGESTS and (blocks := _cbor_token_blocks(tokens, block_size)) is not None:
         return _hash_blocks_cbor(algo, parent, blocks, extra_keys)
-    many = len(tokens) >= _PICKLE_MIN_BLOCKS * block_size
-    cut = _pickled_token_blocks(tokens, block_size) if algo == "sha256" and many else None
+    many = len(tokens) >= _PICKLE_MIN_BLOCKS * block_size  # checked ids: the loop is as fast (bench/hash_routes.md)
+    cut = _pickled_token_blocks(tokens, block_size) if algo == "sha256" and many and not ids_checked else None
     if cut and (hashes := _hash_pickled_blocks(parent, *cut, block_size, extra_keys)) is not None: return hashes
     tokens, hash_fn, hashes = tokens if ids_checked else checked_span(tokens, lo), HASH_FUNCTIONS[algo], []
     if type(parent) is int: hash_fn = lambda obj, digest=hash_fn: int.from_bytes(digest(obj), "big")
@@ -261,7 +281,7 @@ def _pickled_prompt(tokens: tuple) -> tuple[bytes, np.ndarray] | None:
     "`tokens` pickled (protocol 2) and each id's int opcode (0, 1, 2), if every id is an exact int in [0, 2**31)."
     values = _uint_values(tokens, "I")
     if values is None: return None  # not all ints in [0, 2**32), or a strange __index__: the definition says what
-    raw, (widths, opcodes) = pickle.dumps(tokens, 2), _PICKLE_INTS
+    raw, (widths, opcodes), np = pickle.dumps(tokens, 2), _pickle_ints(), _numpy()
     size = (values > 255).view(np.int8) + (values > 65535).view(np.int8)
     if _item_starts(raw, 3, len(raw) - 4, widths.take(size), opcodes.take(size), len(tokens)) is None: return None
     return raw, size
@@ -273,7 +293,7 @@ def _hash_pickled_prompt(pickled: tuple[bytes, np.ndarray], block_size: int, lor
     raw, size = pickled
     num_blocks = len(size) // block_size
     if num_blocks == 0: return None
-    ends = _PICKLE_INTS[0].take(size).cumsum(dtype=np.int32)
+    ends = _pickle_ints()[0].take(size).cumsum(dtype=_numpy().int32)
     ends += 3  # the ids follow PROTO 2 and MARK
     cuts = [3] + ends[block_size - 1:num_blocks * block_size:block_size].tolist()
     keys = extra_keys_per_block(0, num_blocks * block_size, block_size, lora=lora, mm_items=mm_items,

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cbor2
-import numpy as np
+if TYPE_CHECKING: import numpy as np  # for the hints: an array given here means numpy is loaded already
 
 from ..guards import check_int, refuse
 
@@ -159,10 +159,15 @@ def _is_tensor(x) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
+def _is_ndarray(x) -> bool:
+    "Whether `x` is a numpy array (numpy is not imported for this either: kvref's start does not wait for it)."
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
 def _check_token_container(token_ids) -> None:
     "Token ids come as a sequence (list, tuple, range) or a 1-D numpy or torch array, never as a string."
     if type(token_ids) in (list, tuple): return  # the common case, at once
-    is_array = isinstance(token_ids, np.ndarray) or _is_tensor(token_ids)
+    is_array = _is_ndarray(token_ids) or _is_tensor(token_ids)
     if isinstance(token_ids, (str, bytes, bytearray)) or not (is_array or isinstance(token_ids, Sequence)):
         refuse("token_ids", "a sequence of ints", token_ids, TypeError)
     if is_array and token_ids.ndim != 1:
@@ -242,7 +247,7 @@ class MultiModalItem:
 # %% ../../nbs/01_hashing.ipynb #fb0f5047
 def _embedding_rows_bytes(rows) -> bytes:
     "Raw bytes, C order, of a slice of prompt embeddings (a numpy array or a torch tensor)."
-    if isinstance(rows, np.ndarray): return np.ascontiguousarray(rows).tobytes()
+    if _is_ndarray(rows): return sys.modules["numpy"].ascontiguousarray(rows).tobytes()
     if _is_tensor(rows):
         import torch
         return rows.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
@@ -304,7 +309,7 @@ def request_block_hashes(token_ids: Sequence[int],  # all token ids so far: prom
 def _check_prompt_embeds(prompt_embeds) -> None:
     "Prompt embeddings are None or a numeric array or tensor [num_prompt_tokens, hidden]: their bytes are hashed."
     if prompt_embeds is None: return
-    is_array = isinstance(prompt_embeds, np.ndarray)
+    is_array = _is_ndarray(prompt_embeds)
     if not (_is_tensor(prompt_embeds) or is_array and prompt_embeds.dtype.kind in "biufc"):
         got = f"a numpy array of {prompt_embeds.dtype}" if is_array else type(prompt_embeds).__name__
         raise TypeError(f"prompt_embeds must be a numpy array or a torch tensor of numbers, got {got}")
@@ -396,6 +401,7 @@ def _embeds_from_json(value) -> np.ndarray | None:
     if value is None: return None
     if not isinstance(value, dict) or not isinstance(value.get("dtype"), str) or "rows" not in value:
         raise ValueError(f'expected {{"dtype": str, "rows": [[number, ...], ...]}} or null, got {value!r:.60}')
+    import numpy as np  # only a vector with embeddings needs it
     try: dtype = np.dtype(value["dtype"])
     except TypeError: raise ValueError(f"dtype {value['dtype']!r} is not a numpy dtype") from None
     try:
