@@ -86,6 +86,7 @@ def _array_dtypes() -> dict:
     "C's unsigned int and long long as numpy dtypes, where they have these widths."
     return {code: _numpy().dtype(f"u{width}") for code, width in (("I", 4), ("Q", 8)) if array(code).itemsize == width}
 
+# %% ../../nbs/01b_fast_hashing.ipynb #19a8ab0a
 def _uint_values(tokens: tuple, code: str) -> np.ndarray | None:
     "`tokens` as a numpy array of the unsigned struct type `code` (I or Q), or None if one is no such integer."
     np, dtypes = _numpy(), _array_dtypes()
@@ -115,6 +116,7 @@ def _pickle_ints() -> tuple:
     np = _numpy()
     return np.array([2, 3, 5], np.int32), np.array([0x4B, 0x4D, 0x4A], np.uint8)
 
+# %% ../../nbs/01b_fast_hashing.ipynb #f46456c2
 def _pickled_token_blocks(tokens: tuple, block_size: int) -> tuple[bytes, list[int]] | None:
     "`pickle.dumps(tokens, 5)` and where each block starts in it, if every id is an exact int in [0, 2**31)."
     values = _uint_values(tokens, "I") if len(tokens) > 3 else None  # 1 to 3 items pickle without MARK
@@ -132,6 +134,7 @@ def _cbor_uints() -> tuple:
     return (np.array([24, 256, 65536, 1 << 32], np.uint64), np.array([1, 2, 3, 5, 9], np.int32),
             np.array([23, 24, 25, 26, 27], np.uint64))
 
+# %% ../../nbs/01b_fast_hashing.ipynb #2b52be22
 def _cbor_token_blocks(tokens: tuple, block_size: int) -> list[bytes] | None:
     "Canonical CBOR of each full block of `tokens` as an array, cut from one `cbor2.dumps`; None unless all are ints."
     values = _uint_values(tokens, "Q")
