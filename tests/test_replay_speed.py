@@ -456,3 +456,15 @@ def test_numpy_is_imported_only_for_a_prompt_long_enough_for_its_route(tmp_path,
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert ("numpy" in out) is numpy_loaded
+
+
+@pytest.mark.parametrize("in_file", [False, True])
+def test_decisions_that_end_early_diverge_in_the_fields_compared(tmp_path, in_file):
+    "Fewer decisions than ops, some fields compared: a divergence in those fields, not a TypeError from deep inside."
+    from kvref.oracle.conformance import check_recorded
+    ops = load_trace(TRACES[0])
+    decisions = list(replay(ops))[:4]
+    given = _write(tmp_path / "d.jsonl", decisions) if in_file else decisions
+    d = check_recorded(given, ops, fields=["block_ids", "num_free"])
+    assert (d.index, d.expected, d.fields) == (4, None, [f for f in ("block_ids", "num_free") if f in d.got])
+    assert check_main([str(TRACES[0]), "--expect", str(_write(tmp_path / "e.jsonl", decisions)), "--fields", "num_free"]) == 1

@@ -773,8 +773,8 @@ class Divergence:
 def _differing(expected: dict | None, got: dict | None, fields: Iterable[str] | None) -> list[str]:
     "The fields whose values differ (`fields` None: every key of either decision)."
     if expected == got: return []
-    if fields is None:
-        keys = dict.fromkeys([*(expected or {}), *(got or {})])
+    if fields is None or expected is None or got is None:  # one side has no decision: every field it lacks differs
+        keys = dict.fromkeys([*(expected or {}), *(got or {})]) if fields is None else fields
         return [k for k in keys if (expected or {}).get(k, ...) != (got or {}).get(k, ...)]
     return [f for f in fields if f in expected and f in got and expected[f] != got[f]]
 
