@@ -780,12 +780,11 @@ def _sweep_engine(a: argparse.Namespace):
 
 # %% ../nbs/12_cli.ipynb #de7ceceb
 def _vllm_starts(a: argparse.Namespace, requests: list) -> None:
-    "Refuse one point of settings vLLM would not start for this trace, as a grid refuses its points (06h's `vllm_refusal`)."
+    "Refuse one point of settings vLLM would not start for this trace, as a grid refuses its points (06h's `check_vllm_starts`)."
     from kvref.core.scheduler import SchedulerConfig
-    from kvref.oracle.sweep_grids import vllm_refusal
+    from kvref.oracle.sweep_grids import check_vllm_starts
     config = SchedulerConfig.of({**scheduler_settings(a), "max_num_batched_tokens": a.max_num_batched_tokens, "max_num_seqs": a.max_num_seqs})
-    if why := vllm_refusal(config, max((r.total_tokens for r in requests), default=0)):
-        raise ValueError(f"vLLM refuses these settings on trace {Path(a.trace).name!r}: {why}")
+    check_vllm_starts(config, {Path(a.trace).name: max((r.total_tokens for r in requests), default=0)})
 
 # %% ../nbs/12_cli.ipynb #a661c962
 SWEPT_FLAGS = {"max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",  # `SchedulerConfig` field ->
@@ -811,7 +810,7 @@ def _grid_main(a: argparse.Namespace, blocks: list[int], grid: dict[str, list]) 
 @subcommand("kvref sweep")
 def sweep_main(argv: list[str] | None = None) -> int:
     "`kvref sweep TRACE... --blocks 1000,2000 [--cpu-blocks 0,4000 [--policy lru,arc]] [--engine E] [--jobs N | --ray [ADDRESS]] [--format F] [--plot OUT]`."
-    from kvref.oracle.production_traces import format_results, ideal_hit_rate, plot_sweep, read_mooncake, sweep
+    from kvref.oracle.production_traces import format_results, ideal_hit_rate, plot_sweep, read_mooncake
     a = _sweep_parser().parse_args(argv)
     a.ray = _ray_address(a)  # refused before the trace is read
     blocks = [parse_int(b, "--blocks", 1, MAX_NUM_BLOCKS) for b in a.blocks.split(",")]

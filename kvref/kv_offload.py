@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/offload.html.md"""
 
 # %% ../nbs/06d_offload.ipynb #649d69d4
 from __future__ import annotations
-import csv, hashlib, heapq, io, json
+import hashlib, heapq, io
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -15,7 +15,7 @@ from .guards import check_bool, check_choice, check_instance, check_int, check_i
 from .core.kv_cache_manager import KVCacheManager, Request
 from .core.scheduler import SchedulerConfig
 from .pictures import FONT_SIZE, progress
-from .oracle.production_traces import MooncakeRequest, block_hashes, map_grid, replay_mooncake
+from .oracle.production_traces import MooncakeRequest, block_hashes, format_records, map_grid, replay_mooncake
 
 
 # %% auto #0
@@ -986,14 +986,8 @@ def format_offload_results(results: Sequence[OffloadSizeResult], fmt: str = "tab
     check_instance("results", results, (list, tuple), "a list of OffloadSizeResult")
     for i, r in enumerate(results): check_instance(f"results[{i}]", r, OffloadSizeResult)
     rows, names = [asdict(r) for r in results], [f.name for f in fields(OffloadSizeResult)]
-    if check_choice("fmt", fmt, ("table", "csv", "json")) == "json": return json.dumps(rows, indent=1) + "\n"
-    if fmt == "csv":
-        out = io.StringIO(); w = csv.DictWriter(out, names, lineterminator="\n"); w.writeheader(); w.writerows(rows)
-        return out.getvalue()
-    names = names[:-2]; cell = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
     head = [f"{k}: {s}" for k in ("scheduler", "offload") for s in dict.fromkeys(r[f"{'' if k == 'scheduler' else 'offload_'}settings"] for r in rows)]
-    return "\n".join(head + ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)] +
-                     ["| " + " | ".join(cell(r[n]) for n in names) + " |" for r in rows]) + "\n"
+    return format_records(rows, check_choice("fmt", fmt, ("table", "csv", "json")), names, names[:-2], head)  # the settings: above
 
 # %% ../nbs/06d_offload.ipynb #6a87cd9d
 def doubling_gains(results: Sequence[OffloadSizeResult]) -> list[dict]:

@@ -25,7 +25,7 @@ __all__ = ['FIELDS', 'MOONCAKE_MAX_LINE_BYTES', 'MAX_SYNTHESIZED_TOKENS', 'OUTPU
            'read_mooncake', 'synthesize_prompt', 'synthesize_output', 'mooncake_to_spec', 'convert_mooncake',
            'block_hashes', 'SyntheticTokenIds', 'TraceRequest', 'trace_request', 'CacheSizeResult', 'replay_mooncake',
            'check_pace', 'check_budget', 'check_requests', 'max_model_len_for', 'check_blocks', 'ideal_hit_rate',
-           'map_grid', 'sweep', 'format_results', 'sweep_svg', 'plot_sweep', 'ray_map_grid']
+           'map_grid', 'sweep', 'format_records', 'format_results', 'sweep_svg', 'plot_sweep', 'ray_map_grid']
 
 # %% ../../nbs/06c_production_traces.ipynb #a522cde4
 @dataclass(slots=True)
@@ -373,22 +373,28 @@ def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache s
     return list(progress(grid, len(blocks), "sweep"))
 
 # %% ../../nbs/06c_production_traces.ipynb #62aabb24
+def format_records(records: list[dict], fmt: str,  # "table", "csv" or "json"
+                   fields: list[str],  # the CSV's columns: every field of a record
+                   columns: list[str],  # the table's columns
+                   head: list[str],  # the lines above the table: the settings its rows share
+                  ) -> str:
+    "Result records as JSON, CSV, or a markdown table under `head` (floats to 4 places): what the sweeps print."
+    if fmt == "json": return json.dumps(records, indent=1) + "\n"
+    if fmt == "csv":
+        out = io.StringIO(); w = csv.DictWriter(out, fields, lineterminator="\n"); w.writeheader(); w.writerows(records)
+        return out.getvalue()
+    cell = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
+    return "\n".join(head + ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] +
+                     ["| " + " | ".join(cell(r[n]) for n in columns) + " |" for r in records]) + "\n"
+
 def format_results(results: Sequence[CacheSizeResult], fmt: str = "table") -> str:
     "The results as a markdown table (under a line naming the scheduler settings), CSV or JSON."
     if isinstance(results, (str, bytes)) or not isinstance(results, Sequence) or not all(isinstance(r, CacheSizeResult) for r in results):
         raise TypeError(f"results must be a list of CacheSizeResult (from sweep or replay_mooncake), got {results!r:.60}")
-    rows = [asdict(r) for r in results]
-    if fmt == "json": return json.dumps(rows, indent=1) + "\n"
+    if fmt not in ("table", "csv", "json"): raise ValueError(f"fmt must be 'table', 'csv' or 'json', got {fmt!r}")
     names = list(CacheSizeResult.__dataclass_fields__)
-    if fmt == "csv":
-        out = io.StringIO(); w = csv.DictWriter(out, names, lineterminator="\n"); w.writeheader(); w.writerows(rows)
-        return out.getvalue()
-    if fmt != "table": raise ValueError(f"fmt must be 'table', 'csv' or 'json', got {fmt!r}")
-    names.remove("settings")
-    cell = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
-    head = [f"scheduler: {s}" for s in dict.fromkeys(r.settings for r in results)] + [""]
-    return "\n".join(head + ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)] +
-                      ["| " + " | ".join(cell(r[n]) for n in names) + " |" for r in rows]) + "\n"
+    return format_records([asdict(r) for r in results], fmt, names, [n for n in names if n != "settings"],
+                          [f"scheduler: {s}" for s in dict.fromkeys(r.settings for r in results)])
 
 # %% ../../nbs/06c_production_traces.ipynb #04705ab9
 def sweep_svg(results: Sequence[CacheSizeResult],  # from `sweep`, in increasing cache size

@@ -528,6 +528,7 @@ def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
                 if not line.isspace(): yield lineno, line
         except UnicodeDecodeError as e: raise ValueError(f"{path}, line {lineno + 1}: {e}") from None
 
+# %% ../../nbs/05_replay.ipynb #a3c9c9ed
 def parse_line(path: str | Path, lineno: int, line: str) -> object:
     "Line `lineno` of JSONL file `path`, parsed; ValueError naming the file and the line if it is not JSON."
     try: return loads_line(line)
@@ -602,16 +603,20 @@ def _template(self: DecisionEncoder, keys: tuple) -> str | None:
     self.templates[keys] = template
     return template
 
+def _exact_ints(values: list) -> bool:
+    "Whether every item is an exact `int` (not a bool, not an int subclass): `str` of such a list is its JSON."
+    return countOf(map(type, values), int) == len(values)
+
 @patch
 def _list(self: DecisionEncoder, values: list) -> str:
     "A list's JSON: `str` of it when every item is an exact int (the same text), else `json`'s."
-    return str(values) if countOf(map(type, values), int) == len(values) else self.encode_json(values)
+    return str(values) if _exact_ints(values) else self.encode_json(values)
 
 @patch
 def _table(self: DecisionEncoder, rid: str, ids: list) -> str:
     "Request `rid`'s block table as JSON: its last table's text, extended by the blocks added since."
     vouched = self.ids_checked and ids and type(ids[0]) is int  # a hybrid trace's table of tables is checked, and refused
-    if not vouched and countOf(map(type, ids), int) != len(ids): return self.encode_json(ids)
+    if not (vouched or _exact_ints(ids)): return self.encode_json(ids)
     known, text = self.tables.get(rid, ((), "[]"))
     if ids == known: return text  # exact ints both, so equal ids print alike
     grown = 0 < len(known) < len(ids) and ids[:len(known)] == known
@@ -843,7 +848,7 @@ class FileLockstep(Lockstep):
         self.ops.append(op)
         self.last, (line, self.pending) = got, (self.pending, next(self.lines, None))
         if line is not None and self.by_text and self.encode(got) == line[1].rstrip("\r\n"): return None
-        want = None if line is None else as_decision(self.path, line[0], parse_line(self.path, *line))
+        want = None if line is None else self.parsed(*line)
         if diff := _differing(want, got, self.fields):
             self.rest()  # a bad line further on is refused, not hidden behind the divergence
             return Divergence(len(self.ops) - 1, op, want, got, diff, list(self.ops))
@@ -857,9 +862,14 @@ def rest(self: FileLockstep) -> dict | None:
     lines, first = itertools.chain([] if self.pending is None else [self.pending], self.lines), None
     self.pending = None
     for n, line in lines:
-        decision = as_decision(self.path, n, parse_line(self.path, n, line))
+        decision = self.parsed(n, line)
         if first is None: first = decision
     return first
+
+@patch
+def parsed(self: FileLockstep, lineno: int, line: str) -> dict:
+    "Line `lineno` of the decisions file as a decision, checked as `load_decisions` checks it."
+    return as_decision(self.path, lineno, parse_line(self.path, lineno, line))
 
 # %% ../../nbs/05_replay.ipynb #a8a4bb83
 def _field_lines(name: str, expected, got, config: dict) -> list[str]:

@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/sweep_grids.html.md"""
 
 # %% ../../nbs/06h_sweep_grids.ipynb #20f8b555
 from __future__ import annotations
-import csv, io, itertools, json
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import NamedTuple
@@ -14,14 +14,15 @@ from ..guards import check_choice, check_instance, check_int, check_ints, refuse
 from ..core.block_pool import MAX_NUM_BLOCKS
 from ..core.scheduler import SchedulerConfig
 from ..pictures import chart_svg, progress
-from .production_traces import (
-    CacheSizeResult, MooncakeRequest, block_hashes, check_blocks, check_pace, check_requests, format_results, map_grid, replay_mooncake)
+from kvref.oracle.production_traces import (
+    CacheSizeResult, MooncakeRequest, block_hashes, check_blocks, check_pace, check_requests, format_records, format_results, map_grid,
+    replay_mooncake)
 from ..kv_offload import OffloadConfig, OffloadSizeResult, format_offload_results, replay_offload
 from .array_replay import TraceKeys, replay_arrays, unmodelled_setting
 
 # %% auto #0
 __all__ = ['ENGINES', 'SWEEP_DEFAULTS', 'GridPoint', 'grid_points', 'engine_for', 'replay_point', 'GridRow', 'sweep_grid',
-           'vllm_refusal', 'varying', 'format_grid', 'grid_svg']
+           'vllm_refusal', 'check_vllm_starts', 'varying', 'format_grid', 'grid_svg']
 
 # %% ../../nbs/06h_sweep_grids.ipynb #e022731e
 class GridPoint(NamedTuple):
@@ -118,6 +119,15 @@ def vllm_refusal(config: SchedulerConfig, max_model_len: int) -> str | None:
         return f"long_prefill_token_threshold ({c.long_prefill_token_threshold}) is above max_model_len ({max_model_len})"
     return None
 
+# %% ../../nbs/06h_sweep_grids.ipynb #2ac0452d
+def check_vllm_starts(config: SchedulerConfig,
+                      longest: dict[str, int],  # trace name -> its longest request: the model's length for that trace
+                      point: str = "these settings",  # what the message calls `config`
+                     ) -> None:
+    "Refuse `config` on the first trace vLLM 0.33 would not start it for (`vllm_refusal`), naming the point and the trace."
+    for name, length in longest.items():
+        if why := vllm_refusal(config, length): raise ValueError(f"vLLM refuses {point} on trace {name!r}: {why}")
+
 # %% ../../nbs/06h_sweep_grids.ipynb #e3da1278
 def _check_traces(traces) -> None:
     "A non-empty dict of names to traces, each a checked list of `MooncakeRequest` (06c's `check_requests`)."
@@ -145,10 +155,7 @@ def _check_points(traces: dict, grid: dict, shared: dict, engine: str, offload: 
     longest = {name: max(r.total_tokens for r in requests) for name, requests in traces.items()}
     for values in itertools.product(*grid.values()):
         config = SchedulerConfig.of({**shared, **dict(zip(grid, values))}, strict=True)
-        for name, length in longest.items():
-            if why := vllm_refusal(config, length):
-                point = ", ".join(f"{k}={v!r}" for k, v in zip(grid, values) if len(grid[k]) > 1) or "the settings"
-                raise ValueError(f"vLLM refuses {point} on trace {name!r}: {why}")
+        check_vllm_starts(config, longest, ", ".join(f"{k}={v!r}" for k, v in zip(grid, values) if len(grid[k]) > 1) or "the settings")
         if engine == "arrays" and (offload or unmodelled_setting(config)):
             what = "a CPU tier" if offload else f"{unmodelled_setting(config)}={getattr(config, unmodelled_setting(config))!r}"
             raise ValueError(f"engine 'arrays' does not model {what}: use 'auto' or 'objects'")
@@ -204,20 +211,14 @@ def format_grid(rows: Sequence[GridRow], fmt: str = "table") -> str:
     results, names = [r.result for r in rows], varying(rows)
     if not names: return (format_offload_results if isinstance(results[0], OffloadSizeResult) else format_results)(results, fmt)
     records = [{**_labels(r, names), **asdict(r.result)} for r in rows]
-    if fmt == "json": return json.dumps(records, indent=1) + "\n"
-    if fmt == "csv":
-        out = io.StringIO(); w = csv.DictWriter(out, list(records[0]), lineterminator="\n"); w.writeheader(); w.writerows(records)
-        return out.getvalue()
-    return _grid_table(records, results, names)
+    return format_records(records, fmt, list(records[0]), [n for n in records[0] if n not in ("settings", "offload_settings")],
+                          _grid_head(results, names))
 
 # %% ../../nbs/06h_sweep_grids.ipynb #5f0c1664
-def _grid_table(records: list[dict], results: list, names: list[str]) -> str:
-    "`format_results`' markdown table, the varying labels first; the line above it names the settings every row shares."
+def _grid_head(results: list, names: list[str]) -> list[str]:
+    "The lines above a grid's table: the scheduler settings every row shares (the varying ones are columns), the CPU tier's."
     shared = ", ".join(s for s in results[0].settings.split(", ") if s.split("=")[0] not in names)
-    head = [f"scheduler: {shared}"] + [f"offload: {s}" for s in dict.fromkeys(getattr(r, "offload_settings", None) for r in results) if s]
-    columns, cell = [n for n in records[0] if n not in ("settings", "offload_settings")], lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
-    return "\n".join(head + ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] +
-                     ["| " + " | ".join(cell(r[n]) for n in columns) + " |" for r in records]) + "\n"
+    return [f"scheduler: {shared}"] + [f"offload: {s}" for s in dict.fromkeys(getattr(r, "offload_settings", None) for r in results) if s]
 
 # %% ../../nbs/06h_sweep_grids.ipynb #6a2ee096
 def grid_svg(rows: Sequence[GridRow], title: str = "hit rate by GPU cache size") -> str:
