@@ -57,7 +57,9 @@ def cluster():
     port, client_port = _free_port(), _free_port()  # every port named: the raylet waits at most 15 s for an agent to
     ports = [f"--{name}-port={_free_port()}" for name in ("dashboard-agent-grpc", "dashboard-agent-listen",  # report one
                                                           "runtime-env-agent", "metrics-export")]  # it chose itself
-    env = dict(os.environ, **{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"})
+    env = dict(os.environ, **{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"},  # gRPC's fork handlers off: the head's
+               GRPC_ENABLE_FORK_SUPPORT="0")  # client proxy forks a server per client, and with them on the child sometimes
+    # dies before it runs, its logs empty (ray-project/ray#63202; 3 of 6 tries on this loaded 2-core machine, 0 of 10 off)
     with open(log, "w") as out:
         node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
                                  f"--ray-client-server-port={client_port}", *ports, f"--temp-dir={temp}",
@@ -85,9 +87,9 @@ def _answers(port: int) -> bool:
 
 
 def _client_server_logs(temp: Path) -> str:
-    "The tail of each Ray client server log under the node's folder: what to read when a `ray://` connection fails."
-    return "".join(f"\n--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-                   for f in sorted(temp.glob("session_*/logs/ray_client_server*")))
+    "The tail of each Ray client server log under the node's folder (not twice through `session_latest`): what to read when a `ray://` connection fails."
+    return "".join(f"\n--- {f.name}\n{f.read_text(errors='replace')[-4000:]}" for session in sorted(temp.glob("session_*"))
+                   if not session.is_symlink() for f in sorted(session.glob("logs/ray_client_server*")))
 
 
 @pytest.fixture(scope="module")
@@ -105,22 +107,29 @@ def test_kvref_sweep_through_the_ray_client_prints_what_jobs_prints_and_disconne
     """The whole path, as from a laptop: `--ray ray://HOST:PORT` connects through the Ray client's server (shipping
     this kvref to the workers), prints the same table as local processes, and disconnects."""
     import ray
+    sigterm = signal.getsignal(signal.SIGTERM)
     trace = tmp_path / "tiny.jsonl"
     trace.write_text("".join(SAMPLE.read_text().splitlines(keepends=True)[:30]))
     sizes = ",".join(map(str, SIZES))
     on_ray = _sweep_cli(trace, "--blocks", sizes, "--ray", cluster[1], "--format", "json")
+    if "Initialization failure from server" in on_ray[2]:  # Ray's own client server did not start (the fork race above,
+        first = on_ray[2] + _client_server_logs(cluster[2])  # should it come back another way): one more connection
+        on_ray = _sweep_cli(trace, "--blocks", sizes, "--ray", cluster[1], "--format", "json")
+        on_ray = (*on_ray[:2], f"first try: {first}\nsecond try: {on_ray[2]}")
     assert on_ray[:2] == _sweep_cli(trace, "--blocks", sizes, "--jobs", "2", "--format", "json")[:2], \
         on_ray[2] + _client_server_logs(cluster[2])
     assert on_ray[0] == 0 and not ray.is_initialized()
+    assert signal.getsignal(signal.SIGTERM) is sigterm  # `ray.init` set its own: the `--jobs` pool above could hang on it
 
 
 @pytest.fixture(scope="module")
 def joined(head):
     "This process joined to the head node once (workers reused across the tests below); left after them."
     import ray
+    sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(address=head, log_to_driver=False, logging_level="WARNING", **production_traces._ray_start_options(head))
     yield head
-    ray.shutdown()
+    ray.shutdown(); signal.signal(signal.SIGTERM, sigterm)  # as `ray_map_grid` does: later modules' fork pools need it
 
 
 def test_sweep_on_ray_equals_the_local_processes_and_puts_the_trace_once(joined, monkeypatch):

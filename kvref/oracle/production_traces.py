@@ -6,7 +6,7 @@ Docs: https://kvref.github.io/kvref/production_traces.html.md"""
 
 # %% ../../nbs/06c_production_traces.ipynb #85e3ea3d
 from __future__ import annotations
-import csv, io, json, multiprocessing, os, socket, sys, textwrap
+import csv, io, json, multiprocessing, os, signal, socket, sys, textwrap
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -450,6 +450,7 @@ def ray_map_grid(point_fn: Callable, points: Sequence, init: Callable, init_args
     "`map_grid` on Ray: one task per point, the trace put in the object store once, results yielded in grid order."
     ray = _import_ray()
     joined = not ray.is_initialized()  # a caller that already joined a cluster keeps it (`address` unused)
+    sigterm = signal.getsignal(signal.SIGTERM)  # `ray.init` replaces it, and `ray.shutdown` does not put it back
     try:
         if joined:
             _check_ray_address(address)
@@ -459,7 +460,7 @@ def ray_map_grid(point_fn: Callable, points: Sequence, init: Callable, init_args
         pending = [task.remote(point_fn, init, shared, p) for p in points]
         for ref in pending: yield ray.get(ref)
     finally:
-        if joined: ray.shutdown()
+        if joined: ray.shutdown(); _restore_sigterm(sigterm)
 
 # %% ../../nbs/06c_production_traces.ipynb #03725645
 def _ray_start_options(address: str) -> dict:
@@ -467,6 +468,11 @@ def _ray_start_options(address: str) -> dict:
     if address == "local": return dict(include_dashboard=False)
     import kvref
     return dict(runtime_env={"py_modules": [str(Path(kvref.__file__).parent)]})  # the folder: a module object fails via ray://
+
+# %% ../../nbs/06c_production_traces.ipynb #e6893458
+def _restore_sigterm(handler) -> None:
+    "Put SIGTERM's handler back as it was before `ray.init` (a fork pool's `terminate` relies on the default)."
+    if handler is not None and signal.getsignal(signal.SIGTERM) is not handler: signal.signal(signal.SIGTERM, handler)
 
 # %% ../../nbs/06c_production_traces.ipynb #f2b21381
 def _check_ray_address(address: str, timeout_s: float = 10) -> None:
