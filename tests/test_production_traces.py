@@ -1,13 +1,13 @@
 """Production traces: Mooncake reading and conversion, the serving model's counts (hand-worked), the fast path
 against the plain one, the sweep, and bad input."""
-import json
+import json, signal, sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvref.oracle.production_traces import (MooncakeRequest, block_hashes, convert_mooncake, format_results, ideal_hit_rate,
-                                     mooncake_to_spec, read_mooncake, replay_mooncake, sweep, synthesize_output,
+                                     map_grid, mooncake_to_spec, read_mooncake, replay_mooncake, sweep, synthesize_output,
                                      synthesize_prompt)
 from kvref.oracle.replay import replay
 
@@ -155,6 +155,18 @@ def test_the_sample_sweep_in_parallel_equals_one_at_a_time():
     assert par == sweep(reqs, sizes, jobs=1) == [replay_mooncake(reqs, n) for n in sizes]
     assert par[0].hit_rate <= par[1].hit_rate <= ideal_hit_rate(reqs) + 1e-9
     assert format_results(par, "csv").splitlines()[0].startswith("num_blocks,hit_rate,queries")
+
+
+def _sigterm_action(_) -> object:
+    return signal.getsignal(signal.SIGTERM)
+
+
+def test_local_workers_die_by_sigterm_whatever_handler_this_process_has():
+    """`map_grid`'s pool ends with `terminate`, one SIGTERM per worker: a worker that inherited a Python handler (Ray's
+    `sys.exit`, a service's) could swallow it and be joined forever, so each worker starts with the default action."""
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # as Ray's: a worker that kept it ends, at times
+    try: assert list(map_grid(_sigterm_action, [0, 1, 2], int, (), jobs=2)) == [signal.SIG_DFL] * 3
+    finally: signal.signal(signal.SIGTERM, before)
 
 
 def test_a_pool_too_small_for_the_longest_request_is_refused_like_vllm():

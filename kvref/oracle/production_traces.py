@@ -351,7 +351,13 @@ def map_grid(point_fn: Callable,  # one grid point's replay: a module-level func
         yield from ray_map_grid(point_fn, points, init, init_args, ray); return
     jobs = min(jobs or os.cpu_count() or 1, len(points))
     if jobs == 1: init(*init_args); yield from map(point_fn, points); return
-    with multiprocessing.get_context("fork").Pool(jobs, init, init_args) as pool: yield from pool.imap(point_fn, points)
+    with multiprocessing.get_context("fork").Pool(jobs, _pool_worker_init, (init, init_args)) as pool:
+        yield from pool.imap(point_fn, points)
+
+# %% ../../nbs/06c_production_traces.ipynb #e389d399
+def _pool_worker_init(init: Callable, init_args: tuple) -> None:
+    "A local worker's start: SIGTERM back to its default (the pool's `terminate` stops workers with it), then `init`."
+    signal.signal(signal.SIGTERM, signal.SIG_DFL); init(*init_args)
 
 # %% ../../nbs/06c_production_traces.ipynb #cd5d11ff
 def sweep(requests: Sequence[MooncakeRequest], blocks: Sequence[int],  # cache sizes, in blocks
