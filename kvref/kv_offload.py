@@ -987,7 +987,7 @@ def format_offload_results(results: Sequence[OffloadSizeResult], fmt: str = "tab
     for i, r in enumerate(results): check_instance(f"results[{i}]", r, OffloadSizeResult)
     rows, names = [asdict(r) for r in results], [f.name for f in fields(OffloadSizeResult)]
     head = [f"{k}: {s}" for k in ("scheduler", "offload") for s in dict.fromkeys(r[f"{'' if k == 'scheduler' else 'offload_'}settings"] for r in rows)]
-    return format_records(rows, check_choice("fmt", fmt, ("table", "csv", "json")), names, names[:-2], head)  # the settings: above
+    return format_records(rows, fmt, names, names[:-2], head)  # the settings: above
 
 # %% ../nbs/06d_offload.ipynb #6a87cd9d
 def doubling_gains(results: Sequence[OffloadSizeResult]) -> list[dict]:

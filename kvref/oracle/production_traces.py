@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 from ..core.kv_cache_manager import KVCacheManager, Request, cdiv
 from ..core.fast_allocator import FastKVCacheManager
-from ..guards import check_instance, check_int, check_ints, refuse
+from ..guards import check_choice, check_instance, check_int, check_ints, refuse
 from ..pictures import FONT_SIZE, chart_svg, progress
 from ..core.scheduler import Scheduler, SchedulerConfig, SchedulerRequest
 from .workloads import RequestSpec, add_op, decode_step
@@ -385,7 +385,7 @@ def format_records(records: list[dict], fmt: str,  # "table", "csv" or "json"
                    head: list[str],  # the lines above the table: the settings its rows share
                   ) -> str:
     "Result records as JSON, CSV, or a markdown table under `head` (floats to 4 places): what the sweeps print."
-    if fmt == "json": return json.dumps(records, indent=1) + "\n"
+    if check_choice("fmt", fmt, ("table", "csv", "json")) == "json": return json.dumps(records, indent=1) + "\n"
     if fmt == "csv":
         out = io.StringIO(); w = csv.DictWriter(out, fields, lineterminator="\n"); w.writeheader(); w.writerows(records)
         return out.getvalue()
@@ -397,7 +397,6 @@ def format_results(results: Sequence[CacheSizeResult], fmt: str = "table") -> st
     "The results as a markdown table (under a line naming the scheduler settings), CSV or JSON."
     if isinstance(results, (str, bytes)) or not isinstance(results, Sequence) or not all(isinstance(r, CacheSizeResult) for r in results):
         raise TypeError(f"results must be a list of CacheSizeResult (from sweep or replay_mooncake), got {results!r:.60}")
-    if fmt not in ("table", "csv", "json"): raise ValueError(f"fmt must be 'table', 'csv' or 'json', got {fmt!r}")
     names = list(CacheSizeResult.__dataclass_fields__)
     return format_records([asdict(r) for r in results], fmt, names, [n for n in names if n != "settings"],
                           [f"scheduler: {s}" for s in dict.fromkeys(r.settings for r in results)])

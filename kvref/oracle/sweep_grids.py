@@ -14,9 +14,8 @@ from ..guards import check_choice, check_instance, check_int, check_ints, refuse
 from ..core.block_pool import MAX_NUM_BLOCKS
 from ..core.scheduler import SchedulerConfig
 from ..pictures import chart_svg, progress
-from kvref.oracle.production_traces import (
-    CacheSizeResult, MooncakeRequest, block_hashes, check_blocks, check_pace, check_requests, format_records, format_results, map_grid,
-    replay_mooncake)
+from .production_traces import (CacheSizeResult, MooncakeRequest, block_hashes, check_blocks, check_pace,
+                                            check_requests, format_records, format_results, map_grid, replay_mooncake)
 from ..kv_offload import OffloadConfig, OffloadSizeResult, format_offload_results, replay_offload
 from .array_replay import TraceKeys, replay_arrays, unmodelled_setting
 
@@ -207,7 +206,7 @@ def _labels(row: GridRow, names: list[str]) -> dict:
 # %% ../../nbs/06h_sweep_grids.ipynb #70b880eb
 def format_grid(rows: Sequence[GridRow], fmt: str = "table") -> str:
     "The rows as `format_results` (or 06d's `format_offload_results`) prints them, with a trace and a settings column where they vary."
-    _check_rows(rows); check_choice("fmt", fmt, ("table", "csv", "json"))
+    _check_rows(rows)
     results, names = [r.result for r in rows], varying(rows)
     if not names: return (format_offload_results if isinstance(results[0], OffloadSizeResult) else format_results)(results, fmt)
     records = [{**_labels(r, names), **asdict(r.result)} for r in rows]
